@@ -1,0 +1,35 @@
+# Set-up and everyday commands. Every path installs torch first, pinned, so pip never swaps in a
+# different (possibly multi-GB CUDA) build when it resolves the package's own dependencies.
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+BIN    := $(VENV)/bin
+
+.PHONY: train test test-all lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+train: $(BIN)/.installed  ## AdLoCo on the embedded default (this Python's standard library source)
+	$(BIN)/adloco train
+
+test: $(BIN)/.installed  ## the default test suite (no network, a few minutes on 2 cores)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: $(BIN)/.installed  ## every test, the slow end-to-end ones included
+	$(BIN)/python -m pytest -q
+
+lint: $(BIN)/.installed  ## ruff and mypy
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy src
+
+bench: $(BIN)/.installed  ## engine overhead benchmark (see benchmarks/RESULTS.md)
+	$(BIN)/python benchmarks/engine_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,3 @@
+from adloco.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,163 @@
+"""Adaptive batch tests (spec §2): gradient statistics -> the next request b.
+
+Everything here is pure arithmetic on scalars. A worker reduces its gradient samples g_1..g_k (each the
+mean gradient over c examples, all at the same parameters) to a few scalars (:class:`WorkerStats`); the
+coordinator gathers them and pools them per trainer (:func:`pool`); a test turns the pooled statistics
+into a target T and the request grows to ``min(cap, max(b, ceil(T)))`` (:func:`decide`).
+
+Two ways to pool (spec §2.5):
+
+* shared mean (``gbar_sq`` given): the trainer's mean gradient ḡ over all n = Σ k_m samples was
+  all-reduced, so ‖ḡ‖² and p_j = <g_j, ḡ> are exact and
+  σ̂² = c Σ_j ‖g_j − ḡ‖² / (n − 1) = c (Σ_j ‖g_j‖² − n ‖ḡ‖²) / (n − 1).
+  The inner-product and orthogonality tests need this, and so does the ``paper`` estimator.
+* scalars only (norm test, default): no P-vector crosses the network. σ̂² is the within-worker pooled
+  variance c Σ_m Σ_j ‖g_mj − ḡ_m‖² / (n − M), unbiased for the per-example variance σ² (every sample of a
+  trainer is drawn at the same θ from the same distribution). ‖ḡ‖² is replaced by an unbiased estimate
+  of its expectation, ‖∇F‖² + σ²/(n c), with ‖∇F‖² estimated as mean_m(‖ḡ_m‖² − σ̂²/(k_m c)) (McCandlish
+  et al. 2018, |G|²) and clipped at zero. With one worker this equals the exact value whenever the clip
+  is inactive.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """What one worker knows about its k gradient samples (each a mean over c examples).
+
+    ``sum_p`` and ``sum_p2`` are filled once the trainer's shared mean ḡ is known.
+    """
+
+    n: int  # k: number of gradient samples
+    c: int  # examples per sample
+    sum_sq: float  # Σ_j ‖g_j‖²
+    mean_sq: float  # ‖ḡ_m‖², ḡ_m = (1/k) Σ_j g_j
+    sum_p: float = NAN  # Σ_j <g_j, ḡ>
+    sum_p2: float = NAN  # Σ_j <g_j, ḡ>²
+
+
+@dataclass(frozen=True)
+class TrainerStats:
+    """Pooled statistics of one trainer's n = Σ k_m gradient samples."""
+
+    n: int
+    c: int
+    workers: int  # M
+    sigma2: float  # σ̂²: per-example gradient variance (trace of the covariance)
+    gbar_sq: float  # ‖ḡ‖² (exact with a shared mean, else an unbiased estimate of its expectation)
+    var_p: float  # Var_j <g_j, ḡ> (n − 1 in the denominator); nan without a shared mean
+    orth_sq: float  # Σ_j ‖g_j − (<g_j, ḡ>/‖ḡ‖²) ḡ‖²; nan without a shared mean
+    exact: bool  # True when ḡ was shared
+
+
+def pool(stats: Sequence[WorkerStats], gbar_sq: float | None = None) -> TrainerStats | None:
+    """Pool the workers of one trainer (law of total variance). None when there are too few samples.
+
+    ``gbar_sq``: ‖ḡ‖² of the all-reduced mean; None for the scalars-only estimate.
+    """
+    if not stats:
+        return None
+    c = stats[0].c
+    if any(s.c != c for s in stats):
+        raise ValueError("all gradient samples of a trainer must average the same number of examples")
+    n = sum(s.n for s in stats)
+    M = len(stats)
+    sum_sq = sum(s.sum_sq for s in stats)
+    if gbar_sq is not None:
+        if n < 2:
+            return None
+        sigma2 = c * max(sum_sq - n * gbar_sq, 0.0) / (n - 1)
+        var_p = orth = NAN
+        if all(math.isfinite(s.sum_p) and math.isfinite(s.sum_p2) for s in stats):
+            sp = sum(s.sum_p for s in stats)
+            sp2 = sum(s.sum_p2 for s in stats)
+            var_p = max(sp2 - sp * sp / n, 0.0) / (n - 1)
+            orth = max(sum_sq - sp2 / gbar_sq, 0.0) if gbar_sq > 0 else NAN
+        return TrainerStats(n, c, M, sigma2, gbar_sq, var_p, orth, True)
+    if n - M < 1 or any(s.n < 1 for s in stats):
+        return None
+    within = sum(max(s.sum_sq - s.n * s.mean_sq, 0.0) for s in stats)
+    sigma2 = c * within / (n - M)
+    grad_sq = sum(s.mean_sq - sigma2 / (s.n * c) for s in stats) / M  # unbiased ‖∇F‖²
+    est = max(grad_sq, 0.0) + sigma2 / (n * c)
+    return TrainerStats(n, c, M, sigma2, est, NAN, NAN, False)
+
+
+def target(test: str, st: TrainerStats, eta: float, vartheta: float, nu: float) -> float:
+    """T of spec §2.1–2.4 for one trainer (nan when the test cannot be evaluated)."""
+    g2, M, c, n = st.gbar_sq, st.workers, st.c, st.n
+    if not (math.isfinite(g2) and g2 > 0):
+        return NAN
+    if test == "norm":
+        return st.sigma2 / (M * eta**2 * g2)
+    t_ip = c * st.var_p / (M * vartheta**2 * g2 * g2)
+    if test == "inner_product":
+        return t_ip
+    t_orth = c * st.orth_sq / ((n - 1) * M * nu**2 * g2)
+    if test == "augmented_inner_product":
+        return max(t_ip, t_orth)
+    raise ValueError(f"unknown batch test {test!r}")
+
+
+def needs_shared_mean(test: str, estimator: str, exact_mean: bool) -> bool:
+    """Whether the trainer's mean gradient sample must be all-reduced (P values) this round."""
+    if test in ("inner_product", "augmented_inner_product") or estimator == "paper":
+        return True
+    return exact_mean
+
+
+@dataclass(frozen=True)
+class Decision:
+    request: int  # the request for the next round
+    target: float  # T (nan when not computed)
+    reason: str  # grew | kept | capped | off | no-statistics | degenerate
+
+
+def decide(
+    b: int,
+    test: str,
+    st: TrainerStats | None,
+    *,
+    cap: int,
+    eta: float,
+    vartheta: float,
+    nu: float,
+) -> Decision:
+    """b <- min(cap, max(b, ceil(T))): tests only ever grow the request (spec §2).
+
+    A vanishing or non-finite ‖ḡ‖² (or T) leaves b as it is with reason ``degenerate``: never a crash.
+    """
+    if test == "none":
+        return Decision(b, NAN, "off")
+    if st is None:
+        return Decision(b, NAN, "no-statistics")
+    if not (math.isfinite(st.gbar_sq) and st.gbar_sq > 0 and math.isfinite(st.sigma2)):
+        return Decision(b, NAN, "degenerate")
+    t = target(test, st, eta, vartheta, nu)
+    if not math.isfinite(t):
+        return Decision(b, t, "degenerate")
+    if t > cap:
+        return Decision(max(b, cap), t, "capped")
+    new = max(b, math.ceil(t))
+    return Decision(new, t, "grew" if new > b else "kept")
+
+
+def probe_layout(effective_batches: Sequence[int], probe_chunks: int) -> tuple[int, int, bool]:
+    """Chunking of the pooled estimator for one trainer: (k chunks, c examples each, extra probe?).
+
+    All workers of a trainer use the same c, so the chunks are cut from the smallest effective batch
+    among them. When that batch holds fewer than two examples, an extra probe batch of ``probe_chunks``
+    single examples is drawn at the common point (spec §2.5).
+    """
+    s = min(effective_batches)
+    if s >= 2:
+        k = min(s, probe_chunks)
+        return k, s // k, False
+    return probe_chunks, 1, True

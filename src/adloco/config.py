@@ -1,0 +1,455 @@
+"""One typed config tree: defaults, method presets, a YAML file, ``--set section.key=value`` overrides.
+
+Resolution order (later wins): field defaults -> the preset of ``algorithm.method`` -> the YAML file ->
+``--set`` overrides. A preset only fills what the user did not set, so ``method: diloco`` plus
+``batch.test: norm`` is a valid experiment. Every field carries a one-line doc (``adloco config`` prints
+them) and is validated once, here, with a message that names the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from adloco.errors import UserError
+
+
+def F(default: Any, doc: str) -> Any:  # noqa: N802 - reads like a declaration
+    """A dataclass field with a one-line doc."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass
+class ModelConfig:
+    name: str = F("llama-tiny", "architecture preset, random init: llama-tiny (~1.4M parameters) | llama-micro (tests)")
+    init: Literal["same", "independent"] = F(
+        "same", "trainer initialization: one seed for all trainers, or one seed per trainer (spec §3)"
+    )
+
+
+@dataclass
+class DataConfig:
+    source: str = F("stdlib", "'stdlib' (this Python's standard library source) or a text file / folder")
+    tokenizer: str = F("bpe:4096", "'bpe:<vocab size>': byte-level BPE trained on the train split, cached")
+    seq_len: int = F(128, "tokens per training example (documents are packed, EOS between them)")
+    val_fraction: float = F(0.05, "share of documents held out for validation, chosen by a hash of their name")
+    max_examples: int | None = F(None, "read at most this many documents (the paper's data_sample_size)")
+    subset_fraction: float = F(1.0, "share of the training blocks each trainer draws from (spec §3)")
+    cache_dir: str | None = F(None, "tokenizer and token cache (default: $ADLOCO_CACHE or ~/.cache/adloco)")
+
+
+@dataclass
+class AlgorithmConfig:
+    method: Literal["adloco", "diloco", "localsgd"] = F(
+        "adloco", "adloco | diloco | localsgd; sets the defaults of the other sections (spec §6)"
+    )
+    rounds: int = F(12, "outer rounds (every worker runs H inner steps, then every trainer steps)")
+    inner_steps: int = F(16, "H: inner OPTIMIZER steps per round (never micro-batches)")
+    workers: int = F(4, "N: compute slots that run inner steps")
+    trainers: int = F(4, "K0: model instances at start (each owns >= 1 workers)")
+    seed: int = F(0, "seed of every random stream, keyed by (seed, trainer, worker, round)")
+
+
+@dataclass
+class InnerConfig:
+    optimizer: Literal["adamw", "sgd"] = F("adamw", "inner optimizer of every worker")
+    lr: float = F(2e-3, "peak inner learning rate")
+    weight_decay: float = F(0.1, "decoupled weight decay on matrices (not on norms or biases)")
+    betas: list[float] = F([0.9, 0.95], "AdamW betas")
+    momentum: float = F(0.9, "SGD momentum (inner optimizer sgd)")
+    warmup_fraction: float = F(0.05, "linear warmup over this share of all inner steps")
+    schedule: Literal["cosine", "constant"] = F("cosine", "learning-rate decay after warmup")
+    min_lr_ratio: float = F(0.1, "cosine decays to lr * min_lr_ratio")
+    clip: float = F(1.0, "clip the inner gradient to this global norm (0: off)")
+    state: Literal["keep", "reset"] = F(
+        "keep", "inner optimizer state across rounds: keep (DiLoCo) or reset every round (reference)"
+    )
+
+
+@dataclass
+class OuterConfig:
+    optimizer: Literal["average", "sgd", "nesterov"] = F(
+        "nesterov", "outer step on the pseudo-gradient: average | sgd | nesterov (spec §1)"
+    )
+    lr: float = F(0.7, "outer learning rate (sgd, nesterov)")
+    momentum: float = F(0.9, "outer Nesterov momentum")
+
+
+@dataclass
+class BatchConfig:
+    test: Literal["norm", "inner_product", "augmented_inner_product", "none"] = F(
+        "norm", "adaptive batch test (spec §2); none keeps the request constant but logs statistics"
+    )
+    initial: int = F(4, "initial request b (per-worker batch size)")
+    max: int = F(64, "cap on any request")
+    eta: float = F(0.8, "norm test parameter (spec §2.1)")
+    vartheta: float = F(0.01, "inner-product test parameter (spec §2.2)")
+    nu: float = F(0.3, "orthogonality test parameter (spec §2.3)")
+    estimator: Literal["pooled", "paper"] = F(
+        "pooled",
+        "gradient samples: pooled chunks at the round's common point, or each worker's last gradient (spec §2.5)",
+    )
+    probe_chunks: int = F(8, "pooled estimator: chunks per worker batch (k = min(b, probe_chunks))")
+    exact_mean: bool = F(
+        False,
+        "norm test: all-reduce the trainer's mean probe gradient (P values) instead of scalars only",
+    )
+
+
+@dataclass
+class MergeConfig:
+    policy: Literal["smallest", "largest_with_smallest", "none"] = F(
+        "smallest", "which trainers merge (spec §3); none disables merging"
+    )
+    every: int = F(3, "merge every f rounds while more than one trainer is alive")
+    size: int = F(2, "|S|: trainers merged into one at each merge")
+    survivor_batch: Literal["max", "own"] = F(
+        "max", "request of the merged trainer: max over the merged, or the survivor's own"
+    )
+    allocation: Literal["requests", "demand"] = F(
+        "requests", "workers shared in proportion to requests, or to workers x request (reference; spec §4)"
+    )
+
+
+@dataclass
+class SwitchConfig:
+    mode: Literal["threshold", "accumulate", "cap"] = F(
+        "threshold", "gradient accumulation policy (spec §5)"
+    )
+    kappa: float = F(2.0, "threshold mode: accumulate only when b > kappa * b_max")
+    schedule: Literal["fixed", "reference"] = F(
+        "fixed", "fixed: always `mode`; reference: accumulate while >1 trainer lives, then threshold"
+    )
+    b_max: int = F(16, "largest micro-batch of one worker (configured on CPU)")
+
+
+@dataclass
+class EvalConfig:
+    every: int = F(1, "evaluate validation loss and perplexity every this many rounds")
+    max_blocks: int | None = F(256, "evaluate on the first this many validation blocks (null: all)")
+    batch_size: int = F(32, "blocks per evaluation forward pass")
+
+
+@dataclass
+class RuntimeConfig:
+    backend: Literal["inprocess"] = F("inprocess", "inprocess: every worker in this process")
+    device: Literal["auto", "cpu", "cuda"] = F("auto", "auto picks cuda when available")
+    threads: int = F(0, "torch CPU threads of this process (0: leave torch's default)")
+
+
+@dataclass
+class LoggingConfig:
+    out_dir: str = F("runs", "parent folder of run directories")
+    name: str | None = F(None, "run name (default: the method); the folder is <name>-<timestamp>")
+    progress: Literal["auto", "rich", "plain", "off"] = F(
+        "auto", "live progress: rich on a terminal, one line a round otherwise"
+    )
+    plots: bool = F(True, "draw PNG plots into the run directory at the end")
+    save_model: bool = F(True, "save the final model and tokenizer (Hugging Face format)")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    inner: InnerConfig = field(default_factory=InnerConfig)
+    outer: OuterConfig = field(default_factory=OuterConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    merge: MergeConfig = field(default_factory=MergeConfig)
+    switch: SwitchConfig = field(default_factory=SwitchConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS: list[str] = [f.name for f in dataclasses.fields(Config)]
+
+# Method presets (spec §6). They fill only the keys the user leaves unset.
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "adloco": {},
+    "diloco": {
+        "algorithm": {"trainers": 1},
+        "batch": {"test": "none"},
+        "merge": {"policy": "none"},
+    },
+    "localsgd": {
+        "algorithm": {"trainers": 1},
+        "inner": {"optimizer": "sgd", "lr": 0.2, "weight_decay": 0.0},
+        "outer": {"optimizer": "average"},
+        "batch": {"test": "none"},
+        "merge": {"policy": "none"},
+    },
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Parsing and validation
+# --------------------------------------------------------------------------------------------------
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(_describe(a) for a in args) + " or null"
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        return f"a list of {_describe(inner)}s"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def _coerce(value: Any, tp: Any) -> Any:
+    """Return ``value`` as type ``tp`` or raise ValueError (the caller words the message)."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise ValueError
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        for arg in typing.get_args(tp):
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg)
+            except ValueError:
+                continue
+        raise ValueError
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise ValueError
+        return [_coerce(v, inner) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError
+    if tp is int:
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ValueError
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError
+        return value
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError
+    raise TypeError(f"unsupported config type {tp}")
+
+
+def _unknown(kind: str, name: str, known: list[str]) -> UserError:
+    close = difflib.get_close_matches(name.split(".")[-1], known, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return UserError(f"config: unknown {kind} '{name}'{hint} (allowed: {', '.join(known)})")
+
+
+def _apply(cfg: Config, raw: dict[str, Any], origin: str) -> None:
+    if not isinstance(raw, dict):
+        raise UserError(f"{origin}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    for section, values in raw.items():
+        if section not in SECTIONS:
+            raise _unknown("section", str(section), SECTIONS)
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise UserError(f"config: section '{section}' must be a mapping of keys, got {values!r}")
+        obj = getattr(cfg, section)
+        hints = typing.get_type_hints(type(obj))
+        for key, value in values.items():
+            if key not in hints:
+                raise _unknown("key", f"{section}.{key}", list(hints))
+            try:
+                setattr(obj, key, _coerce(value, hints[key]))
+            except ValueError:
+                raise UserError(
+                    f"config: {section}.{key} = {value!r}: must be {_describe(hints[key])}"
+                ) from None
+
+
+def _check(cfg: Config) -> None:
+    """Range checks: one message per violation, naming the field, value and what is allowed."""
+
+    def need(ok: bool, name: str, value: Any, allowed: str) -> None:
+        if not ok:
+            raise UserError(f"config: {name} = {value!r}: must be {allowed}")
+
+    from adloco.models import PRESETS as MODEL_PRESETS
+
+    a, d, b, s = cfg.algorithm, cfg.data, cfg.batch, cfg.switch
+    need(cfg.model.name in MODEL_PRESETS, "model.name", cfg.model.name, "one of " + ", ".join(MODEL_PRESETS))
+    need(a.rounds >= 1, "algorithm.rounds", a.rounds, ">= 1")
+    need(a.inner_steps >= 1, "algorithm.inner_steps", a.inner_steps, ">= 1 (H counts optimizer steps)")
+    need(a.workers >= 1, "algorithm.workers", a.workers, ">= 1")
+    need(a.trainers >= 1, "algorithm.trainers", a.trainers, ">= 1")
+    need(
+        a.trainers <= a.workers,
+        "algorithm.trainers",
+        a.trainers,
+        f"<= algorithm.workers ({a.workers}): every trainer needs at least one worker",
+    )
+    need(d.seq_len >= 2, "data.seq_len", d.seq_len, ">= 2")
+    need(0.0 < d.val_fraction < 1.0, "data.val_fraction", d.val_fraction, "between 0 and 1 (exclusive)")
+    need(0.0 < d.subset_fraction <= 1.0, "data.subset_fraction", d.subset_fraction, "in (0, 1]")
+    need(d.max_examples is None or d.max_examples >= 2, "data.max_examples", d.max_examples, ">= 2 or null")
+    if not d.tokenizer.startswith("bpe:") or not d.tokenizer[4:].isdigit() or int(d.tokenizer[4:]) < 260:
+        raise UserError(
+            f"config: data.tokenizer = {d.tokenizer!r}: must be 'bpe:<vocab size>' with a vocab size >= 260"
+        )
+    i = cfg.inner
+    need(i.lr > 0, "inner.lr", i.lr, "> 0")
+    need(i.weight_decay >= 0, "inner.weight_decay", i.weight_decay, ">= 0")
+    need(len(i.betas) == 2 and all(0 <= x < 1 for x in i.betas), "inner.betas", i.betas, "two numbers in [0, 1)")
+    need(0 <= i.momentum < 1, "inner.momentum", i.momentum, "in [0, 1)")
+    need(0 <= i.warmup_fraction < 1, "inner.warmup_fraction", i.warmup_fraction, "in [0, 1)")
+    need(0 <= i.min_lr_ratio <= 1, "inner.min_lr_ratio", i.min_lr_ratio, "in [0, 1]")
+    need(i.clip >= 0, "inner.clip", i.clip, ">= 0 (0 turns clipping off)")
+    o = cfg.outer
+    need(o.lr > 0, "outer.lr", o.lr, "> 0")
+    need(0 <= o.momentum < 1, "outer.momentum", o.momentum, "in [0, 1)")
+    need(b.initial >= 1, "batch.initial", b.initial, ">= 1")
+    need(b.max >= b.initial, "batch.max", b.max, f">= batch.initial ({b.initial})")
+    need(b.eta > 0, "batch.eta", b.eta, "> 0")
+    need(b.vartheta > 0, "batch.vartheta", b.vartheta, "> 0")
+    need(b.nu > 0, "batch.nu", b.nu, "> 0")
+    need(b.probe_chunks >= 2, "batch.probe_chunks", b.probe_chunks, ">= 2")
+    m = cfg.merge
+    need(m.every >= 1, "merge.every", m.every, ">= 1")
+    need(m.size >= 2, "merge.size", m.size, ">= 2")
+    need(s.kappa >= 1, "switch.kappa", s.kappa, ">= 1")
+    need(s.b_max >= 1, "switch.b_max", s.b_max, ">= 1")
+    e = cfg.eval
+    need(e.every >= 1, "eval.every", e.every, ">= 1")
+    need(e.max_blocks is None or e.max_blocks >= 1, "eval.max_blocks", e.max_blocks, ">= 1 or null")
+    need(e.batch_size >= 1, "eval.batch_size", e.batch_size, ">= 1")
+    need(cfg.runtime.threads >= 0, "runtime.threads", cfg.runtime.threads, ">= 0")
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """``section.key=value`` -> (section, key, value), the value read as YAML (``3`` is an int)."""
+    if "=" not in text:
+        raise UserError(f"--set {text!r}: must look like section.key=value")
+    path, _, raw = text.partition("=")
+    parts = path.strip().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise UserError(f"--set {text!r}: the key must be section.key, e.g. batch.eta=0.5")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return parts[0], parts[1], value
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config file {str(p)!r}: not found")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "malformed YAML"
+        raise UserError(f"config file {str(p)!r}: malformed YAML{where}: {problem}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"config file {str(p)!r}: not UTF-8 text") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise UserError(f"config file {str(p)!r}: the top level must be a mapping of sections")
+    return raw
+
+
+def resolve(
+    file: str | Path | None = None,
+    overrides: list[str] | None = None,
+    base: dict[str, Any] | None = None,
+) -> Config:
+    """Build the resolved config: defaults -> method preset -> ``base``/file -> overrides."""
+    user: dict[str, dict[str, Any]] = {}
+
+    def merge_in(raw: dict[str, Any], origin: str) -> None:
+        if not isinstance(raw, dict):
+            raise UserError(f"{origin}: the top level must be a mapping of sections")
+        for section, values in raw.items():
+            if isinstance(values, dict):
+                user.setdefault(section, {}).update(values)
+            else:
+                user[section] = values  # validated (and rejected) by _apply
+
+    if base:
+        merge_in(base, "config")
+    if file is not None:
+        merge_in(load_yaml(file), f"config file {str(file)!r}")
+    for text in overrides or []:
+        section, key, value = parse_override(text)
+        if section not in SECTIONS:
+            raise _unknown("section", section, SECTIONS)
+        user.setdefault(section, {})
+        if not isinstance(user[section], dict):
+            user[section] = {}
+        user[section][key] = value
+
+    cfg = Config()
+    # The method decides the preset, so read it first (validated like any other key).
+    _apply(cfg, {"algorithm": {"method": (user.get("algorithm") or {}).get("method", "adloco")}}, "config")
+    _apply(cfg, PRESETS[cfg.algorithm.method], "preset")
+    _apply(cfg, user, "config")
+    _check(cfg)
+    return cfg
+
+
+def from_dict(raw: dict[str, Any]) -> Config:
+    """Rebuild a resolved config (e.g. a run directory's config.yaml)."""
+    return resolve(base=raw)
+
+
+def field_docs() -> list[tuple[str, str, Any, str]]:
+    """(section, key, default, doc) for every field, in declaration order."""
+    out = []
+    cfg = Config()
+    for sec in dataclasses.fields(Config):
+        obj = getattr(cfg, sec.name)
+        for f in dataclasses.fields(obj):
+            out.append((sec.name, f.name, getattr(obj, f.name), f.metadata.get("doc", "")))
+    return out
+
+
+def dump_yaml(cfg: Config, with_docs: bool = False) -> str:
+    """The resolved config as YAML; with ``with_docs`` every key carries its doc as a comment."""
+    if not with_docs:
+        return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+    lines: list[str] = []
+    docs = {(s, k): d for s, k, _, d in field_docs()}
+    for section, values in cfg.to_dict().items():
+        lines.append(f"{section}:")
+        for key, value in values.items():
+            rendered = yaml.safe_dump({key: value}, default_flow_style=True, sort_keys=False).strip()
+            rendered = rendered[1:-1] if rendered.startswith("{") else rendered
+            lines.append(f"  {rendered:<34} # {docs[(section, key)]}")
+    return "\n".join(lines) + "\n"

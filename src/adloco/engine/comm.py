@@ -1,0 +1,89 @@
+"""The narrow communication protocol the coordinator is written against, with byte accounting.
+
+Collectives are addressed to logical WORKERS, not processes: a process passes the partial result of the
+workers it hosts (for example Σ over its workers of w_m θ_m), and the backend combines the partials of
+every process that hosts a worker of the group. The in-process backend is the case of one process, where
+the partial already is the result.
+
+Accounting is logical and identical in every backend (spec §7): a collective among n workers of a B-byte
+payload is one message when n > 1, and moves, summed over all workers,
+``all_reduce``: 2(n−1)·B (ring), ``broadcast``: (n−1)·B, ``all_gather`` of B bytes each: n(n−1)·B.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class CommRecord:
+    kind: str  # what travelled: delta | probe | merge | move | stats | eval
+    op: str  # all_reduce | broadcast | all_gather
+    workers: int  # n: logical participants
+    payload: int  # B: bytes each participant contributes
+    wire: int  # bytes moved over the network, summed over participants
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def wire_bytes(op: str, n: int, payload: int) -> int:
+    if n <= 1:
+        return 0
+    if op == "all_reduce":
+        return 2 * (n - 1) * payload
+    if op == "broadcast":
+        return (n - 1) * payload
+    if op == "all_gather":
+        return n * (n - 1) * payload
+    raise ValueError(op)
+
+
+class Comm:
+    """Base class: accounting here, data movement in the backends' ``_`` methods."""
+
+    def __init__(self, n_workers: int, local_workers: Sequence[int], rank: int = 0, world: int = 1) -> None:
+        self.n_workers = n_workers
+        self.local_workers = list(local_workers)
+        self.rank, self.world = rank, world
+        self.records: list[CommRecord] = []
+
+    def _account(self, kind: str, op: str, n: int, payload: int) -> None:
+        self.records.append(CommRecord(kind, op, n, payload, wire_bytes(op, n, payload)))
+
+    def drain(self) -> list[CommRecord]:
+        """Records since the last drain (the coordinator drains once a round)."""
+        out, self.records = self.records, []
+        return out
+
+    # -- the protocol --------------------------------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, workers: Sequence[int], kind: str) -> None:
+        """In place: ``tensor`` ← Σ over the processes hosting ``workers`` of their partials."""
+        self._account(kind, "all_reduce", len(workers), tensor.numel() * tensor.element_size())
+        self._all_reduce(tensor, workers)
+
+    def broadcast(self, tensor: torch.Tensor, src: int, workers: Sequence[int], kind: str) -> None:
+        """In place: every process hosting one of ``workers`` gets the tensor of worker ``src``'s process."""
+        self._account(kind, "broadcast", len(workers), tensor.numel() * tensor.element_size())
+        self._broadcast(tensor, src, workers)
+
+    def all_gather_rows(self, rows: Mapping[int, Sequence[float]], width: int, kind: str) -> dict[int, list[float]]:
+        """Every worker's row of ``width`` float64 scalars, on every process (rows keyed by worker)."""
+        self._account(kind, "all_gather", self.n_workers, width * 8)
+        return self._all_gather_rows(rows, width)
+
+    def barrier(self) -> None:
+        pass
+
+    # -- backends ------------------------------------------------------------------------------------
+    def _all_reduce(self, tensor: torch.Tensor, workers: Sequence[int]) -> None:
+        raise NotImplementedError
+
+    def _broadcast(self, tensor: torch.Tensor, src: int, workers: Sequence[int]) -> None:
+        raise NotImplementedError
+
+    def _all_gather_rows(self, rows: Mapping[int, Sequence[float]], width: int) -> dict[int, list[float]]:
+        raise NotImplementedError

@@ -1,0 +1,429 @@
+"""The round (spec §6), identical for every backend.
+
+Each process runs one coordinator. The replicated state (round, trainers alive, requests, allocation) is
+small and every decision that changes it is a pure function of gathered scalars, computed identically on
+every process; the heavy state (worker replicas and inner optimizers, trainer θ and outer momentum) lives
+only where it is needed. In the in-process backend one coordinator hosts everything.
+
+One round:
+  1. every local worker runs H inner steps (gradient probe at the first, at the common point θ_t);
+  2. scalars are gathered; where the batch test needs it, the trainer's mean probe gradient is
+     all-reduced;
+  3. every trainer's outer step (one all-reduce of Σ w_m θ_m among its workers, Δ = θ_t − that);
+  4. every trainer's batch test -> new requests;
+  5. every f rounds while K > 1: merge by policy, reallocate workers, send θ to moved workers;
+  6. workers load their trainer's θ; evaluate; log.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from adloco.algorithms import allocation, batching, merging, switch
+from adloco.algorithms.outer import OuterOptimizer
+from adloco.config import Config
+from adloco.data.sampling import ShardStream, trainer_subset
+from adloco.data.tokens import TokenData
+from adloco.engine.comm import Comm
+from adloco.engine.flat import FlatModule
+from adloco.engine.inner import lr_at, reset_state
+from adloco.engine.worker import ProbeSpec, RoundResult, Worker
+from adloco.evaluation import evaluate, perplexity
+from adloco.telemetry.metrics import MetricsSink
+from adloco.telemetry.progress import Progress
+
+
+@dataclass
+class Totals:
+    examples: int = 0
+    probe_examples: int = 0
+    bytes: int = 0
+    messages: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+
+
+class Coordinator:
+    def __init__(
+        self,
+        cfg: Config,
+        comm: Comm,
+        data: TokenData,
+        build_model: Callable[[int], nn.Module],
+        device: torch.device,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.cfg, self.comm, self.data, self.device, self.log = cfg, comm, data, device, log
+        a = cfg.algorithm
+        self.round = 0  # rounds completed
+        self.alive: list[int] = list(range(a.trainers))
+        self.requests: dict[int, int] = {t: cfg.batch.initial for t in self.alive}
+        self.allocation = allocation.allocate(self.requests, a.workers, mode=cfg.merge.allocation)
+        self.subsets = {
+            t: trainer_subset(data.n_train_blocks, cfg.data.subset_fraction, a.seed, t) for t in self.alive
+        }
+        # b_max is never larger than a worker's shard (spec §5).
+        smallest_shard = max(1, min(len(s) for s in self.subsets.values()) // a.workers)
+        self.b_max = {w: min(cfg.switch.b_max, smallest_shard) for w in range(a.workers)}
+        if cfg.switch.b_max > smallest_shard:
+            log(f"switch.b_max lowered to {smallest_shard}: a worker's shard holds no more blocks")
+
+        # Models: one prototype; trainer θ from it (init same) or from a seed per trainer (independent).
+        proto = build_model(a.seed)
+        self.thetas: dict[int, torch.Tensor] = {}
+        self.outers: dict[int, OuterOptimizer] = {}
+        hosted = {self.allocation[w] for w in comm.local_workers}
+        for t in sorted(hosted):
+            src = proto if cfg.model.init == "same" else build_model(a.seed + 7919 * (t + 1))
+            self.thetas[t] = FlatModule(copy.deepcopy(src).to(device)).param
+            self.outers[t] = self._new_outer()
+        self.workers: dict[int, Worker] = {
+            w: Worker(w, copy.deepcopy(proto).to(device), cfg.inner, self.b_max[w]) for w in comm.local_workers
+        }
+        self.n_params = next(iter(self.workers.values())).flat.numel
+        self.scratch = torch.zeros(self.n_params, device=device)
+        for w, worker in self.workers.items():
+            worker.load(self.thetas[self.allocation[w]])
+        self.totals = Totals()
+        self.history: list[dict[str, Any]] = []
+        self.last_eval: dict[int, float] = {}
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _new_outer(self) -> OuterOptimizer:
+        o = self.cfg.outer
+        return OuterOptimizer(o.optimizer, o.lr, o.momentum)
+
+    def members(self) -> dict[int, list[int]]:
+        return allocation.members(self.allocation)
+
+    def _local(self, workers: list[int]) -> list[int]:
+        return [w for w in workers if w in self.workers]
+
+    def _collect(self) -> tuple[int, int]:
+        recs = self.comm.drain()
+        nbytes = sum(r.wire for r in recs)
+        msgs = sum(1 for r in recs if r.workers > 1)
+        self.totals.bytes += nbytes
+        self.totals.messages += msgs
+        for r in recs:
+            self.totals.by_kind[r.kind] = self.totals.by_kind.get(r.kind, 0) + r.wire
+        return nbytes, msgs
+
+    # -- evaluation --------------------------------------------------------------------------------
+    def evaluate(self) -> dict[int, float]:
+        """Validation loss of every trainer alive, evaluated by its leader (lowest worker id)."""
+        members = self.members()
+        n_blocks = self.data.n_val_blocks
+        if self.cfg.eval.max_blocks is not None:
+            n_blocks = min(n_blocks, self.cfg.eval.max_blocks)
+        rows: dict[int, list[float]] = {w: [math.nan] for w in self.workers}
+        for t in self.alive:
+            leader = members[t][0]
+            if leader in self.workers:
+                loss, _ = evaluate(self.workers[leader].model, self.data.val_blocks, n_blocks,
+                                   self.cfg.eval.batch_size)
+                rows[leader] = [loss]
+        gathered = self.comm.all_gather_rows(rows, 1, "eval")
+        self.last_eval = {t: gathered[members[t][0]][0] for t in self.alive}
+        return self.last_eval
+
+    # -- one round ---------------------------------------------------------------------------------
+    def run_round(self, on_step: Callable[[], None] = lambda: None) -> dict[str, Any]:
+        cfg, comm = self.cfg, self.comm
+        a, bcfg = cfg.algorithm, cfg.batch
+        r = self.round
+        t_start = time.perf_counter()
+        members = self.members()
+        mode = switch.mode_for(cfg.switch.schedule, cfg.switch.mode, len(self.alive))
+        plans = {
+            w: switch.plan(self.requests[t], self.b_max[w], mode, cfg.switch.kappa)
+            for w, t in self.allocation.items()
+        }
+        shared = batching.needs_shared_mean(bcfg.test, bcfg.estimator, bcfg.exact_mean)
+        need_p = bcfg.test in ("inner_product", "augmented_inner_product")
+        probes: dict[int, ProbeSpec] = {}
+        if bcfg.estimator == "pooled":
+            keep = "chunks" if need_p else ("sum" if shared else "none")
+            for t in self.alive:
+                k, c, extra = batching.probe_layout([plans[w].effective for w in members[t]], bcfg.probe_chunks)
+                probes[t] = ProbeSpec(k, c, extra, keep)
+
+        # 1. inner steps
+        if cfg.inner.state == "reset":
+            for worker in self.workers.values():
+                reset_state(worker.optimizer)
+        total_steps = a.rounds * a.inner_steps
+        local: dict[int, RoundResult] = {}
+        for w in sorted(self.workers):
+            t = self.allocation[w]
+            stream = ShardStream(self.subsets[t], a.seed, t, r, members[t].index(w), len(members[t]))
+            local[w] = self.workers[w].run_round(
+                stream, self.data.train_blocks, plans[w], a.inner_steps,
+                lambda h: lr_at(r * a.inner_steps + h, total_steps, cfg.inner),
+                probes.get(t), self.scratch, on_step,
+            )
+        paper_scale: dict[int, float] = {}
+        if bcfg.estimator == "paper":  # each worker's last gradient, unclipped: one sample of c = e
+            for w, res in local.items():
+                s = 1.0 / float(self.workers[w]._clip_coef)
+                g = self.workers[w].flat.grad
+                sq = float(torch.dot(g, g)) * s * s
+                res.stats = batching.WorkerStats(1, plans[w].effective, sq, sq)
+                paper_scale[w] = s
+
+        # 2. gather scalars; shared mean probe gradient where the test needs it
+        rows = comm.all_gather_rows({w: res.to_row() for w, res in local.items()}, RoundResult.FIELDS, "stats")
+        results = {w: RoundResult.from_row(rows[w]) for w in sorted(rows)}
+        gbar_sq: dict[int, float] = {}
+        if shared:
+            p_rows: dict[int, list[float]] = {}
+            for t in self.alive:
+                stats = [results[w].stats for w in members[t]]
+                if any(s is None for s in stats) or len({s.c for s in stats if s}) != 1:
+                    continue
+                n_t = sum(s.n for s in stats if s)
+                buf = self.scratch.zero_()
+                for w in self._local(members[t]):
+                    worker = self.workers[w]
+                    if bcfg.estimator == "paper":
+                        buf.add_(worker.flat.grad, alpha=paper_scale[w])
+                    else:
+                        assert worker.sample_sum is not None
+                        buf.add_(worker.sample_sum)
+                comm.all_reduce(buf, members[t], "probe")
+                gbar = buf.div_(n_t)  # ḡ: (P,)
+                gbar_sq[t] = float(torch.dot(gbar, gbar))
+                if need_p:
+                    for w in self._local(members[t]):
+                        worker = self.workers[w]
+                        if bcfg.estimator == "paper":
+                            p = (torch.dot(worker.flat.grad, gbar) * paper_scale[w]).reshape(1).double()
+                        else:
+                            assert worker.chunks is not None
+                            p = (worker.chunks[: probes[t].k] @ gbar).double()  # (k,)
+                        p_rows[w] = [float(p.sum()), float((p * p).sum())]
+            if need_p:
+                for w in self.workers:
+                    p_rows.setdefault(w, [math.nan, math.nan])
+                p_all = comm.all_gather_rows(p_rows, 2, "stats")
+                for w, res in results.items():
+                    if res.stats is not None and math.isfinite(p_all[w][0]):
+                        s = res.stats
+                        res.stats = batching.WorkerStats(s.n, s.c, s.sum_sq, s.mean_sq, p_all[w][0], p_all[w][1])
+
+        # 3. outer step of every trainer: Δ_t = θ_t − Σ_m (n_m / n) θ_m
+        for t in self.alive:
+            ws = members[t]
+            n_ex = sum(results[w].examples for w in ws)
+            buf = self.scratch.zero_()
+            for w in self._local(ws):
+                buf.add_(self.workers[w].flat.param, alpha=results[w].examples / n_ex)
+            comm.all_reduce(buf, ws, "delta")
+            if t in self.thetas:
+                delta = buf.neg_().add_(self.thetas[t])
+                self.outers[t].step(self.thetas[t], delta)
+
+        # 4. batch test -> new requests
+        trainer_events = []
+        for t in self.alive:
+            ws = members[t]
+            stats = [results[w].stats for w in ws]
+            pooled = None
+            if all(s is not None for s in stats) and len({s.c for s in stats if s}) == 1:
+                pooled = batching.pool([s for s in stats if s], gbar_sq.get(t) if shared else None)
+            dec = batching.decide(self.requests[t], bcfg.test, pooled, cap=bcfg.max, eta=bcfg.eta,
+                                  vartheta=bcfg.vartheta, nu=bcfg.nu)
+            if dec.reason == "degenerate":
+                self.log(f"round {r + 1}: trainer {t}: vanishing or non-finite gradient statistics; "
+                         f"request kept at {self.requests[t]}")
+            trainer_events.append({
+                "event": "trainer", "round": r + 1, "trainer": t, "workers": ws,
+                "request": self.requests[t], "request_next": dec.request, "target": _num(dec.target),
+                "reason": dec.reason,
+                "loss": sum(results[w].loss * results[w].examples for w in ws) / sum(results[w].examples for w in ws),
+                "sigma2": _num(pooled.sigma2) if pooled else None,
+                "gbar_sq": _num(pooled.gbar_sq) if pooled else None,
+                "samples": pooled.n if pooled else None,
+                "effective": plans[ws[0]].effective, "micro": plans[ws[0]].micro, "accum": plans[ws[0]].accum,
+            })
+            self.requests[t] = dec.request
+
+        # 5. merge and reallocate
+        merge_event = self._maybe_merge(r, members)
+
+        # 6. workers load their trainer's θ
+        for w, worker in self.workers.items():
+            worker.load(self.thetas[self.allocation[w]])
+
+        examples = sum(res.examples for res in results.values())
+        self.totals.examples += examples
+        self.totals.probe_examples += sum(res.probe_examples for res in results.values())
+        self.round += 1
+        eval_due = self.round % cfg.eval.every == 0 or self.round == a.rounds
+        val = self.evaluate() if eval_due else None
+        nbytes, msgs = self._collect()
+        worker_events = [
+            {"event": "worker", "round": r + 1, "worker": w, "trainer": members_of(w, members),
+             "loss": _num(res.loss), "examples": res.examples, "probe_examples": res.probe_examples,
+             "micro": res.micro, "accum": res.accum, "effective": res.micro * res.accum, "capped": res.capped,
+             "finite": res.finite, "compute_s": res.compute_s}
+            for w, res in results.items()
+        ]
+        train_loss = sum(res.loss * res.examples for res in results.values()) / max(examples, 1)
+        summary: dict[str, Any] = {
+            "event": "round", "round": self.round, "trainers_alive": len(self.alive),
+            "requests": {str(t): b for t, b in self.requests.items()},
+            "allocation": {str(w): t for w, t in self.allocation.items()},
+            "switch_mode": mode, "loss": _num(train_loss), "examples": examples,
+            "examples_total": self.totals.examples, "bytes": nbytes, "bytes_total": self.totals.bytes,
+            "communications": msgs, "communications_total": self.totals.messages,
+            "round_s": time.perf_counter() - t_start,
+            "max_compute_s": max(res.compute_s for res in results.values()),
+        }
+        if val is not None:
+            best = min(val.values())
+            summary.update(val_loss=_num(best), val_ppl=_num(perplexity(best)),
+                           val_ppl_by_trainer={str(t): _num(perplexity(v)) for t, v in val.items()})
+        events = [*worker_events, *trainer_events]
+        if merge_event:
+            events.extend(merge_event)
+        if val is not None:
+            events.extend({"event": "eval", "round": self.round, "trainer": t, "val_loss": _num(v),
+                           "val_ppl": _num(perplexity(v))} for t, v in val.items())
+        events.append(summary)
+        self.history.append(summary)
+        return {"summary": summary, "events": events}
+
+    def _maybe_merge(self, r: int, members: dict[int, list[int]]) -> list[dict[str, Any]]:
+        cfg, comm = self.cfg, self.comm
+        m = cfg.merge
+        if m.policy == "none" or len(self.alive) < 2 or (r + 1) % m.every != 0:
+            return []
+        S = merging.select({t: self.requests[t] for t in self.alive}, m.policy, m.size)
+        if len(S) < 2:
+            return []
+        w = merging.weights(self.requests, S)
+        keep = merging.survivor(S)
+        union = sorted(x for t in S for x in members[t])
+        hosts_union = any(x in self.workers for x in union)
+        # θ_r = Σ_{j∈S} w_j θ_j (and the outer momentum alike): each trainer's leader contributes once.
+        tensors = [("theta", self.thetas)]
+        if self.outers and next(iter(self.outers.values())).has_state:
+            tensors.append(("momentum", {t: o.ensure_state(self.thetas[t]) for t, o in self.outers.items()}))
+        for _, source in tensors:
+            buf = self.scratch.zero_()
+            for t in S:
+                if members[t][0] in self.workers:
+                    buf.add_(source[t], alpha=w[t])
+            comm.all_reduce(buf, union, "merge")
+            if hosts_union:
+                if keep not in source:
+                    source[keep] = torch.zeros_like(buf)
+                source[keep].copy_(buf)
+        if hosts_union and keep not in self.outers:
+            self.outers[keep] = self._new_outer()
+        if keep in self.outers and self.outers[keep].has_state:
+            self.outers[keep].v = tensors[1][1][keep]
+        new_request = merging.merged_request(self.requests, S, m.survivor_batch, keep)
+        for t in S:
+            if t != keep:
+                self.alive.remove(t)
+                self.requests.pop(t)
+                self.thetas.pop(t, None)
+                self.outers.pop(t, None)
+        self.requests[keep] = new_request
+
+        # Reallocate: workers of merged trainers already hold the survivor's θ.
+        current = {x: (keep if t in S else t) for x, t in self.allocation.items()}
+        new = allocation.allocate(self.requests, cfg.algorithm.workers, current, m.allocation)
+        holders = allocation.members(current)
+        moved = [x for x in sorted(new) if new[x] != current[x]]
+        for x in moved:
+            t = new[x]
+            src = holders[t][0]
+            if x in self.workers and t not in self.thetas:
+                self.thetas[t] = torch.zeros_like(self.scratch)
+                self.outers[t] = self._new_outer()
+            theta = self.thetas.get(t, self.scratch)
+            comm.broadcast(theta, src, [src, x], "move")
+            if t in self.outers and self.outers[t].has_state:
+                comm.broadcast(self.outers[t].ensure_state(theta), src, [src, x], "move")
+        changed = [x for x in sorted(new) if new[x] != self.allocation[x]]
+        for x in changed:
+            if x in self.workers:
+                self.workers[x].reset_optimizer()
+        self.allocation = new
+        hosted = {new[x] for x in self.workers}
+        for t in list(self.thetas):
+            if t not in hosted:
+                self.thetas.pop(t)
+                self.outers.pop(t, None)
+        return [
+            {"event": "merge", "round": r + 1, "merged": S, "survivor": keep,
+             "weights": {str(t): v for t, v in w.items()}, "request": new_request,
+             "trainers_alive": len(self.alive)},
+            {"event": "allocation", "round": r + 1, "allocation": {str(x): t for x, t in new.items()},
+             "moved": moved, "reset": changed},
+        ]
+
+    # -- whole run ---------------------------------------------------------------------------------
+    def run(self, sink: MetricsSink, progress: Progress) -> dict[str, Any]:
+        a = self.cfg.algorithm
+        t0 = time.perf_counter()
+        initial = self.evaluate()
+        initial_loss = min(initial.values())
+        self._collect()
+        sink.log({"event": "start", "round": 0, "parameters": self.n_params, "workers": a.workers,
+                  "trainers": a.trainers, "allocation": {str(w): t for w, t in self.allocation.items()},
+                  "val_loss": _num(initial_loss), "val_ppl": _num(perplexity(initial_loss)),
+                  "train_blocks": self.data.n_train_blocks, "val_blocks": self.data.n_val_blocks})
+        progress.start(a.rounds, a.inner_steps * len(self.workers), perplexity(initial_loss))
+        while self.round < a.rounds:
+            progress.round_started(self.round + 1)
+            out = self.run_round(progress.step)
+            for e in out["events"]:
+                sink.log(e)
+            progress.round_done(out["summary"])
+        progress.close()
+        final = self.last_eval or self.evaluate()
+        best = min(final, key=lambda t: (final[t], t))
+        return {
+            "method": a.method,
+            "rounds": self.round,
+            "initial_val_ppl": _num(perplexity(initial_loss)),
+            "final_val_ppl": _num(perplexity(final[best])),
+            "final_val_loss": _num(final[best]),
+            "trainers_final": len(self.alive),
+            "requests_final": {str(t): b for t, b in self.requests.items()},
+            "examples_total": self.totals.examples,
+            "communications_total": self.totals.messages,
+            "bytes_total": self.totals.bytes,
+            "wall_s": time.perf_counter() - t0,
+            "best_trainer": best,
+        }
+
+    def trainer_state_dict(self, t: int) -> dict[str, torch.Tensor]:
+        """Trainer t's parameters as a model state dict (copied out of the flat buffer)."""
+        leader = self.members()[t][0]
+        worker = self.workers[leader]
+        worker.load(self.thetas[t])
+        return worker.flat.clone_state_dict()
+
+
+def members_of(w: int, members: dict[int, list[int]]) -> int:
+    for t, ws in members.items():
+        if w in ws:
+            return t
+    raise KeyError(w)
+
+
+def _num(x: float) -> float | None:
+    """JSON-safe float: nan and inf become None."""
+    return float(x) if x is not None and math.isfinite(x) else None

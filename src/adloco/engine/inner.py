@@ -1,0 +1,38 @@
+"""The inner optimizer of a worker and its learning-rate schedule (spec §1, step 2)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+
+from adloco.config import InnerConfig
+from adloco.engine.flat import FlatModule
+
+
+def make_optimizer(flat: FlatModule, cfg: InnerConfig) -> torch.optim.Optimizer:
+    groups = [
+        {"params": [p], "weight_decay": cfg.weight_decay if decay else 0.0}
+        for p, decay in zip(flat.groups, flat.decay_flags, strict=True)
+    ]
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]))
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+
+
+def reset_state(opt: torch.optim.Optimizer) -> None:
+    """Forget moments and step counts (a worker that changes trainer, or ``inner.state: reset``)."""
+    opt.state = defaultdict(dict)
+
+
+def lr_at(step: int, total: int, cfg: InnerConfig) -> float:
+    """Linear warmup over ``warmup_fraction`` of ``total`` steps, then cosine (or constant)."""
+    warmup = int(cfg.warmup_fraction * total)
+    if step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    if cfg.schedule == "constant" or total <= warmup:
+        return cfg.lr
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))

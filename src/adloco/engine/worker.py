@@ -1,0 +1,209 @@
+"""One worker: H inner optimizer steps on its shard, with the gradient probe at the round's common point.
+
+The worker owns a model replica whose parameters live in one flat buffer (:mod:`adloco.engine.flat`)
+and an inner optimizer whose state persists across rounds. It never re-creates its model, and no
+gradient leaves its device during the inner loop: the probe reduces gradients to scalars on the spot
+and keeps at most the vectors the batch test needs (spec §2.5).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from adloco.algorithms.batching import WorkerStats
+from adloco.algorithms.switch import Plan
+from adloco.config import InnerConfig
+from adloco.data.sampling import ShardStream
+from adloco.engine.flat import FlatModule
+from adloco.engine.inner import make_optimizer, reset_state
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """The pooled estimator's chunking for this round (the same for every worker of a trainer)."""
+
+    k: int  # chunks
+    c: int  # examples per chunk
+    extra: bool  # draw an extra probe batch (the step batch holds fewer than two examples)
+    keep: str  # vectors kept for the shared mean: "none" | "sum" (Σ_j g_j) | "chunks" (every g_j)
+
+
+@dataclass
+class RoundResult:
+    """What one worker reports after a round (all scalars)."""
+
+    loss: float  # mean training loss over the round's steps
+    steps: int
+    examples: int  # examples in optimizer steps
+    probe_examples: int  # extra examples drawn only to probe gradient statistics
+    finite: bool
+    compute_s: float
+    micro: int
+    accum: int
+    capped: bool
+    stats: WorkerStats | None
+
+    FIELDS = 14
+
+    def to_row(self) -> list[float]:
+        s = self.stats
+        stats = [s.n, s.c, s.sum_sq, s.mean_sq] if s else [0, 0, math.nan, math.nan]
+        return [self.loss, self.steps, self.examples, self.probe_examples, float(self.finite),
+                self.compute_s, self.micro, self.accum, float(self.capped), *stats, float(s is not None)]
+
+    @classmethod
+    def from_row(cls, row: list[float]) -> RoundResult:
+        stats = WorkerStats(int(row[9]), int(row[10]), row[11], row[12]) if row[13] else None
+        return cls(row[0], int(row[1]), int(row[2]), int(row[3]), bool(row[4]), row[5], int(row[6]),
+                   int(row[7]), bool(row[8]), stats)
+
+
+class Worker:
+    def __init__(self, wid: int, model: nn.Module, inner: InnerConfig, b_max: int) -> None:
+        self.id = wid
+        self.model = model
+        self.model.train()
+        self.flat = FlatModule(model)
+        self.inner = inner
+        self.optimizer = make_optimizer(self.flat, inner)
+        self.b_max = b_max
+        self.device = self.flat.param.device
+        self.sample_sum: torch.Tensor | None = None  # Σ_j g_j of the last probe, when kept
+        self.chunks: torch.Tensor | None = None  # (k, P) chunk gradients of the last probe, when kept
+        self._clip_coef: torch.Tensor = torch.ones((), device=self.device)
+
+    # -- state -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def load(self, theta: torch.Tensor) -> None:
+        """θ_m ← θ_t (spec §1, step 1)."""
+        self.flat.param.copy_(theta)
+
+    def reset_optimizer(self) -> None:
+        reset_state(self.optimizer)
+
+    # -- one round ---------------------------------------------------------------------------------
+    def run_round(
+        self,
+        stream: ShardStream,
+        fetch: Callable[[np.ndarray], torch.Tensor],
+        plan: Plan,
+        steps: int,
+        lr_for_step: Callable[[int], float],
+        probe: ProbeSpec | None,
+        scratch: torch.Tensor,
+        on_step: Callable[[], None] = lambda: None,
+    ) -> RoundResult:
+        """Run H = ``steps`` optimizer steps of ``plan.effective`` examples each."""
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        stats: WorkerStats | None = None
+        probe_examples = 0
+        e = plan.effective
+        for h in range(steps):
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr_for_step(h)
+            x = fetch(stream.take(e)).to(self.device, non_blocking=True)  # (e, T)
+            if h == 0 and probe is not None:
+                if probe.extra:
+                    px = fetch(stream.take(probe.k * probe.c)).to(self.device, non_blocking=True)
+                    stats, _ = self._probe(px, probe, plan.micro, scratch)
+                    probe_examples += probe.k * probe.c
+                    loss = self._accumulate(x, plan.micro)
+                else:
+                    stats, loss = self._probe_step(x, probe, plan.micro, scratch)
+            else:
+                loss = self._accumulate(x, plan.micro)
+            self._clip()
+            self.optimizer.step()
+            loss_sum += loss
+            on_step()
+        mean_loss = (loss_sum / steps).item()
+        finite = math.isfinite(mean_loss) and bool(torch.isfinite(self.flat.param).all())
+        sync()
+        return RoundResult(mean_loss, steps, steps * e, probe_examples, finite,
+                           time.perf_counter() - t0, plan.micro, plan.accum, plan.capped, stats)
+
+    # -- pieces ------------------------------------------------------------------------------------
+    def _forward_backward(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        """Backward of ``scale`` x the mean token loss of ``x`` (labels = inputs; the model shifts)."""
+        loss = self.model(input_ids=x, labels=x).loss
+        (loss * scale).backward()
+        return loss.detach()
+
+    def _accumulate(self, x: torch.Tensor, micro: int) -> torch.Tensor:
+        """flat.grad ← mean gradient over the rows of ``x``, in micro-batches of at most ``micro``."""
+        self.flat.zero_grad()
+        n = x.shape[0]
+        loss = torch.zeros((), device=self.device)
+        for piece in x.split(micro):
+            loss += self._forward_backward(piece, piece.shape[0] / n) * (piece.shape[0] / n)
+        return loss
+
+    def _probe(
+        self, x: torch.Tensor, probe: ProbeSpec, micro: int, scratch: torch.Tensor
+    ) -> tuple[WorkerStats, torch.Tensor]:
+        """Chunk gradients g_j (mean over c examples each) of the first k·c rows of ``x``.
+
+        Returns the worker's statistics and Σ_j c·loss_j; leaves Σ_j g_j in the accumulator.
+        """
+        k, c = probe.k, probe.c
+        acc = self._accumulator(probe, scratch)
+        acc.zero_()
+        sum_sq = torch.zeros((), device=self.device, dtype=torch.float64)
+        loss = torch.zeros((), device=self.device)
+        for j in range(k):
+            self.flat.zero_grad()
+            for piece in x[j * c : (j + 1) * c].split(micro):
+                loss += self._forward_backward(piece, piece.shape[0] / c) * piece.shape[0]
+            g = self.flat.grad  # g_j, (P,)
+            sum_sq += torch.dot(g, g).double()
+            acc.add_(g)
+            if self.chunks is not None and probe.keep == "chunks":
+                self.chunks[j].copy_(g)
+        mean_sq = torch.dot(acc, acc).double() / (k * k)
+        return WorkerStats(k, c, sum_sq.item(), mean_sq.item()), loss
+
+    def _probe_step(
+        self, x: torch.Tensor, probe: ProbeSpec, micro: int, scratch: torch.Tensor
+    ) -> tuple[WorkerStats, torch.Tensor]:
+        """The first inner step, with its batch cut into the probe's chunks; the step's gradient is the
+        same mean gradient as without probing."""
+        e = x.shape[0]
+        k, c = probe.k, probe.c
+        stats, loss = self._probe(x, probe, micro, scratch)
+        acc = self._accumulator(probe, scratch)
+        self.flat.grad.copy_(acc).mul_(c / e)  # mean gradient of the chunked rows, weighted c·k/e
+        rest = x[k * c :]  # rows not in any chunk
+        for piece in rest.split(micro) if rest.shape[0] else ():
+            loss += self._forward_backward(piece, piece.shape[0] / e) * piece.shape[0]
+        return stats, loss / e
+
+    def _accumulator(self, probe: ProbeSpec, scratch: torch.Tensor) -> torch.Tensor:
+        if probe.keep == "none":
+            return scratch
+        if self.sample_sum is None:
+            self.sample_sum = torch.zeros_like(self.flat.param)
+        if probe.keep == "chunks" and (self.chunks is None or self.chunks.shape[0] < probe.k):
+            self.chunks = torch.zeros(probe.k, self.flat.numel, device=self.device)
+        return self.sample_sum
+
+    def _clip(self) -> None:
+        if self.inner.clip <= 0:
+            return
+        norm = torch.linalg.vector_norm(self.flat.grad)
+        self._clip_coef = torch.clamp(self.inner.clip / (norm + 1e-6), max=1.0)
+        self.flat.grad.mul_(self._clip_coef)
+
+    @torch.no_grad()
+    def last_gradient(self, out: torch.Tensor) -> torch.Tensor:
+        """The last inner step's gradient before clipping (the ``paper`` estimator's sample)."""
+        return out.copy_(self.flat.grad).div_(self._clip_coef)

@@ -1,0 +1,5 @@
+"""Errors a user can cause and fix: reported as one line, exit code 2, no traceback (unless --debug)."""
+
+
+class UserError(Exception):
+    """Bad input: a config field, a file, an impossible size. The message names it and what is allowed."""

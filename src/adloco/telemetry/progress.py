@@ -1,0 +1,114 @@
+"""Live progress: a rich bar and a line per round on a terminal, plain lines elsewhere."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def round_line(s: dict[str, Any], rounds: int) -> str:
+    """One human line for a round summary event."""
+    reqs = " ".join(f"t{t}={b}" for t, b in s["requests"].items())
+    ppl = s.get("val_ppl")
+    ppl_txt = f"{ppl:8.2f}" if isinstance(ppl, (int, float)) else "       -"
+    loss = s.get("loss")
+    loss_txt = f"{loss:6.3f}" if isinstance(loss, (int, float)) else "     -"
+    return (
+        f"round {s['round']:>3}/{rounds}  loss {loss_txt}  val ppl {ppl_txt}  "
+        f"trainers {s['trainers_alive']}  requests {reqs}  "
+        f"sent {fmt_bytes(s['bytes_total'])}  {s['round_s']:5.1f}s"
+    )
+
+
+class Progress:
+    """Base: silent."""
+
+    def start(self, rounds: int, steps_per_round: int, initial_ppl: float) -> None:
+        self.rounds = rounds
+
+    def round_started(self, r: int) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+    def round_done(self, summary: dict[str, Any]) -> None:
+        pass
+
+    def message(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class PlainProgress(Progress):
+    """One line a round (logs, CI, pipes)."""
+
+    def start(self, rounds: int, steps_per_round: int, initial_ppl: float) -> None:
+        self.rounds = rounds
+        print(f"initial validation perplexity {initial_ppl:.2f}", flush=True)
+
+    def round_done(self, summary: dict[str, Any]) -> None:
+        print(round_line(summary, self.rounds), flush=True)
+
+    def message(self, text: str) -> None:
+        print(text, flush=True)
+
+
+class RichProgress(Progress):
+    """A live bar over inner steps, with the round's lines printed above it."""
+
+    def start(self, rounds: int, steps_per_round: int, initial_ppl: float) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.rounds = rounds
+        self.console = Console(stderr=False)
+        self.bar = Progress(
+            TextColumn("[bold]round {task.fields[r]}/{task.fields[rounds]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("inner steps"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+        )
+        self.task = self.bar.add_task("train", total=steps_per_round, r=0, rounds=rounds)
+        self.bar.start()
+        self.console.print(f"initial validation perplexity [bold]{initial_ppl:.2f}[/]")
+
+    def round_started(self, r: int) -> None:
+        self.bar.reset(self.task, r=r)
+
+    def step(self) -> None:
+        self.bar.advance(self.task)
+
+    def round_done(self, summary: dict[str, Any]) -> None:
+        self.console.print(round_line(summary, self.rounds))
+
+    def message(self, text: str) -> None:
+        if hasattr(self, "console"):
+            self.console.print(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if hasattr(self, "bar"):
+            self.bar.stop()
+
+
+def make_progress(mode: str) -> Progress:
+    if mode == "off":
+        return Progress()
+    if mode == "rich" or (mode == "auto" and sys.stdout.isatty()):
+        return RichProgress()
+    return PlainProgress()

@@ -1,0 +1,66 @@
+"""Shared test helpers: synthetic token data, tiny models, a coordinator on the in-process backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from adloco import models
+from adloco.config import Config, resolve
+from adloco.data.tokens import TokenData
+from adloco.engine.backends.inprocess import InProcessComm
+from adloco.engine.coordinator import Coordinator
+
+VOCAB = 64
+
+
+def synthetic_data(seq_len: int = 8, n_train_blocks: int = 400, n_val_blocks: int = 8, seed: int = 0) -> TokenData:
+    """Token streams with some structure (a noisy counter) so that a model can learn something."""
+    rng = np.random.default_rng(seed)
+
+    def stream(n: int) -> np.ndarray:
+        base = np.arange(n) % (VOCAB - 1) + 1
+        noise = rng.integers(1, VOCAB, size=n)
+        keep = rng.random(n) < 0.8
+        return np.where(keep, base, noise).astype(np.uint16)
+
+    return TokenData(
+        train=stream(n_train_blocks * seq_len),
+        val=stream(n_val_blocks * seq_len),
+        tokenizer=None,
+        vocab_size=VOCAB,
+        eos_id=0,
+        seq_len=seq_len,
+        n_documents=(1, 1),
+    )
+
+
+def tiny_config(*overrides: str, **sections: dict[str, Any]) -> Config:
+    base = {
+        "model": {"name": "llama-micro"},
+        "data": {"seq_len": 8},
+        "algorithm": {"rounds": 3, "inner_steps": 2, "workers": 4, "trainers": 4},
+        "batch": {"initial": 2, "max": 16},
+        "switch": {"b_max": 4},
+        "merge": {"every": 1},
+        "eval": {"max_blocks": 4, "batch_size": 4},
+        "logging": {"progress": "off"},
+    }
+    for section, values in sections.items():
+        base.setdefault(section, {}).update(values)
+    return resolve(base=base, overrides=list(overrides))
+
+
+def build_fn(data: TokenData, cfg: Config):  # type: ignore[no-untyped-def]
+    def build(seed: int) -> torch.nn.Module:
+        return models.build(cfg.model.name, data.vocab_size, cfg.data.seq_len, data.eos_id, seed)
+
+    return build
+
+
+def coordinator(cfg: Config, data: TokenData | None = None) -> Coordinator:
+    data = data or synthetic_data(seq_len=cfg.data.seq_len)
+    return Coordinator(cfg, InProcessComm(cfg.algorithm.workers), data, build_fn(data, cfg), torch.device("cpu"),
+                       log=lambda s: None)
