@@ -27,10 +27,32 @@ def text_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     src = Path(sysconfig.get_paths()["stdlib"])
     dst = tmp_path_factory.mktemp("corpus")
-    names = ["abc.py", "bisect.py", "colorsys.py", "fnmatch.py", "genericpath.py", "heapq.py",
-             "keyword.py", "linecache.py", "numbers.py", "opcode.py", "queue.py", "sched.py",
-             "shlex.py", "stat.py", "string.py", "textwrap.py", "this.py", "token.py", "types.py",
-             "uu.py", "weakref.py", "copy.py", "glob.py", "random.py"]
+    names = [
+        "abc.py",
+        "bisect.py",
+        "colorsys.py",
+        "fnmatch.py",
+        "genericpath.py",
+        "heapq.py",
+        "keyword.py",
+        "linecache.py",
+        "numbers.py",
+        "opcode.py",
+        "queue.py",
+        "sched.py",
+        "shlex.py",
+        "stat.py",
+        "string.py",
+        "textwrap.py",
+        "this.py",
+        "token.py",
+        "types.py",
+        "uu.py",
+        "weakref.py",
+        "copy.py",
+        "glob.py",
+        "random.py",
+    ]
     for n in names:
         if (src / n).is_file():
             (dst / n).write_text((src / n).read_text(encoding="utf-8"), encoding="utf-8")

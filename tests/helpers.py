@@ -16,7 +16,9 @@ from adloco.engine.coordinator import Coordinator
 VOCAB = 64
 
 
-def synthetic_data(seq_len: int = 8, n_train_blocks: int = 400, n_val_blocks: int = 8, seed: int = 0) -> TokenData:
+def synthetic_data(
+    seq_len: int = 8, n_train_blocks: int = 400, n_val_blocks: int = 8, seed: int = 0
+) -> TokenData:
     """Token streams with some structure (a noisy counter) so that a model can learn something."""
     rng = np.random.default_rng(seed)
 
@@ -62,5 +64,11 @@ def build_fn(data: TokenData, cfg: Config):  # type: ignore[no-untyped-def]
 
 def coordinator(cfg: Config, data: TokenData | None = None) -> Coordinator:
     data = data or synthetic_data(seq_len=cfg.data.seq_len)
-    return Coordinator(cfg, InProcessComm(cfg.algorithm.workers), data, build_fn(data, cfg), torch.device("cpu"),
-                       log=lambda s: None)
+    return Coordinator(
+        cfg,
+        InProcessComm(cfg.algorithm.workers),
+        data,
+        build_fn(data, cfg),
+        torch.device("cpu"),
+        log=lambda s: None,
+    )

@@ -66,9 +66,7 @@ def shared() -> dict:
         perp = gj - (p_ / gbar_sq) * gbar
         orth += float(perp @ perp)
     stats = [_worker_stats(g, c, gbar) for g in groups]
-    return dict(
-        stats=stats, n=n, c=c, M=len(ks), gbar_sq=gbar_sq, sigma2=sigma2, var_p=var_p, orth=orth
-    )
+    return dict(stats=stats, n=n, c=c, M=len(ks), gbar_sq=gbar_sq, sigma2=sigma2, var_p=var_p, orth=orth)
 
 
 def test_pool_shared_mean_matches_brute_force(shared: dict) -> None:
@@ -256,7 +254,14 @@ def test_pooled_sigma2_unbiased_shared_mean(trials: dict) -> None:
 def _st(sigma2: float, gbar_sq: float = 1.0, workers: int = 1) -> TrainerStats:
     """Statistics whose norm-test target is exactly sigma2 (M = 1, η = 1, ‖ḡ‖² = 1)."""
     return TrainerStats(
-        n=8, c=1, workers=workers, sigma2=sigma2, gbar_sq=gbar_sq, var_p=math.nan, orth_sq=math.nan, exact=False
+        n=8,
+        c=1,
+        workers=workers,
+        sigma2=sigma2,
+        gbar_sq=gbar_sq,
+        var_p=math.nan,
+        orth_sq=math.nan,
+        exact=False,
     )
 
 
@@ -284,8 +289,16 @@ def test_decide_respects_cap() -> None:
     assert (d.request, d.reason) == (64, "capped")
     d = _decide(64, _st(1e9), cap=64)
     assert (d.request, d.reason) == (64, "capped")
+    d = _decide(4, _st(64.5), cap=64)  # ceil(T) = 65 would pass the cap
+    assert (d.request, d.reason) == (64, "capped")
     d = _decide(4, _st(63.5), cap=64)
     assert (d.request, d.reason) == (64, "grew")
+    rng = np.random.default_rng(0)
+    for t in rng.uniform(0.0, 200.0, size=500):
+        b = int(rng.integers(1, 65))
+        d = _decide(b, _st(float(t)), cap=64)
+        assert d.request == min(64, max(b, math.ceil(t)))
+        assert b <= d.request <= 64
 
 
 def test_decide_off_and_missing() -> None:

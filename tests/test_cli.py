@@ -12,17 +12,36 @@ from pathlib import Path
 import pytest
 
 TINY = [
-    "--set", "model.name=llama-micro", "--set", "data.tokenizer=bpe:300", "--set", "data.seq_len=16",
-    "--set", "data.val_fraction=0.2", "--set", "algorithm.rounds=3", "--set", "algorithm.inner_steps=2",
-    "--set", "merge.every=1", "--set", "batch.initial=2", "--set", "switch.b_max=2",
-    "--set", "eval.max_blocks=4", "--set", "batch.eta=0.3",
+    "--set",
+    "model.name=llama-micro",
+    "--set",
+    "data.tokenizer=bpe:300",
+    "--set",
+    "data.seq_len=16",
+    "--set",
+    "data.val_fraction=0.2",
+    "--set",
+    "algorithm.rounds=3",
+    "--set",
+    "algorithm.inner_steps=2",
+    "--set",
+    "merge.every=1",
+    "--set",
+    "batch.initial=2",
+    "--set",
+    "switch.b_max=2",
+    "--set",
+    "eval.max_blocks=4",
+    "--set",
+    "batch.eta=0.3",
 ]
 
 
 def adloco(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "adloco", *args], capture_output=True, text=True, cwd=cwd, env=env,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "adloco", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+    )
 
 
 def test_train_end_to_end(tmp_path: Path, text_corpus: Path) -> None:
@@ -31,8 +50,19 @@ def test_train_end_to_end(tmp_path: Path, text_corpus: Path) -> None:
     assert p.returncode == 0, p.stderr
     (run,) = list(out.iterdir())
     summary = json.loads((run / "summary.json").read_text())
-    keys = {"method", "rounds", "initial_val_ppl", "final_val_ppl", "final_val_loss", "trainers_final",
-            "requests_final", "examples_total", "communications_total", "bytes_total", "wall_s"}
+    keys = {
+        "method",
+        "rounds",
+        "initial_val_ppl",
+        "final_val_ppl",
+        "final_val_loss",
+        "trainers_final",
+        "requests_final",
+        "examples_total",
+        "communications_total",
+        "bytes_total",
+        "wall_s",
+    }
     assert keys <= set(summary)
     assert summary["method"] == "adloco" and summary["rounds"] == 3
     assert summary["trainers_final"] == 1  # 4 trainers merged once a round
@@ -40,7 +70,9 @@ def test_train_end_to_end(tmp_path: Path, text_corpus: Path) -> None:
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     rounds = [e["round"] for e in events if e["event"] == "round"]
     assert rounds == [1, 2, 3]
-    assert {"start", "worker", "trainer", "merge", "allocation", "eval", "round", "end"} <= {e["event"] for e in events}
+    assert {"start", "worker", "trainer", "merge", "allocation", "eval", "round", "end"} <= {
+        e["event"] for e in events
+    }
     cfg = (run / "config.yaml").read_text()
     assert "llama-micro" in cfg and "method: adloco" in cfg
     for name in ("val_ppl_vs_round.png", "val_ppl_vs_bytes.png", "requests.png", "trainers_alive.png"):
@@ -72,9 +104,15 @@ BAD = [
     (["--set", "switch.b_max=0"], "config: switch.b_max = 0: must be >= 1"),
     (["--set", "algorithm.trainers=5"], "config: algorithm.trainers = 5: must be <= algorithm.workers (4)"),
     (["--set", "algorithm.rounds=ten"], "config: algorithm.rounds = 'ten': must be an integer"),
-    (["--set", "algorithm.method=sgd"], "config: algorithm.method = 'sgd': must be one of 'adloco', 'diloco', 'localsgd'"),
+    (
+        ["--set", "algorithm.method=sgd"],
+        "config: algorithm.method = 'sgd': must be one of 'adloco', 'diloco', 'localsgd'",
+    ),
     (["--set", "nosuch.key=1"], "config: unknown section 'nosuch'"),
-    (["--set", "data.source=/nonexistent/corpus"], "data.source = '/nonexistent/corpus': no such file or folder"),
+    (
+        ["--set", "data.source=/nonexistent/corpus"],
+        "data.source = '/nonexistent/corpus': no such file or folder",
+    ),
 ]
 
 
@@ -102,7 +140,13 @@ def test_empty_corpus(tmp_path: Path) -> None:
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "a.txt").write_text("   \n")
     (tmp_path / "corpus" / "b.txt").write_text("")
-    p = adloco("train", "--set", f"data.source={tmp_path / 'corpus'}", "--set", f"logging.out_dir={tmp_path / 'runs'}")
+    p = adloco(
+        "train",
+        "--set",
+        f"data.source={tmp_path / 'corpus'}",
+        "--set",
+        f"logging.out_dir={tmp_path / 'runs'}",
+    )
     assert p.returncode == 2 and "every document is empty" in p.stderr
     assert not (tmp_path / "runs").exists()
 

@@ -28,7 +28,9 @@ class Recording:
 
 
 def test_delta_all_reduce_per_trainer_and_bytes() -> None:
-    cfg = tiny_config(**{"merge": {"policy": "none"}, "algorithm": {"trainers": 2, "workers": 4, "rounds": 2}})
+    cfg = tiny_config(
+        **{"merge": {"policy": "none"}, "algorithm": {"trainers": 2, "workers": 4, "rounds": 2}}
+    )
     c = coordinator(cfg)
     rec = Recording(c.comm)
     P = c.n_params
@@ -73,8 +75,14 @@ def test_merges_every_f_rounds_down_to_one_trainer() -> None:
 
 
 def test_merge_is_batch_weighted_and_moves_workers() -> None:
-    cfg = tiny_config(**{"algorithm": {"rounds": 1, "trainers": 2, "workers": 3}, "merge": {"every": 1},
-                          "batch": {"test": "none"}, "outer": {"optimizer": "sgd", "lr": 0.5}})
+    cfg = tiny_config(
+        **{
+            "algorithm": {"rounds": 1, "trainers": 2, "workers": 3},
+            "merge": {"every": 1},
+            "batch": {"test": "none"},
+            "outer": {"optimizer": "sgd", "lr": 0.5},
+        }
+    )
     c = coordinator(cfg)
     rec = Recording(c.comm)
     c.requests = {0: 2, 1: 6}
@@ -104,8 +112,13 @@ def test_merge_is_batch_weighted_and_moves_workers() -> None:
 
 
 def test_nesterov_momentum_is_merged_too() -> None:
-    cfg = tiny_config(**{"algorithm": {"rounds": 1, "trainers": 2, "workers": 2}, "merge": {"every": 1},
-                          "batch": {"test": "none"}})
+    cfg = tiny_config(
+        **{
+            "algorithm": {"rounds": 1, "trainers": 2, "workers": 2},
+            "merge": {"every": 1},
+            "batch": {"test": "none"},
+        }
+    )
     c = coordinator(cfg)
     rec = Recording(c.comm)
     c.run_round()
@@ -116,8 +129,14 @@ def test_nesterov_momentum_is_merged_too() -> None:
 
 def test_moved_worker_gets_theta_and_fresh_optimizer() -> None:
     # 3 trainers over 5 workers; merging two small ones frees workers that move to the big one
-    cfg = tiny_config(**{"algorithm": {"rounds": 1, "trainers": 3, "workers": 5}, "merge": {"every": 1},
-                          "batch": {"test": "none"}, "outer": {"optimizer": "sgd"}})
+    cfg = tiny_config(
+        **{
+            "algorithm": {"rounds": 1, "trainers": 3, "workers": 5},
+            "merge": {"every": 1},
+            "batch": {"test": "none"},
+            "outer": {"optimizer": "sgd"},
+        }
+    )
     c = coordinator(cfg)
     rec = Recording(c.comm)
     c.requests = {0: 2, 1: 2, 2: 12}
@@ -134,8 +153,13 @@ def test_moved_worker_gets_theta_and_fresh_optimizer() -> None:
 
 
 def test_outer_step_average_equals_mean_of_workers() -> None:
-    cfg = tiny_config(**{"algorithm": {"rounds": 1, "trainers": 1, "workers": 3}, "outer": {"optimizer": "average"},
-                          "merge": {"policy": "none"}})
+    cfg = tiny_config(
+        **{
+            "algorithm": {"rounds": 1, "trainers": 1, "workers": 3},
+            "outer": {"optimizer": "average"},
+            "merge": {"policy": "none"},
+        }
+    )
     c = coordinator(cfg)
     captured = {}
     orig = c.comm.all_reduce
@@ -151,8 +175,13 @@ def test_outer_step_average_equals_mean_of_workers() -> None:
 
 
 def test_requests_grow_only_and_examples_counted() -> None:
-    cfg = tiny_config(**{"algorithm": {"rounds": 3, "trainers": 2, "workers": 2}, "merge": {"policy": "none"},
-                          "batch": {"eta": 0.3}})
+    cfg = tiny_config(
+        **{
+            "algorithm": {"rounds": 3, "trainers": 2, "workers": 2},
+            "merge": {"policy": "none"},
+            "batch": {"eta": 0.3},
+        }
+    )
     c = coordinator(cfg)
     prev = dict(c.requests)
     total = 0
@@ -168,8 +197,13 @@ def test_requests_grow_only_and_examples_counted() -> None:
 
 @pytest.mark.parametrize("test", ["inner_product", "augmented_inner_product"])
 def test_inner_product_tests_share_the_mean_probe_gradient(test: str) -> None:
-    cfg = tiny_config(**{"algorithm": {"rounds": 1, "trainers": 1, "workers": 2}, "merge": {"policy": "none"},
-                          "batch": {"test": test}})
+    cfg = tiny_config(
+        **{
+            "algorithm": {"rounds": 1, "trainers": 1, "workers": 2},
+            "merge": {"policy": "none"},
+            "batch": {"test": test},
+        }
+    )
     c = coordinator(cfg)
     rec = Recording(c.comm)
     out = c.run_round()
@@ -180,7 +214,9 @@ def test_inner_product_tests_share_the_mean_probe_gradient(test: str) -> None:
 
 
 def test_norm_test_default_sends_no_gradient() -> None:
-    cfg = tiny_config(**{"algorithm": {"rounds": 1, "trainers": 1, "workers": 2}, "merge": {"policy": "none"}})
+    cfg = tiny_config(
+        **{"algorithm": {"rounds": 1, "trainers": 1, "workers": 2}, "merge": {"policy": "none"}}
+    )
     c = coordinator(cfg)
     rec = Recording(c.comm)
     c.run_round()
@@ -188,26 +224,40 @@ def test_norm_test_default_sends_no_gradient() -> None:
 
 
 def test_paper_estimator_needs_two_workers() -> None:
-    cfg = tiny_config(**{"algorithm": {"rounds": 1, "trainers": 2, "workers": 3}, "merge": {"policy": "none"},
-                          "batch": {"estimator": "paper", "eta": 0.1}})
+    cfg = tiny_config(
+        **{
+            "algorithm": {"rounds": 1, "trainers": 2, "workers": 3},
+            "merge": {"policy": "none"},
+            "batch": {"estimator": "paper", "eta": 0.1},
+        }
+    )
     c = coordinator(cfg)
     out = c.run_round()
-    reasons = {e["trainer"]: (e["reason"], len(e["workers"])) for e in out["events"] if e["event"] == "trainer"}
+    reasons = {
+        e["trainer"]: (e["reason"], len(e["workers"])) for e in out["events"] if e["event"] == "trainer"
+    }
     # the one-worker trainer cannot estimate a variance from one last gradient
     assert reasons[1] == ("no-statistics", 1)
     assert reasons[0][0] in ("grew", "kept", "capped") and reasons[0][1] == 2
 
 
 def test_inner_state_persists_across_rounds_unless_reset() -> None:
-    cfg = tiny_config(**{"algorithm": {"rounds": 2, "trainers": 1, "workers": 1}, "merge": {"policy": "none"}})
+    cfg = tiny_config(
+        **{"algorithm": {"rounds": 2, "trainers": 1, "workers": 1}, "merge": {"policy": "none"}}
+    )
     c = coordinator(cfg)
     c.run_round()
     c.run_round()
     opt = c.workers[0].optimizer
     steps = [s["step"] for s in opt.state.values()]
     assert all(float(s) == 4 for s in steps)  # 2 rounds x H = 2
-    cfg = tiny_config(**{"algorithm": {"rounds": 2, "trainers": 1, "workers": 1}, "merge": {"policy": "none"},
-                          "inner": {"state": "reset"}})
+    cfg = tiny_config(
+        **{
+            "algorithm": {"rounds": 2, "trainers": 1, "workers": 1},
+            "merge": {"policy": "none"},
+            "inner": {"state": "reset"},
+        }
+    )
     c = coordinator(cfg)
     c.run_round()
     c.run_round()

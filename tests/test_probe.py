@@ -56,13 +56,20 @@ def per_example_grads(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 def run(model, fetch, plan: Plan, probe: ProbeSpec | None):  # type: ignore[no-untyped-def]
     inner = InnerConfig(clip=0.0, lr=1e-3)
     worker = Worker(0, copy.deepcopy(model), inner, b_max=plan.micro)
-    res = worker.run_round(ListStream(), fetch, plan, 1, lambda h: 1e-3, probe, torch.zeros(worker.flat.numel))
+    res = worker.run_round(
+        ListStream(), fetch, plan, 1, lambda h: 1e-3, probe, torch.zeros(worker.flat.numel)
+    )
     return worker, res
 
 
 @pytest.mark.parametrize(
     ("plan", "k", "c"),
-    [(Plan(2, 3, False), 3, 2), (Plan(7, 1, False), 3, 2), (Plan(4, 2, False), 4, 2), (Plan(3, 3, False), 2, 4)],
+    [
+        (Plan(2, 3, False), 3, 2),
+        (Plan(7, 1, False), 3, 2),
+        (Plan(4, 2, False), 4, 2),
+        (Plan(3, 3, False), 2, 4),
+    ],
 )
 def test_probe_statistics_match_brute_force(setup, plan: Plan, k: int, c: int) -> None:  # type: ignore[no-untyped-def]
     tokens, fetch, model = setup

@@ -14,7 +14,12 @@ EXIT_BAD_INPUT = 2
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", metavar="FILE", help="YAML config (sections as in `adloco config`)")
     p.add_argument(
-        "--set", "-s", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+        "--set",
+        "-s",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
         help="override one field, e.g. --set batch.eta=0.5 (repeatable; wins over the file)",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -32,8 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(c)
     c.add_argument("--plain", action="store_true", help="YAML only, without the docs")
     return parser
-
-
 
 
 def main(argv: Sequence[str] | None = None) -> int:

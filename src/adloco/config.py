@@ -8,12 +8,14 @@ them) and is validated once, here, with a message that names the field, the valu
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
 import types
 import typing
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,13 +27,15 @@ from adloco.errors import UserError
 def F(default: Any, doc: str) -> Any:  # noqa: N802 - reads like a declaration
     """A dataclass field with a one-line doc."""
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"doc": doc})
+        return field(default_factory=partial(copy.copy, default), metadata={"doc": doc})
     return field(default=default, metadata={"doc": doc})
 
 
 @dataclass
 class ModelConfig:
-    name: str = F("llama-tiny", "architecture preset, random init: llama-tiny (~1.4M parameters) | llama-micro (tests)")
+    name: str = F(
+        "llama-tiny", "architecture preset, random init: llama-tiny (~1.4M parameters) | llama-micro (tests)"
+    )
     init: Literal["same", "independent"] = F(
         "same", "trainer initialization: one seed for all trainers, or one seed per trainer (spec §3)"
     )
@@ -42,7 +46,9 @@ class DataConfig:
     source: str = F("stdlib", "'stdlib' (this Python's standard library source) or a text file / folder")
     tokenizer: str = F("bpe:4096", "'bpe:<vocab size>': byte-level BPE trained on the train split, cached")
     seq_len: int = F(128, "tokens per training example (documents are packed, EOS between them)")
-    val_fraction: float = F(0.05, "share of documents held out for validation, chosen by a hash of their name")
+    val_fraction: float = F(
+        0.05, "share of documents held out for validation, chosen by a hash of their name"
+    )
     max_examples: int | None = F(None, "read at most this many documents (the paper's data_sample_size)")
     subset_fraction: float = F(1.0, "share of the training blocks each trainer draws from (spec §3)")
     cache_dir: str | None = F(None, "tokenizer and token cache (default: $ADLOCO_CACHE or ~/.cache/adloco)")
@@ -100,6 +106,10 @@ class BatchConfig:
         "gradient samples: pooled chunks at the round's common point, or each worker's last gradient (spec §2.5)",
     )
     probe_chunks: int = F(8, "pooled estimator: chunks per worker batch (k = min(b, probe_chunks))")
+    statistics: bool = F(
+        True,
+        "probe gradient statistics every round even when test is none (k small backward passes at step 1)",
+    )
     exact_mean: bool = F(
         False,
         "norm test: all-reduce the trainer's mean probe gradient (P values) instead of scalars only",
@@ -123,9 +133,7 @@ class MergeConfig:
 
 @dataclass
 class SwitchConfig:
-    mode: Literal["threshold", "accumulate", "cap"] = F(
-        "threshold", "gradient accumulation policy (spec §5)"
-    )
+    mode: Literal["threshold", "accumulate", "cap"] = F("threshold", "gradient accumulation policy (spec §5)")
     kappa: float = F(2.0, "threshold mode: accumulate only when b > kappa * b_max")
     schedule: Literal["fixed", "reference"] = F(
         "fixed", "fixed: always `mode`; reference: accumulate while >1 trainer lives, then threshold"
@@ -183,14 +191,14 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "adloco": {},
     "diloco": {
         "algorithm": {"trainers": 1},
-        "batch": {"test": "none"},
+        "batch": {"test": "none", "statistics": False},
         "merge": {"policy": "none"},
     },
     "localsgd": {
         "algorithm": {"trainers": 1},
         "inner": {"optimizer": "sgd", "lr": 0.2, "weight_decay": 0.0},
         "outer": {"optimizer": "average"},
-        "batch": {"test": "none"},
+        "batch": {"test": "none", "statistics": False},
         "merge": {"policy": "none"},
     },
 }
@@ -250,6 +258,11 @@ def _coerce(value: Any, tp: Any) -> Any:
             return int(value)
         raise ValueError
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 4e-3 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError
         value = float(value)
@@ -324,7 +337,12 @@ def _check(cfg: Config) -> None:
     i = cfg.inner
     need(i.lr > 0, "inner.lr", i.lr, "> 0")
     need(i.weight_decay >= 0, "inner.weight_decay", i.weight_decay, ">= 0")
-    need(len(i.betas) == 2 and all(0 <= x < 1 for x in i.betas), "inner.betas", i.betas, "two numbers in [0, 1)")
+    need(
+        len(i.betas) == 2 and all(0 <= x < 1 for x in i.betas),
+        "inner.betas",
+        i.betas,
+        "two numbers in [0, 1)",
+    )
     need(0 <= i.momentum < 1, "inner.momentum", i.momentum, "in [0, 1)")
     need(0 <= i.warmup_fraction < 1, "inner.warmup_fraction", i.warmup_fraction, "in [0, 1)")
     need(0 <= i.min_lr_ratio <= 1, "inner.min_lr_ratio", i.min_lr_ratio, "in [0, 1]")

@@ -49,8 +49,12 @@ def plot_run(run_dir: Path) -> list[Path]:
         save(fig, "val_ppl_vs_round.png")
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot([x / 1e6 for x in b], p, marker="o")
-        ax.set(xlabel="MB communicated (all workers)", ylabel="validation perplexity", yscale="log",
-               title="Perplexity against communication")
+        ax.set(
+            xlabel="MB communicated (all workers)",
+            ylabel="validation perplexity",
+            yscale="log",
+            title="Perplexity against communication",
+        )
         ax.grid(alpha=0.3)
         save(fig, "val_ppl_vs_bytes.png")
     if s["requests"]:

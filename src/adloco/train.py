@@ -34,7 +34,9 @@ def create_run_dir(cfg: Config) -> Path:
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"config: logging.out_dir = {cfg.logging.out_dir!r}: cannot be created ({exc.strerror})") from None
+        raise UserError(
+            f"config: logging.out_dir = {cfg.logging.out_dir!r}: cannot be created ({exc.strerror})"
+        ) from None
     if not os.access(parent, os.W_OK):
         raise UserError(f"config: logging.out_dir = {cfg.logging.out_dir!r}: not writable")
     base = f"{cfg.logging.name or cfg.algorithm.method}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -92,8 +94,12 @@ def train(cfg: Config) -> tuple[Path, dict[str, Any]]:
     if cfg.logging.save_model:
         best = summary["best_trainer"]
         leader = coordinator.members()[best][0]
-        models.save(coordinator.workers[leader].model, coordinator.trainer_state_dict(best), data.tokenizer,
-                    run_dir / "model")
+        models.save(
+            coordinator.workers[leader].model,
+            coordinator.trainer_state_dict(best),
+            data.tokenizer,
+            run_dir / "model",
+        )
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     if cfg.logging.plots:
         from adloco.report import plot_run

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from collections.abc import Mapping
 
 
@@ -18,11 +19,13 @@ def shares(weights: Mapping[int, float], n_workers: int) -> dict[int, int]:
         return {}
     if len(ids) > n_workers:
         raise ValueError(f"{len(ids)} trainers cannot share {n_workers} workers")
-    total = float(sum(weights[t] for t in ids))
-    if total <= 0 or not math.isfinite(total):
-        quota = {t: n_workers / len(ids) for t in ids}
+    # Exact rational quotas: equal remainders must tie exactly, so that ties go by trainer id.
+    exact = {t: Fraction(weights[t]) for t in ids}
+    total = sum(exact.values(), Fraction(0))
+    if total <= 0 or not all(math.isfinite(weights[t]) for t in ids):
+        quota = {t: Fraction(n_workers, len(ids)) for t in ids}
     else:
-        quota = {t: n_workers * weights[t] / total for t in ids}
+        quota = {t: n_workers * exact[t] / total for t in ids}
     count = {t: math.floor(quota[t]) for t in ids}
     left = n_workers - sum(count.values())
     for t in sorted(ids, key=lambda t: (-(quota[t] - count[t]), t))[:left]:
@@ -50,6 +53,7 @@ def allocate(
     dealt out in order: trainer 0 gets the first workers, and so on.
     """
     current = dict(current or {})
+    weights: dict[int, float]
     if mode == "demand" and current:
         held = {t: sum(1 for w in current.values() if w == t) for t in requests}
         weights = {t: max(held[t], 1) * requests[t] for t in requests}

@@ -44,4 +44,5 @@ class OuterOptimizer:
         return {} if self.v is None else {"momentum": self.v}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.v = state.get("momentum")
+        v = state.get("momentum")
+        self.v = None if v is None else v.detach().to(torch.float32, copy=True)

@@ -32,7 +32,9 @@ def _stdlib_files() -> tuple[Path, list[Path]]:
     root = Path(sysconfig.get_paths()["stdlib"])
     files: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
+        dirnames[:] = sorted(
+            d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__")
+        )
         files.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
     return root, files
 
@@ -75,9 +77,7 @@ def load_documents(source: str, max_examples: int | None = None) -> list[Documen
 def split(docs: list[Document], val_fraction: float) -> tuple[list[Document], list[Document]]:
     """(train, validation) by a hash of each document's name; both non-empty when possible."""
     if len(docs) < 2:
-        raise UserError(
-            f"data: {len(docs)} document: at least 2 are needed to hold one out for validation"
-        )
+        raise UserError(f"data: {len(docs)} document: at least 2 are needed to hold one out for validation")
     ranked = sorted(docs, key=lambda d: _unit_hash(d.name))
     n_val = sum(1 for d in docs if _unit_hash(d.name) < val_fraction)
     n_val = min(max(n_val, 1), len(docs) - 1)

@@ -131,6 +131,8 @@ def prepare(cfg: DataConfig, log=print) -> TokenData:  # type: ignore[no-untyped
         _atomic_dir(tok_dir, lambda d: tok.save(str(d / "tokenizer.json")))
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     eos_id = tok.token_to_id(EOS)
+    if eos_id is None:
+        raise UserError(f"tokenizer {str(tok_dir)!r}: has no {EOS} token; delete it to retrain")
     actual_vocab = tok.get_vocab_size()
     dtype = np.uint16 if actual_vocab <= np.iinfo(np.uint16).max else np.uint32
 
@@ -147,8 +149,15 @@ def prepare(cfg: DataConfig, log=print) -> TokenData:  # type: ignore[no-untyped
         _atomic_dir(tokens_dir, fill)
     train = np.load(tokens_dir / "train.npy", mmap_mode="r", allow_pickle=False)
     val = np.load(tokens_dir / "val.npy", mmap_mode="r", allow_pickle=False)
-    data = TokenData(train, val, _wrap(tok, cfg.seq_len), actual_vocab, eos_id, cfg.seq_len,
-                     (len(train_docs), len(val_docs)))
+    data = TokenData(
+        train,
+        val,
+        _wrap(tok, cfg.seq_len),
+        actual_vocab,
+        eos_id,
+        cfg.seq_len,
+        (len(train_docs), len(val_docs)),
+    )
     if data.n_train_blocks < 1:
         raise UserError(
             f"data: the train split holds {len(train)} tokens, fewer than one block of data.seq_len = {cfg.seq_len}"

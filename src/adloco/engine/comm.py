@@ -70,7 +70,9 @@ class Comm:
         self._account(kind, "broadcast", len(workers), tensor.numel() * tensor.element_size())
         self._broadcast(tensor, src, workers)
 
-    def all_gather_rows(self, rows: Mapping[int, Sequence[float]], width: int, kind: str) -> dict[int, list[float]]:
+    def all_gather_rows(
+        self, rows: Mapping[int, Sequence[float]], width: int, kind: str
+    ) -> dict[int, list[float]]:
         """Every worker's row of ``width`` float64 scalars, on every process (rows keyed by worker)."""
         self._account(kind, "all_gather", self.n_workers, width * 8)
         return self._all_gather_rows(rows, width)

@@ -85,7 +85,8 @@ class Coordinator:
             self.thetas[t] = FlatModule(copy.deepcopy(src).to(device)).param
             self.outers[t] = self._new_outer()
         self.workers: dict[int, Worker] = {
-            w: Worker(w, copy.deepcopy(proto).to(device), cfg.inner, self.b_max[w]) for w in comm.local_workers
+            w: Worker(w, copy.deepcopy(proto).to(device), cfg.inner, self.b_max[w])
+            for w in comm.local_workers
         }
         self.n_params = next(iter(self.workers.values())).flat.numel
         self.scratch = torch.zeros(self.n_params, device=device)
@@ -127,8 +128,9 @@ class Coordinator:
         for t in self.alive:
             leader = members[t][0]
             if leader in self.workers:
-                loss, _ = evaluate(self.workers[leader].model, self.data.val_blocks, n_blocks,
-                                   self.cfg.eval.batch_size)
+                loss, _ = evaluate(
+                    self.workers[leader].model, self.data.val_blocks, n_blocks, self.cfg.eval.batch_size
+                )
                 rows[leader] = [loss]
         gathered = self.comm.all_gather_rows(rows, 1, "eval")
         self.last_eval = {t: gathered[members[t][0]][0] for t in self.alive}
@@ -148,11 +150,15 @@ class Coordinator:
         }
         shared = batching.needs_shared_mean(bcfg.test, bcfg.estimator, bcfg.exact_mean)
         need_p = bcfg.test in ("inner_product", "augmented_inner_product")
+        probing = bcfg.test != "none" or bcfg.statistics
+        shared = shared and probing
         probes: dict[int, ProbeSpec] = {}
-        if bcfg.estimator == "pooled":
+        if bcfg.estimator == "pooled" and probing:
             keep = "chunks" if need_p else ("sum" if shared else "none")
             for t in self.alive:
-                k, c, extra = batching.probe_layout([plans[w].effective for w in members[t]], bcfg.probe_chunks)
+                k, c, extra = batching.probe_layout(
+                    [plans[w].effective for w in members[t]], bcfg.probe_chunks
+                )
                 probes[t] = ProbeSpec(k, c, extra, keep)
 
         # 1. inner steps
@@ -165,21 +171,30 @@ class Coordinator:
             t = self.allocation[w]
             stream = ShardStream(self.subsets[t], a.seed, t, r, members[t].index(w), len(members[t]))
             local[w] = self.workers[w].run_round(
-                stream, self.data.train_blocks, plans[w], a.inner_steps,
+                stream,
+                self.data.train_blocks,
+                plans[w],
+                a.inner_steps,
                 lambda h: lr_at(r * a.inner_steps + h, total_steps, cfg.inner),
-                probes.get(t), self.scratch, on_step,
+                probes.get(t),
+                self.scratch,
+                on_step,
             )
         paper_scale: dict[int, float] = {}
-        if bcfg.estimator == "paper":  # each worker's last gradient, unclipped: one sample of c = e
+        if (
+            bcfg.estimator == "paper" and probing
+        ):  # each worker's last gradient, unclipped: one sample of c = e
             for w, res in local.items():
-                s = 1.0 / float(self.workers[w]._clip_coef)
+                scale = 1.0 / float(self.workers[w]._clip_coef)
                 g = self.workers[w].flat.grad
-                sq = float(torch.dot(g, g)) * s * s
+                sq = float(torch.dot(g, g)) * scale * scale
                 res.stats = batching.WorkerStats(1, plans[w].effective, sq, sq)
-                paper_scale[w] = s
+                paper_scale[w] = scale
 
         # 2. gather scalars; shared mean probe gradient where the test needs it
-        rows = comm.all_gather_rows({w: res.to_row() for w, res in local.items()}, RoundResult.FIELDS, "stats")
+        rows = comm.all_gather_rows(
+            {w: res.to_row() for w, res in local.items()}, RoundResult.FIELDS, "stats"
+        )
         results = {w: RoundResult.from_row(rows[w]) for w in sorted(rows)}
         gbar_sq: dict[int, float] = {}
         if shared:
@@ -216,7 +231,9 @@ class Coordinator:
                 for w, res in results.items():
                     if res.stats is not None and math.isfinite(p_all[w][0]):
                         s = res.stats
-                        res.stats = batching.WorkerStats(s.n, s.c, s.sum_sq, s.mean_sq, p_all[w][0], p_all[w][1])
+                        res.stats = batching.WorkerStats(
+                            s.n, s.c, s.sum_sq, s.mean_sq, p_all[w][0], p_all[w][1]
+                        )
 
         # 3. outer step of every trainer: Δ_t = θ_t − Σ_m (n_m / n) θ_m
         for t in self.alive:
@@ -238,21 +255,40 @@ class Coordinator:
             pooled = None
             if all(s is not None for s in stats) and len({s.c for s in stats if s}) == 1:
                 pooled = batching.pool([s for s in stats if s], gbar_sq.get(t) if shared else None)
-            dec = batching.decide(self.requests[t], bcfg.test, pooled, cap=bcfg.max, eta=bcfg.eta,
-                                  vartheta=bcfg.vartheta, nu=bcfg.nu)
+            dec = batching.decide(
+                self.requests[t],
+                bcfg.test,
+                pooled,
+                cap=bcfg.max,
+                eta=bcfg.eta,
+                vartheta=bcfg.vartheta,
+                nu=bcfg.nu,
+            )
             if dec.reason == "degenerate":
-                self.log(f"round {r + 1}: trainer {t}: vanishing or non-finite gradient statistics; "
-                         f"request kept at {self.requests[t]}")
-            trainer_events.append({
-                "event": "trainer", "round": r + 1, "trainer": t, "workers": ws,
-                "request": self.requests[t], "request_next": dec.request, "target": _num(dec.target),
-                "reason": dec.reason,
-                "loss": sum(results[w].loss * results[w].examples for w in ws) / sum(results[w].examples for w in ws),
-                "sigma2": _num(pooled.sigma2) if pooled else None,
-                "gbar_sq": _num(pooled.gbar_sq) if pooled else None,
-                "samples": pooled.n if pooled else None,
-                "effective": plans[ws[0]].effective, "micro": plans[ws[0]].micro, "accum": plans[ws[0]].accum,
-            })
+                self.log(
+                    f"round {r + 1}: trainer {t}: vanishing or non-finite gradient statistics; "
+                    f"request kept at {self.requests[t]}"
+                )
+            trainer_events.append(
+                {
+                    "event": "trainer",
+                    "round": r + 1,
+                    "trainer": t,
+                    "workers": ws,
+                    "request": self.requests[t],
+                    "request_next": dec.request,
+                    "target": _num(dec.target),
+                    "reason": dec.reason,
+                    "loss": sum(results[w].loss * results[w].examples for w in ws)
+                    / sum(results[w].examples for w in ws),
+                    "sigma2": _num(pooled.sigma2) if pooled else None,
+                    "gbar_sq": _num(pooled.gbar_sq) if pooled else None,
+                    "samples": pooled.n if pooled else None,
+                    "effective": plans[ws[0]].effective,
+                    "micro": plans[ws[0]].micro,
+                    "accum": plans[ws[0]].accum,
+                }
+            )
             self.requests[t] = dec.request
 
         # 5. merge and reallocate
@@ -270,33 +306,62 @@ class Coordinator:
         val = self.evaluate() if eval_due else None
         nbytes, msgs = self._collect()
         worker_events = [
-            {"event": "worker", "round": r + 1, "worker": w, "trainer": members_of(w, members),
-             "loss": _num(res.loss), "examples": res.examples, "probe_examples": res.probe_examples,
-             "micro": res.micro, "accum": res.accum, "effective": res.micro * res.accum, "capped": res.capped,
-             "finite": res.finite, "compute_s": res.compute_s}
+            {
+                "event": "worker",
+                "round": r + 1,
+                "worker": w,
+                "trainer": members_of(w, members),
+                "loss": _num(res.loss),
+                "examples": res.examples,
+                "probe_examples": res.probe_examples,
+                "micro": res.micro,
+                "accum": res.accum,
+                "effective": res.micro * res.accum,
+                "capped": res.capped,
+                "finite": res.finite,
+                "compute_s": res.compute_s,
+            }
             for w, res in results.items()
         ]
         train_loss = sum(res.loss * res.examples for res in results.values()) / max(examples, 1)
         summary: dict[str, Any] = {
-            "event": "round", "round": self.round, "trainers_alive": len(self.alive),
+            "event": "round",
+            "round": self.round,
+            "trainers_alive": len(self.alive),
             "requests": {str(t): b for t, b in self.requests.items()},
             "allocation": {str(w): t for w, t in self.allocation.items()},
-            "switch_mode": mode, "loss": _num(train_loss), "examples": examples,
-            "examples_total": self.totals.examples, "bytes": nbytes, "bytes_total": self.totals.bytes,
-            "communications": msgs, "communications_total": self.totals.messages,
+            "switch_mode": mode,
+            "loss": _num(train_loss),
+            "examples": examples,
+            "examples_total": self.totals.examples,
+            "bytes": nbytes,
+            "bytes_total": self.totals.bytes,
+            "communications": msgs,
+            "communications_total": self.totals.messages,
             "round_s": time.perf_counter() - t_start,
             "max_compute_s": max(res.compute_s for res in results.values()),
         }
         if val is not None:
             best = min(val.values())
-            summary.update(val_loss=_num(best), val_ppl=_num(perplexity(best)),
-                           val_ppl_by_trainer={str(t): _num(perplexity(v)) for t, v in val.items()})
+            summary.update(
+                val_loss=_num(best),
+                val_ppl=_num(perplexity(best)),
+                val_ppl_by_trainer={str(t): _num(perplexity(v)) for t, v in val.items()},
+            )
         events = [*worker_events, *trainer_events]
         if merge_event:
             events.extend(merge_event)
         if val is not None:
-            events.extend({"event": "eval", "round": self.round, "trainer": t, "val_loss": _num(v),
-                           "val_ppl": _num(perplexity(v))} for t, v in val.items())
+            events.extend(
+                {
+                    "event": "eval",
+                    "round": self.round,
+                    "trainer": t,
+                    "val_loss": _num(v),
+                    "val_ppl": _num(perplexity(v)),
+                }
+                for t, v in val.items()
+            )
         events.append(summary)
         self.history.append(summary)
         return {"summary": summary, "events": events}
@@ -366,11 +431,22 @@ class Coordinator:
                 self.thetas.pop(t)
                 self.outers.pop(t, None)
         return [
-            {"event": "merge", "round": r + 1, "merged": S, "survivor": keep,
-             "weights": {str(t): v for t, v in w.items()}, "request": new_request,
-             "trainers_alive": len(self.alive)},
-            {"event": "allocation", "round": r + 1, "allocation": {str(x): t for x, t in new.items()},
-             "moved": moved, "reset": changed},
+            {
+                "event": "merge",
+                "round": r + 1,
+                "merged": S,
+                "survivor": keep,
+                "weights": {str(t): v for t, v in w.items()},
+                "request": new_request,
+                "trainers_alive": len(self.alive),
+            },
+            {
+                "event": "allocation",
+                "round": r + 1,
+                "allocation": {str(x): t for x, t in new.items()},
+                "moved": moved,
+                "reset": changed,
+            },
         ]
 
     # -- whole run ---------------------------------------------------------------------------------
@@ -380,10 +456,20 @@ class Coordinator:
         initial = self.evaluate()
         initial_loss = min(initial.values())
         self._collect()
-        sink.log({"event": "start", "round": 0, "parameters": self.n_params, "workers": a.workers,
-                  "trainers": a.trainers, "allocation": {str(w): t for w, t in self.allocation.items()},
-                  "val_loss": _num(initial_loss), "val_ppl": _num(perplexity(initial_loss)),
-                  "train_blocks": self.data.n_train_blocks, "val_blocks": self.data.n_val_blocks})
+        sink.log(
+            {
+                "event": "start",
+                "round": 0,
+                "parameters": self.n_params,
+                "workers": a.workers,
+                "trainers": a.trainers,
+                "allocation": {str(w): t for w, t in self.allocation.items()},
+                "val_loss": _num(initial_loss),
+                "val_ppl": _num(perplexity(initial_loss)),
+                "train_blocks": self.data.n_train_blocks,
+                "val_blocks": self.data.n_val_blocks,
+            }
+        )
         progress.start(a.rounds, a.inner_steps * len(self.workers), perplexity(initial_loss))
         while self.round < a.rounds:
             progress.round_started(self.round + 1)

@@ -55,14 +55,35 @@ class RoundResult:
     def to_row(self) -> list[float]:
         s = self.stats
         stats = [s.n, s.c, s.sum_sq, s.mean_sq] if s else [0, 0, math.nan, math.nan]
-        return [self.loss, self.steps, self.examples, self.probe_examples, float(self.finite),
-                self.compute_s, self.micro, self.accum, float(self.capped), *stats, float(s is not None)]
+        return [
+            self.loss,
+            self.steps,
+            self.examples,
+            self.probe_examples,
+            float(self.finite),
+            self.compute_s,
+            self.micro,
+            self.accum,
+            float(self.capped),
+            *stats,
+            float(s is not None),
+        ]
 
     @classmethod
     def from_row(cls, row: list[float]) -> RoundResult:
         stats = WorkerStats(int(row[9]), int(row[10]), row[11], row[12]) if row[13] else None
-        return cls(row[0], int(row[1]), int(row[2]), int(row[3]), bool(row[4]), row[5], int(row[6]),
-                   int(row[7]), bool(row[8]), stats)
+        return cls(
+            row[0],
+            int(row[1]),
+            int(row[2]),
+            int(row[3]),
+            bool(row[4]),
+            row[5],
+            int(row[6]),
+            int(row[7]),
+            bool(row[8]),
+            stats,
+        )
 
 
 class Worker:
@@ -129,8 +150,18 @@ class Worker:
         mean_loss = (loss_sum / steps).item()
         finite = math.isfinite(mean_loss) and bool(torch.isfinite(self.flat.param).all())
         sync()
-        return RoundResult(mean_loss, steps, steps * e, probe_examples, finite,
-                           time.perf_counter() - t0, plan.micro, plan.accum, plan.capped, stats)
+        return RoundResult(
+            mean_loss,
+            steps,
+            steps * e,
+            probe_examples,
+            finite,
+            time.perf_counter() - t0,
+            plan.micro,
+            plan.accum,
+            plan.capped,
+            stats,
+        )
 
     # -- pieces ------------------------------------------------------------------------------------
     def _forward_backward(self, x: torch.Tensor, scale: float) -> torch.Tensor:
