@@ -91,7 +91,7 @@ def test_train_end_to_end(tmp_path: Path, text_corpus: Path) -> None:
 def test_config_prints_every_field_with_its_doc() -> None:
     p = adloco("config")
     assert p.returncode == 0
-    assert "inner_steps: 16" in p.stdout and "# H: inner OPTIMIZER steps" in p.stdout
+    assert "inner_steps: 12" in p.stdout and "# H: inner OPTIMIZER steps" in p.stdout
     p = adloco("config", "--set", "algorithm.method=diloco", "--plain")
     assert "optimizer: nesterov" in p.stdout and "policy: none" in p.stdout
 

@@ -117,6 +117,7 @@ def test_nesterov_momentum_is_merged_too() -> None:
             "algorithm": {"rounds": 1, "trainers": 2, "workers": 2},
             "merge": {"every": 1},
             "batch": {"test": "none"},
+            "outer": {"optimizer": "nesterov"},
         }
     )
     c = coordinator(cfg)

@@ -60,7 +60,7 @@ class AlgorithmConfig:
         "adloco", "adloco | diloco | localsgd; sets the defaults of the other sections (spec §6)"
     )
     rounds: int = F(12, "outer rounds (every worker runs H inner steps, then every trainer steps)")
-    inner_steps: int = F(16, "H: inner OPTIMIZER steps per round (never micro-batches)")
+    inner_steps: int = F(12, "H: inner OPTIMIZER steps per round (never micro-batches)")
     workers: int = F(4, "N: compute slots that run inner steps")
     trainers: int = F(4, "K0: model instances at start (each owns >= 1 workers)")
     seed: int = F(0, "seed of every random stream, keyed by (seed, trainer, worker, round)")
@@ -69,7 +69,7 @@ class AlgorithmConfig:
 @dataclass
 class InnerConfig:
     optimizer: Literal["adamw", "sgd"] = F("adamw", "inner optimizer of every worker")
-    lr: float = F(2e-3, "peak inner learning rate")
+    lr: float = F(4e-3, "peak inner learning rate")
     weight_decay: float = F(0.1, "decoupled weight decay on matrices (not on norms or biases)")
     betas: list[float] = F([0.9, 0.95], "AdamW betas")
     momentum: float = F(0.9, "SGD momentum (inner optimizer sgd)")
@@ -85,7 +85,7 @@ class InnerConfig:
 @dataclass
 class OuterConfig:
     optimizer: Literal["average", "sgd", "nesterov"] = F(
-        "nesterov", "outer step on the pseudo-gradient: average | sgd | nesterov (spec §1)"
+        "average", "outer step on the pseudo-gradient: average | sgd | nesterov (spec §1)"
     )
     lr: float = F(0.7, "outer learning rate (sgd, nesterov)")
     momentum: float = F(0.9, "outer Nesterov momentum")
@@ -97,8 +97,8 @@ class BatchConfig:
         "norm", "adaptive batch test (spec §2); none keeps the request constant but logs statistics"
     )
     initial: int = F(4, "initial request b (per-worker batch size)")
-    max: int = F(64, "cap on any request")
-    eta: float = F(0.8, "norm test parameter (spec §2.1)")
+    max: int = F(32, "cap on any request")
+    eta: float = F(0.65, "norm test parameter η (spec §2.1; the paper uses 0.8)")
     vartheta: float = F(0.01, "inner-product test parameter (spec §2.2)")
     nu: float = F(0.3, "orthogonality test parameter (spec §2.3)")
     estimator: Literal["pooled", "paper"] = F(
@@ -121,7 +121,7 @@ class MergeConfig:
     policy: Literal["smallest", "largest_with_smallest", "none"] = F(
         "smallest", "which trainers merge (spec §3); none disables merging"
     )
-    every: int = F(3, "merge every f rounds while more than one trainer is alive")
+    every: int = F(2, "merge every f rounds while more than one trainer is alive")
     size: int = F(2, "|S|: trainers merged into one at each merge")
     survivor_batch: Literal["max", "own"] = F(
         "max", "request of the merged trainer: max over the merged, or the survivor's own"
@@ -138,13 +138,13 @@ class SwitchConfig:
     schedule: Literal["fixed", "reference"] = F(
         "fixed", "fixed: always `mode`; reference: accumulate while >1 trainer lives, then threshold"
     )
-    b_max: int = F(16, "largest micro-batch of one worker (configured on CPU)")
+    b_max: int = F(8, "largest micro-batch of one worker (configured on CPU)")
 
 
 @dataclass
 class EvalConfig:
     every: int = F(1, "evaluate validation loss and perplexity every this many rounds")
-    max_blocks: int | None = F(256, "evaluate on the first this many validation blocks (null: all)")
+    max_blocks: int | None = F(64, "evaluate on the first this many validation blocks (null: all)")
     batch_size: int = F(32, "blocks per evaluation forward pass")
 
 
@@ -191,6 +191,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "adloco": {},
     "diloco": {
         "algorithm": {"trainers": 1},
+        "outer": {"optimizer": "nesterov", "lr": 0.7, "momentum": 0.9},
         "batch": {"test": "none", "statistics": False},
         "merge": {"policy": "none"},
     },
@@ -209,6 +210,20 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 # --------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class RawText:
+    """A ``--set`` value: the text as typed and its YAML reading."""
+
+    text: str
+    parsed: Any
+
+    def __repr__(self) -> str:
+        return repr(self.parsed)
+
+
+_BOOL_WORDS = {False: {"off", "no", "false"}, True: {"on", "yes", "true"}}
+
+
 def _describe(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -225,7 +240,15 @@ def _describe(tp: Any) -> str:
 def _coerce(value: Any, tp: Any) -> Any:
     """Return ``value`` as type ``tp`` or raise ValueError (the caller words the message)."""
     origin = typing.get_origin(tp)
+    if isinstance(value, RawText):
+        # a --set value: string fields take the text as typed, others its YAML reading
+        textual = tp is str or (origin is Literal and all(isinstance(a, str) for a in typing.get_args(tp)))
+        return _coerce(value.text if textual else value.parsed, tp)
     if origin is Literal:
+        if isinstance(value, bool):  # YAML 1.1 reads off/on/no/yes as booleans
+            spelled = [a for a in typing.get_args(tp) if str(a).lower() in _BOOL_WORDS[value]]
+            if len(spelled) == 1:
+                return spelled[0]
         if value in typing.get_args(tp):
             return value
         raise ValueError
@@ -380,7 +403,7 @@ def parse_override(text: str) -> tuple[str, str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
-    return parts[0], parts[1], value
+    return parts[0], parts[1], RawText(raw.strip(), value)
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

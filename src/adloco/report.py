@@ -61,7 +61,7 @@ def plot_run(run_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6, 4))
         for t, pts in sorted(s["requests"].items()):
             r, b = zip(*pts, strict=True)
-            ax.step(r, b, where="mid", marker="o", label=f"trainer {t}")
+            ax.plot(r, b, marker="o", label=f"trainer {t}")
         ax.set(xlabel="round", ylabel="request b (per-worker batch)", title="Requests per trainer")
         ax.legend()
         ax.grid(alpha=0.3)

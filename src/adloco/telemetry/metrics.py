@@ -1,4 +1,4 @@
-"""Metrics sinks: a do-nothing base, JSONL (always), and TensorBoard when it is installed."""
+"""Metrics sinks: a do-nothing base and JSONL (one event a line), and the reader for it."""
 
 from __future__ import annotations
 
@@ -30,41 +30,6 @@ class JsonlSink(MetricsSink):
 
     def close(self) -> None:
         self._f.close()
-
-
-class TensorBoardSink(MetricsSink):
-    """Round summaries as TensorBoard scalars (only when ``tensorboard`` is importable)."""
-
-    def __init__(self, log_dir: Path) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-
-        self._w = SummaryWriter(str(log_dir))
-
-    def log(self, event: dict[str, Any]) -> None:
-        if event.get("event") != "round":
-            return
-        step = event["round"]
-        for key in ("loss", "val_ppl", "val_loss", "trainers_alive", "bytes_total", "examples_total"):
-            if isinstance(event.get(key), (int, float)):
-                self._w.add_scalar(key, event[key], step)
-        for t, b in event.get("requests", {}).items():
-            self._w.add_scalar(f"request/trainer{t}", b, step)
-
-    def close(self) -> None:
-        self._w.close()
-
-
-class MultiSink(MetricsSink):
-    def __init__(self, sinks: list[MetricsSink]) -> None:
-        self.sinks = sinks
-
-    def log(self, event: dict[str, Any]) -> None:
-        for s in self.sinks:
-            s.log(event)
-
-    def close(self) -> None:
-        for s in self.sinks:
-            s.close()
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

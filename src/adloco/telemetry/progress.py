@@ -67,12 +67,15 @@ class PlainProgress(Progress):
 class RichProgress(Progress):
     """A live bar over inner steps, with the round's lines printed above it."""
 
+    def __init__(self, console: Any = None) -> None:
+        self._console = console
+
     def start(self, rounds: int, steps_per_round: int, initial_ppl: float) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.rounds = rounds
-        self.console = Console(stderr=False)
+        self.console = self._console or Console()
         self.bar = Progress(
             TextColumn("[bold]round {task.fields[r]}/{task.fields[rounds]}"),
             BarColumn(),
@@ -87,7 +90,7 @@ class RichProgress(Progress):
         self.console.print(f"initial validation perplexity [bold]{initial_ppl:.2f}[/]")
 
     def round_started(self, r: int) -> None:
-        self.bar.reset(self.task, r=r)
+        self.bar.reset(self.task, r=r, rounds=self.rounds)  # reset replaces the fields
 
     def step(self) -> None:
         self.bar.advance(self.task)
