@@ -28,11 +28,13 @@ from adloco.engine.inner import lr_at
 
 
 def make_cfg(workers: int, trainers: int, rounds: int, H: int, b: int, probe: bool):  # type: ignore[no-untyped-def]
+    # One round more than is run and an evaluation period beyond it: no timed round evaluates.
     return resolve(
         overrides=[
             f"algorithm.workers={workers}",
             f"algorithm.trainers={trainers}",
-            f"algorithm.rounds={rounds}",
+            f"algorithm.rounds={rounds + 1}",
+            f"eval.every={rounds + 2}",
             f"algorithm.inner_steps={H}",
             f"batch.initial={b}",
             f"batch.max={b}",
@@ -52,7 +54,7 @@ def engine_tokens_per_s(cfg, data, build) -> tuple[float, float]:  # type: ignor
     )
     c.run_round()  # warm-up round (allocator, kernels)
     t0 = time.perf_counter()
-    rounds = cfg.algorithm.rounds - 1
+    rounds = cfg.algorithm.rounds - 2  # the config holds one round more than is run
     for _ in range(rounds):
         c.run_round()
     dt = time.perf_counter() - t0
@@ -73,7 +75,7 @@ def plain_tokens_per_s(cfg, data, build) -> float:  # type: ignore[no-untyped-de
     )
     b = cfg.batch.initial
     subset = trainer_subset(data.n_train_blocks, 1.0, a.seed, 0)
-    total = a.rounds * a.inner_steps
+    total = a.rounds * a.inner_steps  # the same learning-rate schedule as the engine
 
     def one_round(r: int) -> None:
         stream = ShardStream(subset, a.seed, 0, r, 0, 1)
@@ -87,12 +89,13 @@ def plain_tokens_per_s(cfg, data, build) -> float:  # type: ignore[no-untyped-de
             opt.step()
             opt.zero_grad(set_to_none=True)
 
+    timed = a.rounds - 2
     one_round(0)  # warm-up
     t0 = time.perf_counter()
-    for r in range(1, a.rounds):
+    for r in range(1, 1 + timed):
         one_round(r)
     dt = time.perf_counter() - t0
-    return (a.rounds - 1) * a.inner_steps * b * cfg.data.seq_len / dt
+    return timed * a.inner_steps * b * cfg.data.seq_len / dt
 
 
 def main() -> None:

@@ -9,8 +9,15 @@ from rich.console import Console
 
 from adloco.telemetry.progress import PlainProgress, RichProgress, fmt_bytes, round_line
 
-SUMMARY = {"round": 2, "requests": {"0": 8, "2": 12}, "val_ppl": 123.456, "loss": 4.5, "trainers_alive": 2,
-           "bytes_total": 12_345_678, "round_s": 3.2}
+SUMMARY = {
+    "round": 2,
+    "requests": {"0": 8, "2": 12},
+    "val_ppl": 123.456,
+    "loss": 4.5,
+    "trainers_alive": 2,
+    "bytes_total": 12_345_678,
+    "round_s": 3.2,
+}
 
 
 def test_rich_progress_on_a_terminal() -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from collections.abc import Mapping
+from fractions import Fraction
 
 
 def shares(weights: Mapping[int, float], n_workers: int) -> dict[int, int]:
