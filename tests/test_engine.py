@@ -12,6 +12,11 @@ from adloco.engine.comm import wire_bytes
 from tests.helpers import coordinator, synthetic_data, tiny_config
 
 
+def set_requests(c, requests: dict[int, int]) -> None:  # type: ignore[no-untyped-def]
+    for t, b in requests.items():
+        c.trainers[t].request = b
+
+
 class Recording:
     """Wraps the comm so every round's records survive the coordinator's drain."""
 
@@ -85,13 +90,13 @@ def test_merge_is_batch_weighted_and_moves_workers() -> None:
     )
     c = coordinator(cfg)
     rec = Recording(c.comm)
-    c.requests = {0: 2, 1: 6}
+    set_requests(c, {0: 2, 1: 6})
     # θ after the outer step is needed to check the merge: capture it inside the round
     captured = {}
     orig = c._maybe_merge
 
     def spy(r, members):  # type: ignore[no-untyped-def]
-        captured.update({t: th.clone() for t, th in c.thetas.items()})
+        captured.update({t: tr.theta.clone() for t, tr in c.trainers.items()})
         captured["req"] = dict(c.requests)
         return orig(r, members)
 
@@ -101,14 +106,14 @@ def test_merge_is_batch_weighted_and_moves_workers() -> None:
     assert merge["merged"] == [0, 1] and merge["survivor"] == 0
     b0, b1 = captured["req"][0], captured["req"][1]
     expected = (b0 * captured[0] + b1 * captured[1]) / (b0 + b1)
-    torch.testing.assert_close(c.thetas[0], expected)
+    torch.testing.assert_close(c.theta(0), expected)
     assert c.requests == {0: max(b0, b1)}
     (recs,) = rec.rounds
     merges = [r for r in recs if r.kind == "merge"]
     assert len(merges) == 1 and merges[0].workers == 3  # θ only: sgd keeps no momentum
     # every worker now holds the survivor's θ
     for w in c.workers.values():
-        torch.testing.assert_close(w.flat.param, c.thetas[0])
+        torch.testing.assert_close(w.flat.param, c.theta(0))
 
 
 def test_nesterov_momentum_is_merged_too() -> None:
@@ -125,7 +130,7 @@ def test_nesterov_momentum_is_merged_too() -> None:
     c.run_round()
     merges = [r for r in rec.rounds[0] if r.kind == "merge"]
     assert len(merges) == 2  # θ and momentum
-    assert c.outers[0].v is not None and torch.isfinite(c.outers[0].v).all()
+    assert c.trainers[0].outer.v is not None and torch.isfinite(c.trainers[0].outer.v).all()
 
 
 def test_moved_worker_gets_theta_and_fresh_optimizer() -> None:
@@ -140,7 +145,7 @@ def test_moved_worker_gets_theta_and_fresh_optimizer() -> None:
     )
     c = coordinator(cfg)
     rec = Recording(c.comm)
-    c.requests = {0: 2, 1: 2, 2: 12}
+    set_requests(c, {0: 2, 1: 2, 2: 12})
     out = c.run_round()
     alloc_ev = next(e for e in out["events"] if e["event"] == "allocation")
     counts = {t: len(ws) for t, ws in allocation.members(c.allocation).items()}
@@ -150,7 +155,7 @@ def test_moved_worker_gets_theta_and_fresh_optimizer() -> None:
     for x in alloc_ev["reset"]:
         assert len(c.workers[x].optimizer.state) == 0
     for w, t in c.allocation.items():
-        torch.testing.assert_close(c.workers[w].flat.param, c.thetas[t])
+        torch.testing.assert_close(c.workers[w].flat.param, c.theta(t))
 
 
 def test_outer_step_average_equals_mean_of_workers() -> None:
@@ -172,7 +177,7 @@ def test_outer_step_average_equals_mean_of_workers() -> None:
 
     c.comm.all_reduce = spy
     c.run_round()
-    torch.testing.assert_close(c.thetas[0], captured["mean"], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(c.theta(0), captured["mean"], rtol=1e-6, atol=1e-7)
 
 
 def test_requests_grow_only_and_examples_counted() -> None:
@@ -282,8 +287,8 @@ def test_same_seed_same_trajectory() -> None:
         a.run_round()
         b.run_round()
     assert a.requests == b.requests and a.allocation == b.allocation
-    for t in a.thetas:
-        assert torch.equal(a.thetas[t], b.thetas[t])
+    for t in a.trainers:
+        assert torch.equal(a.theta(t), b.theta(t))
 
 
 def test_wire_model() -> None:

@@ -59,6 +59,9 @@ def count_parameters(model: nn.Module) -> int:
 
 def save(model: Any, state: dict[str, torch.Tensor], tokenizer: Any, path: Path) -> None:
     """Write ``state`` as a Hugging Face checkpoint (safetensors) plus the tokenizer into ``path``."""
+    from transformers.utils import logging as hf_logging
+
     path.mkdir(parents=True, exist_ok=True)
+    hf_logging.disable_progress_bar()  # a bar for one small shard is noise in our progress output
     model.save_pretrained(path, state_dict={k: v.detach().cpu().contiguous() for k, v in state.items()})
     tokenizer.save_pretrained(path)

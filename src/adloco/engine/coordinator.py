@@ -1,9 +1,10 @@
 """The round (spec §6), identical for every backend.
 
-Each process runs one coordinator. The replicated state (round, trainers alive, requests, allocation) is
-small and every decision that changes it is a pure function of gathered scalars, computed identically on
-every process; the heavy state (worker replicas and inner optimizers, trainer θ and outer momentum) lives
-only where it is needed. In the in-process backend one coordinator hosts everything.
+Each process runs one coordinator. The replicated state (round, trainers alive with their requests and
+data subsets, allocation) is small, and every decision that changes it is a pure function of gathered
+scalars, computed identically on every process. The heavy state (worker replicas with their inner
+optimizers, trainer θ and outer momentum) lives only where it is needed. In the in-process backend one
+coordinator hosts everything.
 
 One round:
   1. every local worker runs H inner steps (gradient probe at the first, at the common point θ_t);
@@ -35,6 +36,7 @@ from adloco.data.tokens import TokenData
 from adloco.engine.comm import Comm
 from adloco.engine.flat import FlatModule
 from adloco.engine.inner import lr_at, reset_state
+from adloco.engine.trainer import Trainer
 from adloco.engine.worker import ProbeSpec, RoundResult, Worker
 from adloco.evaluation import evaluate, perplexity
 from adloco.telemetry.metrics import MetricsSink
@@ -63,49 +65,64 @@ class Coordinator:
         self.cfg, self.comm, self.data, self.device, self.log = cfg, comm, data, device, log
         a = cfg.algorithm
         self.round = 0  # rounds completed
-        self.alive: list[int] = list(range(a.trainers))
-        self.requests: dict[int, int] = {t: cfg.batch.initial for t in self.alive}
-        self.allocation = allocation.allocate(self.requests, a.workers, mode=cfg.merge.allocation)
-        self.subsets = {
-            t: trainer_subset(data.n_train_blocks, cfg.data.subset_fraction, a.seed, t) for t in self.alive
+        self.trainers: dict[int, Trainer] = {
+            t: Trainer(
+                t,
+                cfg.batch.initial,
+                trainer_subset(data.n_train_blocks, cfg.data.subset_fraction, a.seed, t),
+                self._new_outer(),
+            )
+            for t in range(a.trainers)
         }
+        self.allocation = allocation.allocate(self.requests, a.workers, mode=cfg.merge.allocation)
         # b_max is never larger than a worker's shard (spec §5).
-        smallest_shard = max(1, min(len(s) for s in self.subsets.values()) // a.workers)
+        smallest_shard = max(1, min(len(tr.subset) for tr in self.trainers.values()) // a.workers)
         self.b_max = {w: min(cfg.switch.b_max, smallest_shard) for w in range(a.workers)}
         if cfg.switch.b_max > smallest_shard:
             log(f"switch.b_max lowered to {smallest_shard}: a worker's shard holds no more blocks")
 
         # Models: one prototype; trainer θ from it (init same) or from a seed per trainer (independent).
         proto = build_model(a.seed)
-        self.thetas: dict[int, torch.Tensor] = {}
-        self.outers: dict[int, OuterOptimizer] = {}
-        hosted = {self.allocation[w] for w in comm.local_workers}
-        for t in sorted(hosted):
+        for t in sorted({self.allocation[w] for w in comm.local_workers}):
             src = proto if cfg.model.init == "same" else build_model(a.seed + 7919 * (t + 1))
-            self.thetas[t] = FlatModule(copy.deepcopy(src).to(device)).param
-            self.outers[t] = self._new_outer()
+            self.trainers[t].theta = FlatModule(copy.deepcopy(src).to(device)).param
         self.workers: dict[int, Worker] = {
             w: Worker(w, copy.deepcopy(proto).to(device), cfg.inner, self.b_max[w])
             for w in comm.local_workers
         }
         self.n_params = next(iter(self.workers.values())).flat.numel
-        self.scratch = torch.zeros(self.n_params, device=device)
-        for w, worker in self.workers.items():
-            worker.load(self.thetas[self.allocation[w]])
+        self.scratch = torch.zeros(self.n_params, device=device)  # one P-sized buffer for reductions
+        self._load_workers()
         self.totals = Totals()
-        self.history: list[dict[str, Any]] = []
         self.last_eval: dict[int, float] = {}
 
-    # -- helpers -----------------------------------------------------------------------------------
-    def _new_outer(self) -> OuterOptimizer:
-        o = self.cfg.outer
-        return OuterOptimizer(o.optimizer, o.lr, o.momentum)
+    # -- state -------------------------------------------------------------------------------------
+    @property
+    def alive(self) -> list[int]:
+        return sorted(self.trainers)
+
+    @property
+    def requests(self) -> dict[int, int]:
+        return {t: tr.request for t, tr in sorted(self.trainers.items())}
 
     def members(self) -> dict[int, list[int]]:
         return allocation.members(self.allocation)
 
+    def theta(self, t: int) -> torch.Tensor:
+        theta = self.trainers[t].theta
+        assert theta is not None, f"trainer {t} is not hosted by this process"
+        return theta
+
+    def _new_outer(self) -> OuterOptimizer:
+        o = self.cfg.outer
+        return OuterOptimizer(o.optimizer, o.lr, o.momentum)
+
     def _local(self, workers: list[int]) -> list[int]:
         return [w for w in workers if w in self.workers]
+
+    def _load_workers(self) -> None:
+        for w, worker in self.workers.items():
+            worker.load(self.theta(self.allocation[w]))
 
     def _collect(self) -> tuple[int, int]:
         recs = self.comm.drain()
@@ -142,16 +159,16 @@ class Coordinator:
         a, bcfg = cfg.algorithm, cfg.batch
         r = self.round
         t_start = time.perf_counter()
+        trainer_of = dict(self.allocation)  # this round's allocation (a merge may change it)
         members = self.members()
-        mode = switch.mode_for(cfg.switch.schedule, cfg.switch.mode, len(self.alive))
+        mode = switch.mode_for(cfg.switch.schedule, cfg.switch.mode, len(self.trainers))
         plans = {
-            w: switch.plan(self.requests[t], self.b_max[w], mode, cfg.switch.kappa)
+            w: switch.plan(self.trainers[t].request, self.b_max[w], mode, cfg.switch.kappa)
             for w, t in self.allocation.items()
         }
-        shared = batching.needs_shared_mean(bcfg.test, bcfg.estimator, bcfg.exact_mean)
-        need_p = bcfg.test in ("inner_product", "augmented_inner_product")
         probing = bcfg.test != "none" or bcfg.statistics
-        shared = shared and probing
+        shared = probing and batching.needs_shared_mean(bcfg.test, bcfg.estimator, bcfg.exact_mean)
+        need_p = bcfg.test in ("inner_product", "augmented_inner_product")
         probes: dict[int, ProbeSpec] = {}
         if bcfg.estimator == "pooled" and probing:
             keep = "chunks" if need_p else ("sum" if shared else "none")
@@ -168,8 +185,8 @@ class Coordinator:
         total_steps = a.rounds * a.inner_steps
         local: dict[int, RoundResult] = {}
         for w in sorted(self.workers):
-            t = self.allocation[w]
-            stream = ShardStream(self.subsets[t], a.seed, t, r, members[t].index(w), len(members[t]))
+            t = trainer_of[w]
+            stream = ShardStream(self.trainers[t].subset, a.seed, t, r, members[t].index(w), len(members[t]))
             local[w] = self.workers[w].run_round(
                 stream,
                 self.data.train_blocks,
@@ -180,60 +197,17 @@ class Coordinator:
                 self.scratch,
                 on_step,
             )
-        paper_scale: dict[int, float] = {}
-        if (
-            bcfg.estimator == "paper" and probing
-        ):  # each worker's last gradient, unclipped: one sample of c = e
+        if bcfg.estimator == "paper" and probing:  # each worker's last gradient, unclipped: one sample, c = e
             for w, res in local.items():
-                scale = 1.0 / float(self.workers[w]._clip_coef)
-                g = self.workers[w].flat.grad
-                sq = float(torch.dot(g, g)) * scale * scale
+                sq = self.workers[w].last_gradient_sq()
                 res.stats = batching.WorkerStats(1, plans[w].effective, sq, sq)
-                paper_scale[w] = scale
 
-        # 2. gather scalars; shared mean probe gradient where the test needs it
+        # 2. gather scalars; the shared mean probe gradient where the test needs it
         rows = comm.all_gather_rows(
             {w: res.to_row() for w, res in local.items()}, RoundResult.FIELDS, "stats"
         )
         results = {w: RoundResult.from_row(rows[w]) for w in sorted(rows)}
-        gbar_sq: dict[int, float] = {}
-        if shared:
-            p_rows: dict[int, list[float]] = {}
-            for t in self.alive:
-                stats = [results[w].stats for w in members[t]]
-                if any(s is None for s in stats) or len({s.c for s in stats if s}) != 1:
-                    continue
-                n_t = sum(s.n for s in stats if s)
-                buf = self.scratch.zero_()
-                for w in self._local(members[t]):
-                    worker = self.workers[w]
-                    if bcfg.estimator == "paper":
-                        buf.add_(worker.flat.grad, alpha=paper_scale[w])
-                    else:
-                        assert worker.sample_sum is not None
-                        buf.add_(worker.sample_sum)
-                comm.all_reduce(buf, members[t], "probe")
-                gbar = buf.div_(n_t)  # ḡ: (P,)
-                gbar_sq[t] = float(torch.dot(gbar, gbar))
-                if need_p:
-                    for w in self._local(members[t]):
-                        worker = self.workers[w]
-                        if bcfg.estimator == "paper":
-                            p = (torch.dot(worker.flat.grad, gbar) * paper_scale[w]).reshape(1).double()
-                        else:
-                            assert worker.chunks is not None
-                            p = (worker.chunks[: probes[t].k] @ gbar).double()  # (k,)
-                        p_rows[w] = [float(p.sum()), float((p * p).sum())]
-            if need_p:
-                for w in self.workers:
-                    p_rows.setdefault(w, [math.nan, math.nan])
-                p_all = comm.all_gather_rows(p_rows, 2, "stats")
-                for w, res in results.items():
-                    if res.stats is not None and math.isfinite(p_all[w][0]):
-                        s = res.stats
-                        res.stats = batching.WorkerStats(
-                            s.n, s.c, s.sum_sq, s.mean_sq, p_all[w][0], p_all[w][1]
-                        )
+        gbar_sq = self._shared_mean(members, results, probes, need_p) if shared else {}
 
         # 3. outer step of every trainer: Δ_t = θ_t − Σ_m (n_m / n) θ_m
         for t in self.alive:
@@ -243,9 +217,8 @@ class Coordinator:
             for w in self._local(ws):
                 buf.add_(self.workers[w].flat.param, alpha=results[w].examples / n_ex)
             comm.all_reduce(buf, ws, "delta")
-            if t in self.thetas:
-                delta = buf.neg_().add_(self.thetas[t])
-                self.outers[t].step(self.thetas[t], delta)
+            if self.trainers[t].hosted:
+                self.trainers[t].outer_step(buf)
 
         # 4. batch test -> new requests
         trainer_events = []
@@ -255,32 +228,27 @@ class Coordinator:
             pooled = None
             if all(s is not None for s in stats) and len({s.c for s in stats if s}) == 1:
                 pooled = batching.pool([s for s in stats if s], gbar_sq.get(t) if shared else None)
+            tr = self.trainers[t]
             dec = batching.decide(
-                self.requests[t],
-                bcfg.test,
-                pooled,
-                cap=bcfg.max,
-                eta=bcfg.eta,
-                vartheta=bcfg.vartheta,
-                nu=bcfg.nu,
+                tr.request, bcfg.test, pooled, cap=bcfg.max, eta=bcfg.eta, vartheta=bcfg.vartheta, nu=bcfg.nu
             )
             if dec.reason == "degenerate":
                 self.log(
                     f"round {r + 1}: trainer {t}: vanishing or non-finite gradient statistics; "
-                    f"request kept at {self.requests[t]}"
+                    f"request kept at {tr.request}"
                 )
+            n_ex = sum(results[w].examples for w in ws)
             trainer_events.append(
                 {
                     "event": "trainer",
                     "round": r + 1,
                     "trainer": t,
                     "workers": ws,
-                    "request": self.requests[t],
+                    "request": tr.request,
                     "request_next": dec.request,
                     "target": _num(dec.target),
                     "reason": dec.reason,
-                    "loss": sum(results[w].loss * results[w].examples for w in ws)
-                    / sum(results[w].examples for w in ws),
+                    "loss": _num(sum(results[w].loss * results[w].examples for w in ws) / n_ex),
                     "sigma2": _num(pooled.sigma2) if pooled else None,
                     "gbar_sq": _num(pooled.gbar_sq) if pooled else None,
                     "samples": pooled.n if pooled else None,
@@ -289,28 +257,25 @@ class Coordinator:
                     "accum": plans[ws[0]].accum,
                 }
             )
-            self.requests[t] = dec.request
+            tr.request = dec.request
 
         # 5. merge and reallocate
-        merge_event = self._maybe_merge(r, members)
+        merge_events = self._maybe_merge(r, members)
 
-        # 6. workers load their trainer's θ
-        for w, worker in self.workers.items():
-            worker.load(self.thetas[self.allocation[w]])
-
+        # 6. workers load their trainer's θ; evaluate; log
+        self._load_workers()
         examples = sum(res.examples for res in results.values())
         self.totals.examples += examples
         self.totals.probe_examples += sum(res.probe_examples for res in results.values())
         self.round += 1
-        eval_due = self.round % cfg.eval.every == 0 or self.round == a.rounds
-        val = self.evaluate() if eval_due else None
+        val = self.evaluate() if self.round % cfg.eval.every == 0 or self.round == a.rounds else None
         nbytes, msgs = self._collect()
-        worker_events = [
+        events: list[dict[str, Any]] = [
             {
                 "event": "worker",
                 "round": r + 1,
                 "worker": w,
-                "trainer": members_of(w, members),
+                "trainer": trainer_of[w],
                 "loss": _num(res.loss),
                 "examples": res.examples,
                 "probe_examples": res.probe_examples,
@@ -323,15 +288,15 @@ class Coordinator:
             }
             for w, res in results.items()
         ]
-        train_loss = sum(res.loss * res.examples for res in results.values()) / max(examples, 1)
+        events += trainer_events + merge_events
         summary: dict[str, Any] = {
             "event": "round",
             "round": self.round,
-            "trainers_alive": len(self.alive),
+            "trainers_alive": len(self.trainers),
             "requests": {str(t): b for t, b in self.requests.items()},
             "allocation": {str(w): t for w, t in self.allocation.items()},
             "switch_mode": mode,
-            "loss": _num(train_loss),
+            "loss": _num(sum(res.loss * res.examples for res in results.values()) / max(examples, 1)),
             "examples": examples,
             "examples_total": self.totals.examples,
             "bytes": nbytes,
@@ -348,11 +313,7 @@ class Coordinator:
                 val_ppl=_num(perplexity(best)),
                 val_ppl_by_trainer={str(t): _num(perplexity(v)) for t, v in val.items()},
             )
-        events = [*worker_events, *trainer_events]
-        if merge_event:
-            events.extend(merge_event)
-        if val is not None:
-            events.extend(
+            events += [
                 {
                     "event": "eval",
                     "round": self.round,
@@ -361,75 +322,108 @@ class Coordinator:
                     "val_ppl": _num(perplexity(v)),
                 }
                 for t, v in val.items()
-            )
+            ]
         events.append(summary)
-        self.history.append(summary)
         return {"summary": summary, "events": events}
 
+    def _shared_mean(
+        self,
+        members: dict[int, list[int]],
+        results: dict[int, RoundResult],
+        probes: dict[int, ProbeSpec],
+        need_p: bool,
+    ) -> dict[int, float]:
+        """All-reduce every trainer's mean probe gradient ḡ (P values); returns ‖ḡ‖² per trainer and, for
+        the inner-product tests, fills each worker's Σ_j <g_j, ḡ> and Σ_j <g_j, ḡ>²."""
+        paper = self.cfg.batch.estimator == "paper"
+        gbar_sq: dict[int, float] = {}
+        p_rows: dict[int, list[float]] = {w: [math.nan, math.nan] for w in self.workers}
+        for t in self.alive:
+            stats = [results[w].stats for w in members[t]]
+            if any(s is None for s in stats) or len({s.c for s in stats if s}) != 1:
+                continue
+            n_t = sum(s.n for s in stats if s)
+            buf = self.scratch.zero_()
+            for w in self._local(members[t]):
+                worker = self.workers[w]
+                worker.add_sample_sum(buf, paper)
+            self.comm.all_reduce(buf, members[t], "probe")
+            gbar = buf.div_(n_t)  # ḡ: (P,)
+            gbar_sq[t] = float(torch.dot(gbar, gbar))
+            if need_p:
+                for w in self._local(members[t]):
+                    p = self.workers[w].sample_dots(gbar, paper)  # (k,)
+                    p_rows[w] = [float(p.sum()), float((p * p).sum())]
+        if need_p:
+            p_all = self.comm.all_gather_rows(p_rows, 2, "stats")
+            for w, res in results.items():
+                if res.stats is not None and math.isfinite(p_all[w][0]):
+                    s = res.stats
+                    res.stats = batching.WorkerStats(s.n, s.c, s.sum_sq, s.mean_sq, p_all[w][0], p_all[w][1])
+        return gbar_sq
+
     def _maybe_merge(self, r: int, members: dict[int, list[int]]) -> list[dict[str, Any]]:
-        cfg, comm = self.cfg, self.comm
-        m = cfg.merge
-        if m.policy == "none" or len(self.alive) < 2 or (r + 1) % m.every != 0:
+        m = self.cfg.merge
+        if m.policy == "none" or len(self.trainers) < 2 or (r + 1) % m.every != 0:
             return []
-        S = merging.select({t: self.requests[t] for t in self.alive}, m.policy, m.size)
+        S = merging.select(self.requests, m.policy, m.size)
         if len(S) < 2:
             return []
         w = merging.weights(self.requests, S)
         keep = merging.survivor(S)
         union = sorted(x for t in S for x in members[t])
         hosts_union = any(x in self.workers for x in union)
-        # θ_r = Σ_{j∈S} w_j θ_j (and the outer momentum alike): each trainer's leader contributes once.
-        tensors = [("theta", self.thetas)]
-        if self.outers and next(iter(self.outers.values())).has_state:
-            tensors.append(("momentum", {t: o.ensure_state(self.thetas[t]) for t, o in self.outers.items()}))
-        for _, source in tensors:
+        # θ_r = Σ_{j∈S} w_j θ_j, and the outer momentum alike; each trainer's leader contributes once,
+        # so the SUM over the union's processes counts every trainer exactly once.
+        parts = [("theta", lambda tr: tr.theta)]
+        if self._new_outer().has_state:
+            parts.append(("momentum", lambda tr: tr.momentum()))
+        merged: dict[str, torch.Tensor] = {}
+        for name, get in parts:
             buf = self.scratch.zero_()
             for t in S:
                 if members[t][0] in self.workers:
-                    buf.add_(source[t], alpha=w[t])
-            comm.all_reduce(buf, union, "merge")
-            if hosts_union:
-                if keep not in source:
-                    source[keep] = torch.zeros_like(buf)
-                source[keep].copy_(buf)
-        if hosts_union and keep not in self.outers:
-            self.outers[keep] = self._new_outer()
-        if keep in self.outers and self.outers[keep].has_state:
-            self.outers[keep].v = tensors[1][1][keep]
-        new_request = merging.merged_request(self.requests, S, m.survivor_batch, keep)
+                    buf.add_(get(self.trainers[t]), alpha=w[t])
+            self.comm.all_reduce(buf, union, "merge")
+            merged[name] = buf.clone()
+        survivor = self.trainers[keep]
+        if hosts_union:
+            survivor.theta = merged["theta"]
+            survivor.outer = self._new_outer()
+            if "momentum" in merged:
+                survivor.outer.v = merged["momentum"]
+        survivor.request = merging.merged_request(self.requests, S, m.survivor_batch, keep)
         for t in S:
             if t != keep:
-                self.alive.remove(t)
-                self.requests.pop(t)
-                self.thetas.pop(t, None)
-                self.outers.pop(t, None)
-        self.requests[keep] = new_request
+                del self.trainers[t]
 
-        # Reallocate: workers of merged trainers already hold the survivor's θ.
+        # Reallocate: the workers of merged trainers already hold the survivor's θ.
         current = {x: (keep if t in S else t) for x, t in self.allocation.items()}
-        new = allocation.allocate(self.requests, cfg.algorithm.workers, current, m.allocation)
+        new = allocation.allocate(self.requests, self.cfg.algorithm.workers, current, m.allocation)
         holders = allocation.members(current)
         moved = [x for x in sorted(new) if new[x] != current[x]]
         for x in moved:
-            t = new[x]
-            src = holders[t][0]
-            if x in self.workers and t not in self.thetas:
-                self.thetas[t] = torch.zeros_like(self.scratch)
-                self.outers[t] = self._new_outer()
-            theta = self.thetas.get(t, self.scratch)
-            comm.broadcast(theta, src, [src, x], "move")
-            if t in self.outers and self.outers[t].has_state:
-                comm.broadcast(self.outers[t].ensure_state(theta), src, [src, x], "move")
+            tr = self.trainers[new[x]]
+            src = holders[tr.id][0]
+            if x in self.workers and not tr.hosted:  # this process receives a trainer it did not host
+                tr.theta = torch.zeros_like(self.scratch)
+            theta = (
+                tr.theta if tr.theta is not None else self.scratch
+            )  # a process not involved passes a dummy
+            self.comm.broadcast(theta, src, [src, x], "move")
+            if tr.outer.has_state:
+                momentum = tr.momentum()
+                self.comm.broadcast(momentum if momentum is not None else self.scratch, src, [src, x], "move")
         changed = [x for x in sorted(new) if new[x] != self.allocation[x]]
         for x in changed:
             if x in self.workers:
                 self.workers[x].reset_optimizer()
         self.allocation = new
         hosted = {new[x] for x in self.workers}
-        for t in list(self.thetas):
-            if t not in hosted:
-                self.thetas.pop(t)
-                self.outers.pop(t, None)
+        for t, tr in self.trainers.items():
+            if t not in hosted:  # keep heavy state only where a worker of the trainer lives
+                tr.theta = None
+                tr.outer = self._new_outer()
         return [
             {
                 "event": "merge",
@@ -437,8 +431,8 @@ class Coordinator:
                 "merged": S,
                 "survivor": keep,
                 "weights": {str(t): v for t, v in w.items()},
-                "request": new_request,
-                "trainers_alive": len(self.alive),
+                "request": survivor.request,
+                "trainers_alive": len(self.trainers),
             },
             {
                 "event": "allocation",
@@ -486,7 +480,7 @@ class Coordinator:
             "initial_val_ppl": _num(perplexity(initial_loss)),
             "final_val_ppl": _num(perplexity(final[best])),
             "final_val_loss": _num(final[best]),
-            "trainers_final": len(self.alive),
+            "trainers_final": len(self.trainers),
             "requests_final": {str(t): b for t, b in self.requests.items()},
             "examples_total": self.totals.examples,
             "communications_total": self.totals.messages,
@@ -497,19 +491,11 @@ class Coordinator:
 
     def trainer_state_dict(self, t: int) -> dict[str, torch.Tensor]:
         """Trainer t's parameters as a model state dict (copied out of the flat buffer)."""
-        leader = self.members()[t][0]
-        worker = self.workers[leader]
-        worker.load(self.thetas[t])
+        worker = self.workers[self.members()[t][0]]
+        worker.load(self.theta(t))
         return worker.flat.clone_state_dict()
 
 
-def members_of(w: int, members: dict[int, list[int]]) -> int:
-    for t, ws in members.items():
-        if w in ws:
-            return t
-    raise KeyError(w)
-
-
-def _num(x: float) -> float | None:
+def _num(x: float | None) -> float | None:
     """JSON-safe float: nan and inf become None."""
     return float(x) if x is not None and math.isfinite(x) else None

@@ -99,6 +99,7 @@ class Worker:
         self.sample_sum: torch.Tensor | None = None  # Σ_j g_j of the last probe, when kept
         self.chunks: torch.Tensor | None = None  # (k, P) chunk gradients of the last probe, when kept
         self._clip_coef: torch.Tensor = torch.ones((), device=self.device)
+        self._probe_k = 0
 
     # -- state -------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -187,6 +188,7 @@ class Worker:
         Returns the worker's statistics and Σ_j c·loss_j; leaves Σ_j g_j in the accumulator.
         """
         k, c = probe.k, probe.c
+        self._probe_k = k
         acc = self._accumulator(probe, scratch)
         acc.zero_()
         sum_sq = torch.zeros((), device=self.device, dtype=torch.float64)
@@ -234,7 +236,29 @@ class Worker:
         self._clip_coef = torch.clamp(self.inner.clip / (norm + 1e-6), max=1.0)
         self.flat.grad.mul_(self._clip_coef)
 
+    # -- gradient samples for the batch test (read after the round) ---------------------------------
+    def _unclip(self) -> float:
+        return 1.0 / float(self._clip_coef)
+
+    def last_gradient_sq(self) -> float:
+        """‖g‖² of the last inner step's gradient before clipping (the ``paper`` estimator's sample)."""
+        g = self.flat.grad
+        return float(torch.dot(g, g)) * self._unclip() ** 2
+
     @torch.no_grad()
-    def last_gradient(self, out: torch.Tensor) -> torch.Tensor:
-        """The last inner step's gradient before clipping (the ``paper`` estimator's sample)."""
-        return out.copy_(self.flat.grad).div_(self._clip_coef)
+    def add_sample_sum(self, out: torch.Tensor, paper: bool) -> None:
+        """out += Σ_j g_j over this round's gradient samples: the probe's chunks, or (``paper``) the last
+        gradient before clipping."""
+        if paper:
+            out.add_(self.flat.grad, alpha=self._unclip())
+        else:
+            assert self.sample_sum is not None, "the probe kept no vectors"
+            out.add_(self.sample_sum)
+
+    @torch.no_grad()
+    def sample_dots(self, gbar: torch.Tensor, paper: bool) -> torch.Tensor:
+        """(k,) float64: <g_j, ḡ> for this round's gradient samples."""
+        if paper:
+            return (torch.dot(self.flat.grad, gbar) * self._unclip()).reshape(1).double()
+        assert self.chunks is not None, "the probe kept no chunk gradients"
+        return (self.chunks[: self._probe_k] @ gbar).double()
