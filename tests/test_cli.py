@@ -65,6 +65,7 @@ def test_train_end_to_end(tmp_path: Path, text_corpus: Path) -> None:
     }
     assert keys <= set(summary)
     assert summary["method"] == "adloco" and summary["rounds"] == 3
+    assert sum(summary["bytes_by_kind"].values()) == summary["bytes_total"] > 0
     assert summary["trainers_final"] == 1  # 4 trainers merged once a round
     assert summary["final_val_ppl"] < summary["initial_val_ppl"]
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -465,11 +465,6 @@ def resolve(
     return cfg
 
 
-def from_dict(raw: dict[str, Any]) -> Config:
-    """Rebuild a resolved config (e.g. a run directory's config.yaml)."""
-    return resolve(base=raw)
-
-
 def field_docs() -> list[tuple[str, str, Any, str]]:
     """(section, key, default, doc) for every field, in declaration order."""
     out = []

@@ -485,6 +485,7 @@ class Coordinator:
             "examples_total": self.totals.examples,
             "communications_total": self.totals.messages,
             "bytes_total": self.totals.bytes,
+            "bytes_by_kind": dict(sorted(self.totals.by_kind.items())),
             "wall_s": time.perf_counter() - t0,
             "best_trainer": best,
         }
