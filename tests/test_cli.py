@@ -114,11 +114,27 @@ BAD = [
         ["--set", "data.source=/nonexistent/corpus"],
         "data.source = '/nonexistent/corpus': no such file or folder",
     ),
+    (["--set", "algorithm.seed=-1"], "config: algorithm.seed = -1: must be in [0, 2**31)"),
+    (["--set", "runtime.threads=99999999999"], "config: runtime.threads = 99999999999: must be in [0, 4096]"),
+    (
+        ["--set", "data.tokenizer=bpe:99999999999"],
+        "config: data.tokenizer = 'bpe:99999999999': must be 'bpe:<vocab size>'",
+    ),
+    (["--set", "logging.name=a/b"], "config: logging.name = 'a/b': must be a plain name"),
+    (["--set", "logging.name=.."], "config: logging.name = '..': must be a plain name"),
+    (["--set", "batch.max=10000000000"], "config: batch.max = 10000000000: must be <= 1048576"),
+    (
+        ["--set", "data.cache_dir=/dev/null/cache", "--set", "data.source=CORPUS"],
+        "cache folder '/dev/null/cache",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("args", "message"), BAD)
-def test_bad_input_one_line_exit_2_nothing_written(tmp_path: Path, args: list[str], message: str) -> None:
+def test_bad_input_one_line_exit_2_nothing_written(
+    tmp_path: Path, text_corpus: Path, args: list[str], message: str
+) -> None:
+    args = [a.replace("CORPUS", str(text_corpus)) for a in args]
     out = tmp_path / "runs"
     p = adloco("train", "--set", f"logging.out_dir={out}", *args)
     assert p.returncode == 2
@@ -155,3 +171,25 @@ def test_empty_corpus(tmp_path: Path) -> None:
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     p = adloco("train", "--debug", "--set", "batch.eta=-1")
     assert p.returncode != 0 and "Traceback" in p.stderr
+
+
+def test_a_diverging_run_ends_cleanly(tmp_path: Path, text_corpus: Path) -> None:
+    out = tmp_path / "runs"
+    p = adloco(
+        "train",
+        "--set",
+        f"data.source={text_corpus}",
+        "--set",
+        f"logging.out_dir={out}",
+        *TINY,
+        "--set",
+        "inner.lr=1e6",
+        "--set",
+        "batch.estimator=paper",
+        "--set",
+        "algorithm.trainers=2",
+    )
+    assert p.returncode == 0, p.stderr
+    assert "-> inf" in p.stdout
+    (run,) = list(out.iterdir())
+    assert json.loads((run / "summary.json").read_text())["final_val_ppl"] is None  # JSON has no infinity

@@ -39,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _fmt(x: float | None) -> str:
+    """A perplexity for people: a diverged run's (stored as null) prints as 'inf'."""
+    return f"{x:.2f}" if x is not None else "inf"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -56,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         run_dir, summary = train(cfg)
         print(
-            f"done: validation perplexity {summary['initial_val_ppl']:.2f} -> {summary['final_val_ppl']:.2f}, "
+            f"done: validation perplexity {_fmt(summary['initial_val_ppl'])} -> {_fmt(summary['final_val_ppl'])}, "
             f"{summary['trainers_final']} trainer(s), requests {summary['requests_final']}, "
             f"{summary['wall_s']:.0f}s\nrun directory: {run_dir}"
         )

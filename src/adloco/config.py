@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -343,6 +344,7 @@ def _check(cfg: Config) -> None:
     need(a.inner_steps >= 1, "algorithm.inner_steps", a.inner_steps, ">= 1 (H counts optimizer steps)")
     need(a.workers >= 1, "algorithm.workers", a.workers, ">= 1")
     need(a.trainers >= 1, "algorithm.trainers", a.trainers, ">= 1")
+    need(0 <= a.seed < 2**31, "algorithm.seed", a.seed, "in [0, 2**31)")
     need(
         a.trainers <= a.workers,
         "algorithm.trainers",
@@ -353,9 +355,13 @@ def _check(cfg: Config) -> None:
     need(0.0 < d.val_fraction < 1.0, "data.val_fraction", d.val_fraction, "between 0 and 1 (exclusive)")
     need(0.0 < d.subset_fraction <= 1.0, "data.subset_fraction", d.subset_fraction, "in (0, 1]")
     need(d.max_examples is None or d.max_examples >= 2, "data.max_examples", d.max_examples, ">= 2 or null")
-    if not d.tokenizer.startswith("bpe:") or not d.tokenizer[4:].isdigit() or int(d.tokenizer[4:]) < 260:
+    if (
+        not d.tokenizer.startswith("bpe:")
+        or not d.tokenizer[4:].isdigit()
+        or not 260 <= int(d.tokenizer[4:]) <= 1_000_000
+    ):
         raise UserError(
-            f"config: data.tokenizer = {d.tokenizer!r}: must be 'bpe:<vocab size>' with a vocab size >= 260"
+            f"config: data.tokenizer = {d.tokenizer!r}: must be 'bpe:<vocab size>' with a vocab size in [260, 1000000]"
         )
     i = cfg.inner
     need(i.lr > 0, "inner.lr", i.lr, "> 0")
@@ -375,6 +381,7 @@ def _check(cfg: Config) -> None:
     need(0 <= o.momentum < 1, "outer.momentum", o.momentum, "in [0, 1)")
     need(b.initial >= 1, "batch.initial", b.initial, ">= 1")
     need(b.max >= b.initial, "batch.max", b.max, f">= batch.initial ({b.initial})")
+    need(b.max <= 1_048_576, "batch.max", b.max, "<= 1048576")
     need(b.eta > 0, "batch.eta", b.eta, "> 0")
     need(b.vartheta > 0, "batch.vartheta", b.vartheta, "> 0")
     need(b.nu > 0, "batch.nu", b.nu, "> 0")
@@ -383,12 +390,19 @@ def _check(cfg: Config) -> None:
     need(m.every >= 1, "merge.every", m.every, ">= 1")
     need(m.size >= 2, "merge.size", m.size, ">= 2")
     need(s.kappa >= 1, "switch.kappa", s.kappa, ">= 1")
-    need(s.b_max >= 1, "switch.b_max", s.b_max, ">= 1")
+    need(1 <= s.b_max <= 1_048_576, "switch.b_max", s.b_max, ">= 1 and <= 1048576")
     e = cfg.eval
     need(e.every >= 1, "eval.every", e.every, ">= 1")
     need(e.max_blocks is None or e.max_blocks >= 1, "eval.max_blocks", e.max_blocks, ">= 1 or null")
     need(e.batch_size >= 1, "eval.batch_size", e.batch_size, ">= 1")
-    need(cfg.runtime.threads >= 0, "runtime.threads", cfg.runtime.threads, ">= 0")
+    need(0 <= cfg.runtime.threads <= 4096, "runtime.threads", cfg.runtime.threads, "in [0, 4096]")
+    name = cfg.logging.name
+    need(
+        name is None or (re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) is not None and len(name) <= 100),
+        "logging.name",
+        name,
+        "a plain name of letters, digits, '.', '_' or '-' (no '/'), at most 100 characters",
+    )
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

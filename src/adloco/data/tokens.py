@@ -33,8 +33,14 @@ def cache_root(configured: str | None) -> Path:
 
 def _atomic_dir(final: Path, fill) -> None:  # type: ignore[no-untyped-def]
     """Create ``final`` by filling a temporary sibling and renaming it (a concurrent writer may win)."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    except OSError as exc:
+        raise UserError(
+            f"cache folder {str(final.parent)!r}: cannot be written ({exc.strerror}); set data.cache_dir "
+            "or $ADLOCO_CACHE to a writable folder"
+        ) from None
     try:
         fill(tmp)
         try:

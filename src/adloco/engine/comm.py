@@ -8,6 +8,7 @@ the partial already is the result.
 Accounting is logical and identical in every backend (spec §7): a collective among n workers of a B-byte
 payload is one message when n > 1, and moves, summed over all workers,
 ``all_reduce``: 2(n−1)·B (ring), ``broadcast``: (n−1)·B, ``all_gather`` of B bytes each: n(n−1)·B.
+What only serves logging or evaluation (losses, timings, validation results) is not counted.
 """
 
 from __future__ import annotations
@@ -71,10 +72,16 @@ class Comm:
         self._broadcast(tensor, src, workers)
 
     def all_gather_rows(
-        self, rows: Mapping[int, Sequence[float]], width: int, kind: str
+        self, rows: Mapping[int, Sequence[float]], width: int, kind: str, counted: int | None = None
     ) -> dict[int, list[float]]:
-        """Every worker's row of ``width`` float64 scalars, on every process (rows keyed by worker)."""
-        self._account(kind, "all_gather", self.n_workers, width * 8)
+        """Every worker's row of ``width`` float64 scalars, on every process (rows keyed by worker).
+
+        ``counted``: how many of a row's values the algorithm needs (None: all). Values that only serve
+        logging and evaluation ride along uncounted; with ``counted=0`` the gather is not counted at all.
+        """
+        n = width if counted is None else counted
+        if n > 0:
+            self._account(kind, "all_gather", self.n_workers, n * 8)
         return self._all_gather_rows(rows, width)
 
     def barrier(self) -> None:

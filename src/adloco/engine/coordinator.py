@@ -79,7 +79,15 @@ class Coordinator:
         smallest_shard = max(1, min(len(tr.subset) for tr in self.trainers.values()) // a.workers)
         self.b_max = {w: min(cfg.switch.b_max, smallest_shard) for w in range(a.workers)}
         if cfg.switch.b_max > smallest_shard:
-            log(f"switch.b_max lowered to {smallest_shard}: a worker's shard holds no more blocks")
+            log(
+                f"switch.b_max lowered to {smallest_shard}: with every worker on one trainer, a worker's shard "
+                "holds no more blocks"
+            )
+        if cfg.batch.estimator == "paper" and min(len(ws) for ws in self.members().values()) < 2:
+            log(
+                "batch.estimator = paper needs two or more workers per trainer: a trainer with one worker "
+                "keeps its request until a merge gives it more (the pooled estimator has no such limit)"
+            )
 
         # Models: one prototype; trainer θ from it (init same) or from a seed per trainer (independent).
         proto = build_model(a.seed)
@@ -149,7 +157,7 @@ class Coordinator:
                     self.workers[leader].model, self.data.val_blocks, n_blocks, self.cfg.eval.batch_size
                 )
                 rows[leader] = [loss]
-        gathered = self.comm.all_gather_rows(rows, 1, "eval")
+        gathered = self.comm.all_gather_rows(rows, 1, "eval", counted=0)  # measurement, not training
         self.last_eval = {t: gathered[members[t][0]][0] for t in self.alive}
         return self.last_eval
 
@@ -203,11 +211,13 @@ class Coordinator:
                 res.stats = batching.WorkerStats(1, plans[w].effective, sq, sq)
 
         # 2. gather scalars; the shared mean probe gradient where the test needs it
+        # (the algorithm needs the statistics; losses and timings ride along for logging, uncounted)
+        counted = RoundResult.STATS_FIELDS if probing else 0
         rows = comm.all_gather_rows(
-            {w: res.to_row() for w, res in local.items()}, RoundResult.FIELDS, "stats"
+            {w: res.to_row() for w, res in local.items()}, RoundResult.FIELDS, "stats", counted
         )
         results = {w: RoundResult.from_row(rows[w]) for w in sorted(rows)}
-        gbar_sq = self._shared_mean(members, results, probes, need_p) if shared else {}
+        gbar_sq = self._shared_mean(members, results, need_p) if shared else {}
 
         # 3. outer step of every trainer: Δ_t = θ_t − Σ_m (n_m / n) θ_m
         for t in self.alive:
@@ -330,37 +340,43 @@ class Coordinator:
         self,
         members: dict[int, list[int]],
         results: dict[int, RoundResult],
-        probes: dict[int, ProbeSpec],
         need_p: bool,
     ) -> dict[int, float]:
-        """All-reduce every trainer's mean probe gradient ḡ (P values); returns ‖ḡ‖² per trainer and, for
-        the inner-product tests, fills each worker's Σ_j <g_j, ḡ> and Σ_j <g_j, ḡ>²."""
+        """All-reduce every trainer's mean probe gradient ḡ (P values) among its workers; returns ‖ḡ‖² per
+        trainer and, for the inner-product tests, fills each worker's Σ_j <g_j, ḡ> and Σ_j <g_j, ḡ>².
+
+        Only processes hosting a worker of trainer t see its ḡ, so ‖ḡ‖² travels in the scalar gather that
+        follows: every process must decide every trainer's request from the same numbers.
+        """
         paper = self.cfg.batch.estimator == "paper"
-        gbar_sq: dict[int, float] = {}
-        p_rows: dict[int, list[float]] = {w: [math.nan, math.nan] for w in self.workers}
+        rows: dict[int, list[float]] = {w: [math.nan, math.nan, math.nan] for w in self.workers}
+        pooled: list[int] = []
         for t in self.alive:
             stats = [results[w].stats for w in members[t]]
             if any(s is None for s in stats) or len({s.c for s in stats if s}) != 1:
                 continue
+            pooled.append(t)
             n_t = sum(s.n for s in stats if s)
             buf = self.scratch.zero_()
             for w in self._local(members[t]):
-                worker = self.workers[w]
-                worker.add_sample_sum(buf, paper)
+                self.workers[w].add_sample_sum(buf, paper)
             self.comm.all_reduce(buf, members[t], "probe")
             gbar = buf.div_(n_t)  # ḡ: (P,)
-            gbar_sq[t] = float(torch.dot(gbar, gbar))
-            if need_p:
-                for w in self._local(members[t]):
+            g2 = float(torch.dot(gbar, gbar))
+            for w in self._local(members[t]):
+                rows[w][0] = g2
+                if need_p:
                     p = self.workers[w].sample_dots(gbar, paper)  # (k,)
-                    p_rows[w] = [float(p.sum()), float((p * p).sum())]
+                    rows[w][1:] = [float(p.sum()), float((p * p).sum())]
+        gathered = self.comm.all_gather_rows(rows, 3, "stats", counted=3 if need_p else 1)
         if need_p:
-            p_all = self.comm.all_gather_rows(p_rows, 2, "stats")
             for w, res in results.items():
-                if res.stats is not None and math.isfinite(p_all[w][0]):
-                    s = res.stats
-                    res.stats = batching.WorkerStats(s.n, s.c, s.sum_sq, s.mean_sq, p_all[w][0], p_all[w][1])
-        return gbar_sq
+                s = res.stats
+                if s is not None and math.isfinite(gathered[w][1]):
+                    res.stats = batching.WorkerStats(
+                        s.n, s.c, s.sum_sq, s.mean_sq, gathered[w][1], gathered[w][2]
+                    )
+        return {t: gathered[members[t][0]][0] for t in pooled}
 
     def _maybe_merge(self, r: int, members: dict[int, list[int]]) -> list[dict[str, Any]]:
         m = self.cfg.merge

@@ -51,11 +51,14 @@ class RoundResult:
     stats: WorkerStats | None
 
     FIELDS = 14
+    STATS_FIELDS = 4  # the leading values the batch test needs: k, c, Σ‖g_j‖², ‖ḡ_m‖²
 
     def to_row(self) -> list[float]:
         s = self.stats
         stats = [s.n, s.c, s.sum_sq, s.mean_sq] if s else [0, 0, math.nan, math.nan]
         return [
+            *stats,
+            float(s is not None),
             self.loss,
             self.steps,
             self.examples,
@@ -65,23 +68,21 @@ class RoundResult:
             self.micro,
             self.accum,
             float(self.capped),
-            *stats,
-            float(s is not None),
         ]
 
     @classmethod
     def from_row(cls, row: list[float]) -> RoundResult:
-        stats = WorkerStats(int(row[9]), int(row[10]), row[11], row[12]) if row[13] else None
+        stats = WorkerStats(int(row[0]), int(row[1]), row[2], row[3]) if row[4] else None
         return cls(
-            row[0],
-            int(row[1]),
-            int(row[2]),
-            int(row[3]),
-            bool(row[4]),
             row[5],
             int(row[6]),
             int(row[7]),
-            bool(row[8]),
+            int(row[8]),
+            bool(row[9]),
+            row[10],
+            int(row[11]),
+            int(row[12]),
+            bool(row[13]),
             stats,
         )
 
@@ -238,7 +239,9 @@ class Worker:
 
     # -- gradient samples for the batch test (read after the round) ---------------------------------
     def _unclip(self) -> float:
-        return 1.0 / float(self._clip_coef)
+        """1 / the last clip coefficient; nan when clipping zeroed a non-finite gradient."""
+        coef = float(self._clip_coef)
+        return 1.0 / coef if coef > 0 else math.nan
 
     def last_gradient_sq(self) -> float:
         """‖g‖² of the last inner step's gradient before clipping (the ``paper`` estimator's sample)."""
