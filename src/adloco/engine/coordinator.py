@@ -46,7 +46,6 @@ from adloco.telemetry.progress import Progress
 @dataclass
 class Totals:
     examples: int = 0
-    probe_examples: int = 0
     bytes: int = 0
     messages: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
@@ -276,7 +275,6 @@ class Coordinator:
         self._load_workers()
         examples = sum(res.examples for res in results.values())
         self.totals.examples += examples
-        self.totals.probe_examples += sum(res.probe_examples for res in results.values())
         self.round += 1
         val = self.evaluate() if self.round % cfg.eval.every == 0 or self.round == a.rounds else None
         nbytes, msgs = self._collect()
