@@ -170,10 +170,10 @@ def test_outer_step_average_equals_mean_of_workers() -> None:
     captured = {}
     orig = c.comm.all_reduce
 
-    def spy(tensor, workers, kind):  # type: ignore[no-untyped-def]
+    def spy(tensor, workers, kind, dtype=None):  # type: ignore[no-untyped-def]
         if kind == "delta":
             captured["mean"] = torch.stack([c.workers[w].flat.param.clone() for w in workers]).mean(0)
-        return orig(tensor, workers, kind)
+        return orig(tensor, workers, kind, dtype)
 
     c.comm.all_reduce = spy
     c.run_round()

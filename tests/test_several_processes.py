@@ -79,3 +79,21 @@ def test_merges_and_moves_across_processes() -> None:
         torch.testing.assert_close(c.trainers[t].outer.v, ref.trainers[t].outer.v, rtol=1e-5, atol=1e-6)
         for w, worker in c.workers.items():
             torch.testing.assert_close(worker.flat.param, ref.workers[w].flat.param, rtol=1e-5, atol=1e-6)
+
+
+def test_processes_that_disagree_stop_the_run() -> None:
+    from adloco.engine.coordinator import DecisionMismatch
+
+    cfg = tiny_config(
+        **{"algorithm": {"workers": 2, "trainers": 2, "rounds": 2}, "merge": {"policy": "none"}}
+    )
+    data = synthetic_data(seq_len=cfg.data.seq_len)
+
+    def make(comm):  # type: ignore[no-untyped-def]
+        c = Coordinator(cfg, comm, data, build_fn(data, cfg), torch.device("cpu"), log=lambda s: None)
+        if comm.rank == 1:  # a bug or non-deterministic arithmetic on one process
+            c.trainers[0].request += 10  # beyond what one round of the batch test reaches
+        return c
+
+    with pytest.raises(DecisionMismatch, match="round 1: processes disagree"):
+        run_threaded(make, {0: 0, 1: 1}, 1)

@@ -26,7 +26,10 @@ class Hub:
 class ThreadComm(Comm):
     def __init__(self, hub: Hub, rank: int, n_workers: int, owner: Mapping[int, int]) -> None:
         super().__init__(n_workers, [w for w, r in sorted(owner.items()) if r == rank], rank, hub.world)
-        self.hub, self.owner = hub, dict(owner)
+        self.hub, self._owner = hub, dict(owner)
+
+    def owner(self, worker: int) -> int:
+        return self._owner[worker]
 
     def _exchange(self, value: Any) -> list[Any]:
         self.hub.slots[self.rank] = value
@@ -36,7 +39,7 @@ class ThreadComm(Comm):
         return out
 
     def _members(self, workers: Sequence[int]) -> list[int]:
-        return sorted({self.owner[w] for w in workers})
+        return sorted({self._owner[w] for w in workers})
 
     def _all_reduce(self, tensor: torch.Tensor, workers: Sequence[int]) -> None:
         deposits = self._exchange(tensor.clone())
@@ -50,7 +53,7 @@ class ThreadComm(Comm):
     def _broadcast(self, tensor: torch.Tensor, src: int, workers: Sequence[int]) -> None:
         deposits = self._exchange(tensor.clone())
         if self.rank in self._members(workers):
-            tensor.copy_(deposits[self.owner[src]])
+            tensor.copy_(deposits[self._owner[src]])
 
     def _all_gather_rows(self, rows: Mapping[int, Sequence[float]], width: int) -> dict[int, list[float]]:
         merged: dict[int, list[float]] = {}

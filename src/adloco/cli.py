@@ -1,14 +1,21 @@
-"""``adloco``: train | config. Bad input ends with one line on stderr and exit code 2."""
+"""``adloco``: train | config. Bad input ends with one line on stderr and exit code 2.
+
+Exit codes: 0 done, 2 bad input, 3 a distributed run lost a rank (or ranks disagreed), 130 interrupted.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
+import time
 from collections.abc import Sequence
 
 from adloco.errors import UserError
 
 EXIT_BAD_INPUT = 2
+EXIT_DISTRIBUTED = 3
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -33,6 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     t = sub.add_parser("train", help="train (with no arguments: AdLoCo on the embedded default)")
     _config_args(t)
+    t.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="run N torch.distributed processes on this machine (torchrun --standalone); "
+        "for several machines use torchrun directly",
+    )
     c = sub.add_parser("config", help="print the resolved config, every field with its one-line doc")
     _config_args(c)
     c.add_argument("--plain", action="store_true", help="YAML only, without the docs")
@@ -44,12 +58,39 @@ def _fmt(x: float | None) -> str:
     return f"{x:.2f}" if x is not None else "inf"
 
 
+def _launch(nproc: int, argv: Sequence[str]) -> int:
+    """Re-run this command under torchrun with ``nproc`` local processes; returns torchrun's exit code."""
+    rest: list[str] = []
+    it = iter(argv)
+    for a in it:
+        if a == "--nproc":
+            next(it, None)  # and its value
+        elif not a.startswith("--nproc="):
+            rest.append(a)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "adloco",
+        *rest,
+        "--set",
+        "runtime.backend=torchdist",
+    ]
+    return subprocess.call(cmd)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return EXIT_BAD_INPUT
+    rank = int(os.environ.get("RANK", "0"))
+    distributed = "WORLD_SIZE" in os.environ
     try:
         from adloco.config import dump_yaml, resolve
 
@@ -57,20 +98,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "config":
             sys.stdout.write(dump_yaml(cfg, with_docs=not args.plain))
             return 0
-        from adloco.train import train
+        if args.nproc is not None:
+            if args.nproc < 1:
+                raise UserError(f"--nproc {args.nproc}: must be >= 1")
+            if distributed:
+                raise UserError("--nproc: already running under torchrun; drop --nproc")
+            wpp = cfg.runtime.workers_per_process
+            if cfg.algorithm.workers != args.nproc * wpp:
+                raise UserError(
+                    f"config: algorithm.workers = {cfg.algorithm.workers}: must equal processes ({args.nproc}) x "
+                    f"runtime.workers_per_process ({wpp})"
+                )
+            return _launch(args.nproc, argv)
+        from adloco.train import DistributedFailure, train
 
-        run_dir, summary = train(cfg)
-        print(
-            f"done: validation perplexity {_fmt(summary['initial_val_ppl'])} -> {_fmt(summary['final_val_ppl'])}, "
-            f"{summary['trainers_final']} trainer(s), requests {summary['requests_final']}, "
-            f"{summary['wall_s']:.0f}s\nrun directory: {run_dir}"
-        )
+        try:
+            run_dir, summary = train(cfg)
+        except DistributedFailure as exc:
+            if args.debug:
+                raise
+            print(f"adloco: error: {exc}", file=sys.stderr, flush=True)
+            os._exit(EXIT_DISTRIBUTED)  # never wait on a process group that lost a member
+        if run_dir is not None:
+            print(
+                f"done: validation perplexity {_fmt(summary['initial_val_ppl'])} -> {_fmt(summary['final_val_ppl'])}, "
+                f"{summary['trainers_final']} trainer(s), requests {summary['requests_final']}, "
+                f"{summary['wall_s']:.0f}s\nrun directory: {run_dir}"
+            )
         return 0
     except UserError as exc:
         if args.debug:
             raise
-        print(f"adloco: error: {exc}", file=sys.stderr)
+        from adloco.engine.backends.torchdist import PeerFailed
+
+        if not isinstance(exc, PeerFailed) and (rank == 0 or _after_start(exc)):
+            prefix = f"rank {rank}: " if distributed and rank != 0 else ""
+            print(f"adloco: error: {prefix}{exc}", file=sys.stderr, flush=True)
+        if distributed:
+            sys.stderr.flush()
+            if rank != 0:
+                time.sleep(3)  # let rank 0 say why before the launcher tears the job down
+            os._exit(EXIT_BAD_INPUT)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("adloco: interrupted", file=sys.stderr)
         return 130
+
+
+def _after_start(exc: UserError) -> bool:
+    """Errors raised after the config was resolved can be one rank's own (its disk, its data)."""
+    return not str(exc).startswith("config:")

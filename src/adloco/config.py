@@ -151,9 +151,27 @@ class EvalConfig:
 
 @dataclass
 class RuntimeConfig:
-    backend: Literal["inprocess"] = F("inprocess", "inprocess: every worker in this process")
+    backend: Literal["auto", "inprocess", "torchdist"] = F(
+        "auto",
+        "inprocess: every worker in this process; torchdist: torch.distributed (auto: when launched by torchrun)",
+    )
+    workers_per_process: int = F(1, "torchdist: workers hosted by each process (they share its device)")
     device: Literal["auto", "cpu", "cuda"] = F("auto", "auto picks cuda when available")
-    threads: int = F(0, "torch CPU threads of this process (0: leave torch's default)")
+    threads: int = F(
+        0,
+        "torch CPU threads per process (0: torch's default in-process; cores / local processes with torchdist)",
+    )
+    timeout: float = F(
+        600.0, "torchdist: seconds a collective may wait before the run stops naming the silent rank"
+    )
+
+
+@dataclass
+class CommConfig:
+    dtype: Literal["float32", "bfloat16", "float16"] = F(
+        "float32",
+        "precision of what is all-reduced each round (Δ, probe gradients); θ always travels in float32",
+    )
 
 
 @dataclass
@@ -179,6 +197,7 @@ class Config:
     switch: SwitchConfig = field(default_factory=SwitchConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -395,7 +414,16 @@ def _check(cfg: Config) -> None:
     need(e.every >= 1, "eval.every", e.every, ">= 1")
     need(e.max_blocks is None or e.max_blocks >= 1, "eval.max_blocks", e.max_blocks, ">= 1 or null")
     need(e.batch_size >= 1, "eval.batch_size", e.batch_size, ">= 1")
-    need(0 <= cfg.runtime.threads <= 4096, "runtime.threads", cfg.runtime.threads, "in [0, 4096]")
+    rt = cfg.runtime
+    need(0 <= rt.threads <= 4096, "runtime.threads", rt.threads, "in [0, 4096]")
+    need(rt.workers_per_process >= 1, "runtime.workers_per_process", rt.workers_per_process, ">= 1")
+    need(
+        a.workers % rt.workers_per_process == 0,
+        "runtime.workers_per_process",
+        rt.workers_per_process,
+        f"a divisor of algorithm.workers ({a.workers})",
+    )
+    need(1 <= rt.timeout <= 86400, "runtime.timeout", rt.timeout, "between 1 and 86400 seconds")
     name = cfg.logging.name
     need(
         name is None or (re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) is not None and len(name) <= 100),

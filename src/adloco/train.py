@@ -1,4 +1,8 @@
-"""``adloco train``: parse -> build -> train -> write the run directory. Nothing here is algorithmic."""
+"""``adloco train``: parse -> build -> train -> write the run directory. Nothing here is algorithmic.
+
+The same function runs in-process and in every torch.distributed process; rank 0 alone prints progress
+and writes the run directory, from numbers gathered from every rank.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +16,17 @@ import torch
 
 from adloco import models
 from adloco.config import Config, dump_yaml
-from adloco.data.tokens import prepare
+from adloco.data.tokens import TokenData, prepare
 from adloco.engine.backends.inprocess import InProcessComm
+from adloco.engine.comm import Comm, CommFailure
 from adloco.engine.coordinator import Coordinator
 from adloco.errors import UserError
-from adloco.telemetry.metrics import JsonlSink
+from adloco.telemetry.metrics import JsonlSink, MetricsSink
 from adloco.telemetry.progress import Progress, make_progress
+
+
+class DistributedFailure(Exception):
+    """A rank died, hung or disagreed: the message is one line naming the rank and the round."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -26,6 +35,14 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def backend_of(cfg: Config) -> str:
+    from adloco.engine.backends.torchdist import launched_by_torchrun
+
+    if cfg.runtime.backend == "auto":
+        return "torchdist" if launched_by_torchrun() else "inprocess"
+    return cfg.runtime.backend
 
 
 def create_run_dir(cfg: Config) -> Path:
@@ -59,50 +76,99 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def train(cfg: Config) -> tuple[Path, dict[str, Any]]:
-    """Train as configured; returns the run directory and the summary."""
-    if cfg.runtime.threads:
-        torch.set_num_threads(cfg.runtime.threads)
-    device = resolve_device(cfg.runtime.device)
-    progress: Progress = make_progress(cfg.logging.progress)
-    say = progress.message
+def _check_same_data(comm: Comm, data: TokenData) -> None:
+    """Every process must train on the same tokens (machines may differ in their corpus or cache)."""
+    from adloco.engine.backends.torchdist import fingerprint_tokens
 
-    # Everything that can fail on bad input happens before the run directory exists.
-    data = prepare(cfg.data, log=say)
-
-    def build(seed: int) -> torch.nn.Module:
-        return models.build(cfg.model.name, data.vocab_size, cfg.data.seq_len, data.eos_id, seed)
-
-    comm = InProcessComm(cfg.algorithm.workers)
-    coordinator = Coordinator(cfg, comm, data, build, device, log=say)
-    say(
-        f"{cfg.algorithm.method}: {models.count_parameters(next(iter(coordinator.workers.values())).model) / 1e6:.2f}M "
-        f"parameters, {cfg.algorithm.workers} workers, {cfg.algorithm.trainers} trainers, "
-        f"{data.n_train_blocks} train / {data.n_val_blocks} validation blocks of {cfg.data.seq_len} tokens, "
-        f"device {device.type}"
-    )
-    run_dir = create_run_dir(cfg)
-    write_atomic(run_dir / "config.yaml", dump_yaml(cfg))
-    say(f"run directory {run_dir}")
-    sink = JsonlSink(run_dir / "metrics.jsonl")
-    try:
-        summary = coordinator.run(sink, progress)
-        sink.log({"event": "end", **summary})
-    finally:
-        sink.close()
-        progress.close()
-    if cfg.logging.save_model:
-        best = summary["best_trainer"]
-        leader = coordinator.members()[best][0]
-        models.save(
-            coordinator.workers[leader].model,
-            coordinator.trainer_state_dict(best),
-            data.tokenizer,
-            run_dir / "model",
+    fp = float(fingerprint_tokens(data.train, data.val))
+    got = comm.all_gather_rows({w: [fp] for w in comm.local_workers}, 1, "check", counted=0)
+    odd = sorted({comm.owner(w) for w, (v,) in got.items() if v != fp})
+    if odd:
+        raise UserError(
+            f"data: rank {comm.rank}'s tokens differ from rank(s) {', '.join(map(str, odd))}'s: every machine "
+            "needs the same corpus; share data.cache_dir between machines or copy it from rank 0's"
         )
-    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-    if cfg.logging.plots:
-        from adloco.report import plot_run
 
-        plot_run(run_dir)
+
+def train(cfg: Config) -> tuple[Path | None, dict[str, Any]]:
+    """Train as configured; returns the run directory (None on ranks other than 0) and the summary."""
+    ctx = None
+    if backend_of(cfg) == "torchdist":
+        from adloco.engine.backends import torchdist
+
+        rt = cfg.runtime
+        ctx = torchdist.start(
+            cfg.algorithm.workers, rt.workers_per_process, rt.device, rt.threads, rt.timeout
+        )
+        comm: Comm = ctx.comm
+        device = ctx.device
+    else:
+        if cfg.runtime.threads:
+            torch.set_num_threads(cfg.runtime.threads)
+        device = resolve_device(cfg.runtime.device)
+        comm = InProcessComm(cfg.algorithm.workers)
+    root = comm.rank == 0
+    progress: Progress = make_progress(cfg.logging.progress) if root else Progress()
+    say = progress.message
+    coordinator: Coordinator | None = None
+    try:
+        # Everything that can fail on bad input happens before the run directory exists; rank 0 goes
+        # first (tokenizer training, caches) and the others follow, or stop if it failed.
+        if ctx is not None:
+            from adloco.engine.backends.torchdist import root_first
+
+            data = root_first(ctx, lambda: prepare(cfg.data, log=say), cfg.runtime.timeout)
+            _check_same_data(comm, data)
+        else:
+            data = prepare(cfg.data, log=say)
+
+        def build(seed: int) -> torch.nn.Module:
+            return models.build(cfg.model.name, data.vocab_size, cfg.data.seq_len, data.eos_id, seed)
+
+        coordinator = Coordinator(cfg, comm, data, build, device, log=say)
+        procs = f", {comm.world} processes x {ctx.threads} thread(s)" if ctx is not None else ""
+        say(
+            f"{cfg.algorithm.method}: {coordinator.n_params / 1e6:.2f}M parameters, {cfg.algorithm.workers} "
+            f"workers, {cfg.algorithm.trainers} trainers{procs}, {data.n_train_blocks} train / "
+            f"{data.n_val_blocks} validation blocks of {cfg.data.seq_len} tokens, device {device.type}"
+        )
+        run_dir = None
+        sink: MetricsSink = MetricsSink()
+        if root:
+            run_dir = create_run_dir(cfg)
+            write_atomic(run_dir / "config.yaml", dump_yaml(cfg))
+            say(f"run directory {run_dir}")
+            sink = JsonlSink(run_dir / "metrics.jsonl")
+        try:
+            summary = coordinator.run(sink, progress)
+            sink.log({"event": "end", **summary})
+        finally:
+            sink.close()
+            progress.close()
+        if cfg.logging.save_model:
+            state = coordinator.trainer_state_dict(summary["best_trainer"])
+            if run_dir is not None and state is not None:
+                model = next(iter(coordinator.workers.values())).model
+                models.save(model, state, data.tokenizer, run_dir / "model")
+        if run_dir is not None:
+            write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+            if cfg.logging.plots:
+                from adloco.report import plot_run
+
+                plot_run(run_dir)
+    except CommFailure as exc:
+        if ctx is None:
+            raise
+        from adloco.engine.backends.torchdist import failure_line
+
+        r = coordinator.round + 1 if coordinator is not None else 0
+        raise DistributedFailure(failure_line(ctx, exc, r)) from exc
+    except Exception as exc:
+        from adloco.engine.coordinator import DecisionMismatch
+
+        if isinstance(exc, DecisionMismatch):
+            raise DistributedFailure(f"rank {comm.rank}: {exc}") from exc
+        raise
+    if ctx is not None:
+        ctx.close()
     return run_dir, summary

@@ -13,7 +13,9 @@ What only serves logging or evaluation (losses, timings, validation results) is 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -21,11 +23,12 @@ import torch
 
 @dataclass(frozen=True)
 class CommRecord:
-    kind: str  # what travelled: delta | probe | merge | move | stats | eval
+    kind: str  # what travelled: delta | probe | merge | move | stats
     op: str  # all_reduce | broadcast | all_gather
     workers: int  # n: logical participants
-    payload: int  # B: bytes each participant contributes
+    payload: int  # B: bytes each participant contributes (in the wire dtype)
     wire: int  # bytes moved over the network, summed over participants
+    seconds: float = 0.0  # wall time this process spent in the collective
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -43,8 +46,31 @@ def wire_bytes(op: str, n: int, payload: int) -> int:
     raise ValueError(op)
 
 
+class CommFailure(RuntimeError):
+    """A collective failed or timed out: a peer died, hung, or the network broke."""
+
+    def __init__(self, op: str, kind: str, detail: str) -> None:
+        super().__init__(f"{op} of {kind} failed: {detail}")
+        self.op, self.kind, self.detail = op, kind, detail
+
+
+@contextlib.contextmanager
+def _named(kind: str) -> Iterator[None]:
+    """Re-raise a backend's CommFailure with the kind of what was travelling."""
+    try:
+        yield
+    except CommFailure as exc:
+        if exc.kind:
+            raise
+        raise CommFailure(exc.op, kind, exc.detail) from exc.__cause__
+
+
 class Comm:
-    """Base class: accounting here, data movement in the backends' ``_`` methods."""
+    """Base class: accounting here, data movement in the backends' ``_`` methods.
+
+    Every process calls every collective, in the same order (the coordinator's decisions are
+    replicated); a backend skips the ones that involve none of its workers.
+    """
 
     def __init__(self, n_workers: int, local_workers: Sequence[int], rank: int = 0, world: int = 1) -> None:
         self.n_workers = n_workers
@@ -52,8 +78,12 @@ class Comm:
         self.rank, self.world = rank, world
         self.records: list[CommRecord] = []
 
-    def _account(self, kind: str, op: str, n: int, payload: int) -> None:
-        self.records.append(CommRecord(kind, op, n, payload, wire_bytes(op, n, payload)))
+    def owner(self, worker: int) -> int:
+        """The rank of the process hosting ``worker``."""
+        return 0
+
+    def _account(self, kind: str, op: str, n: int, payload: int, seconds: float = 0.0) -> None:
+        self.records.append(CommRecord(kind, op, n, payload, wire_bytes(op, n, payload), seconds))
 
     def drain(self) -> list[CommRecord]:
         """Records since the last drain (the coordinator drains once a round)."""
@@ -61,15 +91,31 @@ class Comm:
         return out
 
     # -- the protocol --------------------------------------------------------------------------------
-    def all_reduce(self, tensor: torch.Tensor, workers: Sequence[int], kind: str) -> None:
-        """In place: ``tensor`` ← Σ over the processes hosting ``workers`` of their partials."""
-        self._account(kind, "all_reduce", len(workers), tensor.numel() * tensor.element_size())
-        self._all_reduce(tensor, workers)
+    def all_reduce(
+        self, tensor: torch.Tensor, workers: Sequence[int], kind: str, dtype: torch.dtype | None = None
+    ) -> None:
+        """In place: ``tensor`` ← Σ over the processes hosting ``workers`` of their partials.
+
+        ``dtype``: precision on the wire (compression); the result is cast back into ``tensor``.
+        """
+        wire = tensor if dtype is None or dtype == tensor.dtype else tensor.to(dtype)
+        t0 = time.perf_counter()
+        with _named(kind):
+            self._all_reduce(wire, workers)
+        if wire is not tensor:
+            tensor.copy_(wire)
+        self._account(
+            kind, "all_reduce", len(workers), wire.numel() * wire.element_size(), time.perf_counter() - t0
+        )
 
     def broadcast(self, tensor: torch.Tensor, src: int, workers: Sequence[int], kind: str) -> None:
         """In place: every process hosting one of ``workers`` gets the tensor of worker ``src``'s process."""
-        self._account(kind, "broadcast", len(workers), tensor.numel() * tensor.element_size())
-        self._broadcast(tensor, src, workers)
+        t0 = time.perf_counter()
+        with _named(kind):
+            self._broadcast(tensor, src, workers)
+        self._account(
+            kind, "broadcast", len(workers), tensor.numel() * tensor.element_size(), time.perf_counter() - t0
+        )
 
     def all_gather_rows(
         self, rows: Mapping[int, Sequence[float]], width: int, kind: str, counted: int | None = None
@@ -79,10 +125,16 @@ class Comm:
         ``counted``: how many of a row's values the algorithm needs (None: all). Values that only serve
         logging and evaluation ride along uncounted; with ``counted=0`` the gather is not counted at all.
         """
+        t0 = time.perf_counter()
+        with _named(kind):
+            out = self._all_gather_rows(rows, width)
         n = width if counted is None else counted
         if n > 0:
-            self._account(kind, "all_gather", self.n_workers, n * 8)
-        return self._all_gather_rows(rows, width)
+            self._account(kind, "all_gather", self.n_workers, n * 8, time.perf_counter() - t0)
+        return out
+
+    def fetch(self, tensor: torch.Tensor, src: int) -> None:
+        """Rank 0 receives worker ``src``'s process's ``tensor`` (output, not training: not counted)."""
 
     def barrier(self) -> None:
         pass

@@ -19,6 +19,8 @@ One round:
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import math
 import time
 from collections.abc import Callable
@@ -33,6 +35,7 @@ from adloco.algorithms.outer import OuterOptimizer
 from adloco.config import Config
 from adloco.data.sampling import ShardStream, trainer_subset
 from adloco.data.tokens import TokenData
+from adloco.engine import faults
 from adloco.engine.comm import Comm
 from adloco.engine.flat import FlatModule
 from adloco.engine.inner import lr_at, reset_state
@@ -98,7 +101,12 @@ class Coordinator:
             for w in comm.local_workers
         }
         self.n_params = next(iter(self.workers.values())).flat.numel
-        self.scratch = torch.zeros(self.n_params, device=device)  # one P-sized buffer for reductions
+        # two P-sized buffers for reductions, allocated once
+        self.scratch = torch.zeros(self.n_params, device=device)
+        self.scratch2 = torch.zeros(self.n_params, device=device)
+        self.wire_dtype = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+            cfg.comm.dtype
+        ]
         self._load_workers()
         self.totals = Totals()
         self.last_eval: dict[int, float] = {}
@@ -131,7 +139,8 @@ class Coordinator:
         for w, worker in self.workers.items():
             worker.load(self.theta(self.allocation[w]))
 
-    def _collect(self) -> tuple[int, int]:
+    def _collect(self) -> tuple[int, int, float]:
+        """(bytes, messages, seconds in counted collectives) since the last call; added to the totals."""
         recs = self.comm.drain()
         nbytes = sum(r.wire for r in recs)
         msgs = sum(1 for r in recs if r.workers > 1)
@@ -139,7 +148,7 @@ class Coordinator:
         self.totals.messages += msgs
         for r in recs:
             self.totals.by_kind[r.kind] = self.totals.by_kind.get(r.kind, 0) + r.wire
-        return nbytes, msgs
+        return nbytes, msgs, sum(r.seconds for r in recs)
 
     # -- evaluation --------------------------------------------------------------------------------
     def evaluate(self) -> dict[int, float]:
@@ -165,6 +174,7 @@ class Coordinator:
         cfg, comm = self.cfg, self.comm
         a, bcfg = cfg.algorithm, cfg.batch
         r = self.round
+        faults.inject(comm.rank, r + 1)
         t_start = time.perf_counter()
         trainer_of = dict(self.allocation)  # this round's allocation (a merge may change it)
         members = self.members()
@@ -218,14 +228,16 @@ class Coordinator:
         results = {w: RoundResult.from_row(rows[w]) for w in sorted(rows)}
         gbar_sq = self._shared_mean(members, results, need_p) if shared else {}
 
-        # 3. outer step of every trainer: Δ_t = θ_t − Σ_m (n_m / n) θ_m
+        # 3. outer step of every trainer on Δ_t = Σ_m (n_m / n)(θ_t − θ_m). The pseudo-gradients, not the
+        #    parameters, are what is all-reduced: they are small, so a compressed wire dtype keeps them.
         for t in self.alive:
             ws = members[t]
             n_ex = sum(results[w].examples for w in ws)
             buf = self.scratch.zero_()
             for w in self._local(ws):
-                buf.add_(self.workers[w].flat.param, alpha=results[w].examples / n_ex)
-            comm.all_reduce(buf, ws, "delta")
+                torch.sub(self.theta(t), self.workers[w].flat.param, out=self.scratch2)  # θ_t − θ_m
+                buf.add_(self.scratch2, alpha=results[w].examples / n_ex)
+            comm.all_reduce(buf, ws, "delta", dtype=self.wire_dtype)
             if self.trainers[t].hosted:
                 self.trainers[t].outer_step(buf)
 
@@ -276,8 +288,10 @@ class Coordinator:
         examples = sum(res.examples for res in results.values())
         self.totals.examples += examples
         self.round += 1
+        self._check_agreement()
+        train_s = time.perf_counter() - t_start
+        nbytes, msgs, comm_s = self._collect()
         val = self.evaluate() if self.round % cfg.eval.every == 0 or self.round == a.rounds else None
-        nbytes, msgs = self._collect()
         events: list[dict[str, Any]] = [
             {
                 "event": "worker",
@@ -311,7 +325,9 @@ class Coordinator:
             "bytes_total": self.totals.bytes,
             "communications": msgs,
             "communications_total": self.totals.messages,
-            "round_s": time.perf_counter() - t_start,
+            "round_s": time.perf_counter() - t_start,  # with evaluation
+            "train_s": train_s,  # without evaluation
+            "comm_s": comm_s,  # of train_s, in counted collectives (this process's view, waits included)
             "max_compute_s": max(res.compute_s for res in results.values()),
         }
         if val is not None:
@@ -358,7 +374,7 @@ class Coordinator:
             buf = self.scratch.zero_()
             for w in self._local(members[t]):
                 self.workers[w].add_sample_sum(buf, paper)
-            self.comm.all_reduce(buf, members[t], "probe")
+            self.comm.all_reduce(buf, members[t], "probe", dtype=self.wire_dtype)
             gbar = buf.div_(n_t)  # ḡ: (P,)
             g2 = float(torch.dot(gbar, gbar))
             for w in self._local(members[t]):
@@ -475,6 +491,8 @@ class Coordinator:
                 "val_loss": _num(initial_loss),
                 "val_ppl": _num(perplexity(initial_loss)),
                 "train_blocks": self.data.n_train_blocks,
+                "processes": self.comm.world,
+                "threads_per_process": torch.get_num_threads(),
                 "val_blocks": self.data.n_val_blocks,
             }
         )
@@ -504,11 +522,44 @@ class Coordinator:
             "best_trainer": best,
         }
 
-    def trainer_state_dict(self, t: int) -> dict[str, torch.Tensor]:
-        """Trainer t's parameters as a model state dict (copied out of the flat buffer)."""
-        worker = self.workers[self.members()[t][0]]
-        worker.load(self.theta(t))
-        return worker.flat.clone_state_dict()
+    def _check_agreement(self) -> None:
+        """Every process must have made the same decisions; compare a hash of them (not counted)."""
+        state = [self.round, self.requests, sorted(self.allocation.items())]
+        digest = hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+        h = float(int(digest[:13], 16))  # 52 bits: exact in a float64
+        got = self.comm.all_gather_rows({w: [h] for w in self.workers}, 1, "check", counted=0)
+        ranks: dict[float, set[int]] = {}
+        for w, (v,) in got.items():
+            ranks.setdefault(v, set()).add(self.comm.owner(w))
+        if len(ranks) > 1:
+            groups = " vs ".join("ranks " + ",".join(map(str, sorted(r))) for r in ranks.values())
+            raise DecisionMismatch(
+                f"round {self.round}: processes disagree on requests, merges or allocation ({groups}); "
+                "this is a bug or non-deterministic arithmetic, please report it with the run directory"
+            )
+
+    def trainer_state_dict(self, t: int) -> dict[str, torch.Tensor] | None:
+        """Trainer t's parameters as a model state dict, on rank 0 (None elsewhere).
+
+        Every process must call it: when rank 0 does not host trainer t, its leader's process sends θ.
+        """
+        leader = self.members()[t][0]
+        tr = self.trainers[t]
+        buf = self.scratch
+        if tr.theta is not None:
+            buf.copy_(tr.theta)
+        self.comm.fetch(buf, leader)
+        if self.comm.rank != 0:
+            return None
+        worker = next(iter(self.workers.values()))
+        worker.load(buf)
+        state = worker.flat.clone_state_dict()
+        worker.load(self.theta(self.allocation[worker.id]))
+        return state
+
+
+class DecisionMismatch(RuntimeError):
+    """Processes computed different decisions from the same gathered scalars."""
 
 
 def _num(x: float | None) -> float | None:

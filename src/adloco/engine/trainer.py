@@ -27,10 +27,9 @@ class Trainer:
         return self.theta is not None
 
     @torch.no_grad()
-    def outer_step(self, mean_params: torch.Tensor) -> None:
-        """θ ← OuterOpt(θ, Δ) with Δ = θ − mean_params; ``mean_params`` is overwritten by Δ."""
+    def outer_step(self, delta: torch.Tensor) -> None:
+        """θ ← OuterOpt(θ, Δ), Δ the (all-reduced) pseudo-gradient θ − mean of the workers' θ_m."""
         assert self.theta is not None
-        delta = mean_params.neg_().add_(self.theta)
         self.outer.step(self.theta, delta)
 
     def momentum(self) -> torch.Tensor | None:
