@@ -262,3 +262,30 @@ def test_layout_error_under_bare_torchrun_is_one_line(tmp_path: Path, text_corpu
         "adloco: error: config: algorithm.workers = 3: must equal processes (2) x "
         "runtime.workers_per_process (1)"
     ]
+
+
+def test_a_data_error_on_rank_0_is_said_once(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "adloco",
+        "train",
+        *TINY,
+        "--set",
+        "runtime.workers_per_process=2",
+        "--set",
+        "data.source=/nonexistent/corpus",
+        "--set",
+        f"logging.out_dir={tmp_path / 'runs'}",
+    ]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=120)
+    assert p.returncode != 0
+    lines = [line for line in p.stderr.splitlines() if line.startswith("adloco: error:")]
+    assert lines == [
+        "adloco: error: data.source = '/nonexistent/corpus': no such file or folder (or use 'stdlib')"
+    ]
+    assert not (tmp_path / "runs").exists()

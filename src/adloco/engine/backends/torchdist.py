@@ -256,12 +256,21 @@ def root_first(ctx: DistContext | None, fn: Callable[[], T], timeout: float) -> 
             if store is not None:
                 store.set(_STARTUP_KEY, f"error:{exc}")
             raise
+        except BaseException:
+            if store is not None:
+                store.set(_STARTUP_KEY, "error:rank 0 failed at start-up (see its output)")
+            raise
         if store is not None:
             store.set(_STARTUP_KEY, "ok")
         return out
     if store is not None:
-        store.wait([_STARTUP_KEY], datetime.timedelta(seconds=timeout))
-        status = store.get(_STARTUP_KEY).decode()
+        try:
+            store.wait([_STARTUP_KEY], datetime.timedelta(seconds=timeout))
+            status = store.get(_STARTUP_KEY).decode()
+        except Exception as exc:  # noqa: BLE001 - rank 0 (or the store) went away before saying anything
+            raise CommFailure(
+                "wait", "start-up", _first_sentence(str(exc)) or "no answer from rank 0"
+            ) from exc
         if status.startswith("error:"):
             raise PeerFailed(status[len("error:") :])
     return fn()
@@ -289,4 +298,5 @@ def failure_line(ctx: DistContext, exc: CommFailure, round_: int) -> str:
         who = "the rendezvous store is unreachable (the launcher or rank 0's machine went away)"
     else:
         who = "a peer closed its connection"
-    return f"rank {ctx.rank}: round {round_}: {who} ({exc})"
+    when = f"round {round_}" if round_ > 0 else "start-up"
+    return f"rank {ctx.rank}: {when}: {who} ({exc})"
