@@ -47,10 +47,10 @@ def make_cfg(workers: int, trainers: int, rounds: int, H: int, b: int, probe: bo
     )
 
 
-def engine_tokens_per_s(cfg, data, build) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+def engine_tokens_per_s(cfg, data, factory) -> tuple[float, float]:  # type: ignore[no-untyped-def]
     """(tokens/s, seconds per round) over the engine's rounds, evaluation excluded."""
     c = Coordinator(
-        cfg, InProcessComm(cfg.algorithm.workers), data, build, torch.device("cpu"), log=lambda s: None
+        cfg, InProcessComm(cfg.algorithm.workers), data, factory, torch.device("cpu"), log=lambda s: None
     )
     c.run_round()  # warm-up round (allocator, kernels)
     t0 = time.perf_counter()
@@ -62,10 +62,10 @@ def engine_tokens_per_s(cfg, data, build) -> tuple[float, float]:  # type: ignor
     return tokens / dt, dt / rounds
 
 
-def plain_tokens_per_s(cfg, data, build) -> float:  # type: ignore[no-untyped-def]
+def plain_tokens_per_s(cfg, data, factory) -> float:  # type: ignore[no-untyped-def]
     """A plain loop: the same model, AdamW settings, clipping and blocks in the same order."""
     a, inner = cfg.algorithm, cfg.inner
-    model = build(a.seed)
+    model = factory.build(a.seed)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     other = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW(
@@ -74,7 +74,7 @@ def plain_tokens_per_s(cfg, data, build) -> float:  # type: ignore[no-untyped-de
         betas=tuple(inner.betas),
     )
     b = cfg.batch.initial
-    subset = trainer_subset(data.n_train_blocks, 1.0, a.seed, 0)
+    subset = trainer_subset(data.n_train, 1.0, a.seed, 0)
     total = a.rounds * a.inner_steps  # the same learning-rate schedule as the engine
 
     def one_round(r: int) -> None:
@@ -82,8 +82,7 @@ def plain_tokens_per_s(cfg, data, build) -> float:  # type: ignore[no-untyped-de
         for h in range(a.inner_steps):
             for g in opt.param_groups:
                 g["lr"] = lr_at(r * a.inner_steps + h, total, inner)
-            x = data.train_blocks(stream.take(b))
-            loss = model(input_ids=x, labels=x).loss
+            loss = model(**data.train_batch(stream.take(b))).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), inner.clip)
             opt.step()
@@ -111,8 +110,7 @@ def main() -> None:
     base = resolve()
     data = prepare(base.data, log=lambda s: print(s, flush=True))
 
-    def build(seed: int) -> torch.nn.Module:
-        return models.build(base.model.name, data.vocab_size, base.data.seq_len, data.eos_id, seed)
+    factory = models.ModelFactory(base.model, data.vocab_size, base.data.seq_len, data.eos_id, data.pad_id)
 
     assert switch_plan(args.batch, args.batch, "threshold", 2.0).accum == 1
     R, H, b = args.rounds, args.inner_steps, args.batch
@@ -121,11 +119,11 @@ def main() -> None:
     probed = make_cfg(1, 1, R, H, b, probe=True)
     plain, eng1, eng4, prb = [], [], [], []
     for rep in range(args.repeats):
-        plain.append(plain_tokens_per_s(one, data, build))
-        tps, per_round = engine_tokens_per_s(one, data, build)
+        plain.append(plain_tokens_per_s(one, data, factory))
+        tps, per_round = engine_tokens_per_s(one, data, factory)
         eng1.append((tps, per_round))
-        eng4.append(engine_tokens_per_s(four, data, build)[1])
-        prb.append(engine_tokens_per_s(probed, data, build)[1])
+        eng4.append(engine_tokens_per_s(four, data, factory)[1])
+        prb.append(engine_tokens_per_s(probed, data, factory)[1])
         print(
             f"repeat {rep + 1}: plain {plain[-1]:.0f} tok/s, engine 1x1 {tps:.0f} tok/s, "
             f"round 1 worker {per_round:.3f}s, 4 workers {eng4[-1]:.3f}s, 1 worker probed {prb[-1]:.3f}s",

@@ -9,7 +9,7 @@ import torch
 
 from adloco import models
 from adloco.config import Config, resolve
-from adloco.data.tokens import TokenData
+from adloco.data.tokens import LMData
 from adloco.engine.backends.inprocess import InProcessComm
 from adloco.engine.coordinator import Coordinator
 
@@ -18,7 +18,7 @@ VOCAB = 64
 
 def synthetic_data(
     seq_len: int = 8, n_train_blocks: int = 400, n_val_blocks: int = 8, seed: int = 0
-) -> TokenData:
+) -> LMData:
     """Token streams with some structure (a noisy counter) so that a model can learn something."""
     rng = np.random.default_rng(seed)
 
@@ -28,15 +28,8 @@ def synthetic_data(
         keep = rng.random(n) < 0.8
         return np.where(keep, base, noise).astype(np.uint16)
 
-    return TokenData(
-        train=stream(n_train_blocks * seq_len),
-        val=stream(n_val_blocks * seq_len),
-        tokenizer=None,
-        vocab_size=VOCAB,
-        eos_id=0,
-        seq_len=seq_len,
-        n_documents=(1, 1),
-    )
+    meta = {"eos_id": 0, "pad_id": 0, "vocab_size": VOCAB, "max_token_id": VOCAB - 1, "documents": [1, 1]}
+    return LMData(stream(n_train_blocks * seq_len), stream(n_val_blocks * seq_len), None, seq_len, meta)
 
 
 def tiny_config(*overrides: str, **sections: dict[str, Any]) -> Config:
@@ -47,7 +40,7 @@ def tiny_config(*overrides: str, **sections: dict[str, Any]) -> Config:
         "batch": {"initial": 2, "max": 16},
         "switch": {"b_max": 4},
         "merge": {"every": 1},
-        "eval": {"max_blocks": 4, "batch_size": 4},
+        "eval": {"max_examples": 4, "batch_size": 4},
         "logging": {"progress": "off"},
     }
     for section, values in sections.items():
@@ -55,14 +48,11 @@ def tiny_config(*overrides: str, **sections: dict[str, Any]) -> Config:
     return resolve(base=base, overrides=list(overrides))
 
 
-def build_fn(data: TokenData, cfg: Config):  # type: ignore[no-untyped-def]
-    def build(seed: int) -> torch.nn.Module:
-        return models.build(cfg.model.name, data.vocab_size, cfg.data.seq_len, data.eos_id, seed)
-
-    return build
+def build_fn(data: LMData, cfg: Config) -> models.ModelFactory:
+    return models.ModelFactory(cfg.model, data.vocab_size, cfg.data.seq_len, data.eos_id, data.pad_id)
 
 
-def coordinator(cfg: Config, data: TokenData | None = None) -> Coordinator:
+def coordinator(cfg: Config, data: LMData | None = None) -> Coordinator:
     data = data or synthetic_data(seq_len=cfg.data.seq_len)
     return Coordinator(
         cfg,

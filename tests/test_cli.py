@@ -31,7 +31,7 @@ TINY = [
     "--set",
     "switch.b_max=2",
     "--set",
-    "eval.max_blocks=4",
+    "eval.max_examples=4",
     "--set",
     "batch.eta=0.3",
 ]

@@ -10,7 +10,7 @@ import torch
 
 from adloco import models
 from adloco.algorithms.switch import Plan
-from adloco.config import InnerConfig
+from adloco.config import InnerConfig, ModelConfig
 from adloco.engine.flat import FlatModule
 from adloco.engine.worker import ProbeSpec, Worker
 
@@ -34,10 +34,11 @@ def setup():  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     tokens = torch.randint(1, VOCAB, (64, T))
 
-    def fetch(idx: np.ndarray) -> torch.Tensor:
-        return tokens[torch.as_tensor(idx)]
+    def fetch(idx: np.ndarray) -> dict[str, torch.Tensor]:
+        x = tokens[torch.as_tensor(idx)]
+        return {"input_ids": x, "labels": x}
 
-    model = models.build("llama-micro", VOCAB, T, 0, seed=3)
+    model = models.ModelFactory(ModelConfig(name="llama-micro"), VOCAB, T, 0, 0).build(3)
     return tokens, fetch, model
 
 

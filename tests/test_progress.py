@@ -23,7 +23,7 @@ SUMMARY = {
 def test_rich_progress_on_a_terminal() -> None:
     buf = io.StringIO()
     p = RichProgress(Console(file=buf, force_terminal=True, width=120))
-    p.start(rounds=3, steps_per_round=4, initial_ppl=900.0)
+    p.start(rounds=3, steps_per_round=4, initial={"val_ppl": 900.0})
     for r in (1, 2):
         p.round_started(r)
         for _ in range(4):
@@ -38,7 +38,7 @@ def test_rich_progress_on_a_terminal() -> None:
 
 def test_plain_lines(capsys) -> None:  # type: ignore[no-untyped-def]
     p = PlainProgress()
-    p.start(3, 4, 900.0)
+    p.start(3, 4, {"val_ppl": 900.0})
     p.round_done(SUMMARY)
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "initial validation perplexity 900.00"

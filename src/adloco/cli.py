@@ -120,8 +120,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"adloco: error: {exc}", file=sys.stderr, flush=True)
             os._exit(EXIT_DISTRIBUTED)  # never wait on a process group that lost a member
         if run_dir is not None:
+            if "final_val_accuracy" in summary:
+                what = (
+                    f"validation accuracy {100 * (summary['initial_val_accuracy'] or 0):.2f}% -> "
+                    f"{100 * (summary['final_val_accuracy'] or 0):.2f}%"
+                )
+            else:
+                what = f"validation perplexity {_fmt(summary['initial_val_ppl'])} -> {_fmt(summary['final_val_ppl'])}"
             print(
-                f"done: validation perplexity {_fmt(summary['initial_val_ppl'])} -> {_fmt(summary['final_val_ppl'])}, "
+                f"done: {what}, "
                 f"{summary['trainers_final']} trainer(s), requests {summary['requests_final']}, "
                 f"{summary['wall_s']:.0f}s\nrun directory: {run_dir}"
             )

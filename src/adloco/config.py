@@ -35,23 +35,46 @@ def F(default: Any, doc: str) -> Any:  # noqa: N802 - reads like a declaration
 @dataclass
 class ModelConfig:
     name: str = F(
-        "llama-tiny", "architecture preset, random init: llama-tiny (~1.4M parameters) | llama-micro (tests)"
+        "llama-tiny",
+        "a preset (llama-tiny, llama-10m, llama-30m, microllama-300m, llama-micro), a hub name or a local path",
+    )
+    task: Literal["causal_lm", "classification"] = F(
+        "causal_lm", "causal_lm (perplexity) or classification (accuracy; a labelled data set)"
     )
     init: Literal["same", "independent"] = F(
         "same", "trainer initialization: one seed for all trainers, or one seed per trainer (spec §3)"
+    )
+    reinit_output: bool = F(
+        False, "re-initialize the output layer of each trainer (the paper, on a checkpoint)"
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = F(
+        "fp32", "CUDA only: mixed precision (fp16 with dynamic loss scaling); parameters stay float32"
+    )
+    trust_remote_code: bool = F(
+        False, "allow a hub model or tokenizer to run its own code (off unless asked)"
     )
 
 
 @dataclass
 class DataConfig:
-    source: str = F("stdlib", "'stdlib' (this Python's standard library source) or a text file / folder")
-    tokenizer: str = F("bpe:4096", "'bpe:<vocab size>': byte-level BPE trained on the train split, cached")
-    seq_len: int = F(128, "tokens per training example (documents are packed, EOS between them)")
+    source: str = F(
+        "stdlib", "'stdlib', a local file or folder (txt, md, jsonl, csv, parquet), or a hub dataset"
+    )
+    hub_config: str | None = F(None, "hub dataset configuration (C4: 'en')")
+    split: str = F("train", "hub dataset split to train on")
+    val_split: str | None = F(None, "hub dataset split to validate on (default: hold out val_fraction)")
+    streaming: bool = F(True, "stream a hub dataset instead of downloading it whole")
+    text_field: str = F("text", "field holding the text in jsonl, csv, parquet and hub rows")
+    label_field: str = F("label", "field holding the label (model.task: classification)")
+    tokenizer: str = F(
+        "bpe:4096", "'bpe:<vocab size>' trained on the train split, a hub name or a local path"
+    )
+    seq_len: int = F(128, "tokens per example (LM: documents packed with EOS between; classification: cut)")
     val_fraction: float = F(
         0.05, "share of documents held out for validation, chosen by a hash of their name"
     )
     max_examples: int | None = F(None, "read at most this many documents (the paper's data_sample_size)")
-    subset_fraction: float = F(1.0, "share of the training blocks each trainer draws from (spec §3)")
+    subset_fraction: float = F(1.0, "share of the training examples each trainer draws from (spec §3)")
     cache_dir: str | None = F(None, "tokenizer and token cache (default: $ADLOCO_CACHE or ~/.cache/adloco)")
 
 
@@ -145,8 +168,10 @@ class SwitchConfig:
 @dataclass
 class EvalConfig:
     every: int = F(1, "evaluate validation loss and perplexity every this many rounds")
-    max_blocks: int | None = F(64, "evaluate on the first this many validation blocks (null: all)")
-    batch_size: int = F(32, "blocks per evaluation forward pass")
+    max_examples: int | None = F(
+        128, "validation examples evaluated, spread evenly over the held-out split (null: all of it)"
+    )
+    batch_size: int = F(32, "validation examples per forward pass")
 
 
 @dataclass
@@ -355,10 +380,8 @@ def _check(cfg: Config) -> None:
         if not ok:
             raise UserError(f"config: {name} = {value!r}: must be {allowed}")
 
-    from adloco.models import PRESETS as MODEL_PRESETS
-
     a, d, b, s = cfg.algorithm, cfg.data, cfg.batch, cfg.switch
-    need(cfg.model.name in MODEL_PRESETS, "model.name", cfg.model.name, "one of " + ", ".join(MODEL_PRESETS))
+    need(bool(cfg.model.name.strip()), "model.name", cfg.model.name, "a preset, a hub name or a local path")
     need(a.rounds >= 1, "algorithm.rounds", a.rounds, ">= 1")
     need(a.inner_steps >= 1, "algorithm.inner_steps", a.inner_steps, ">= 1 (H counts optimizer steps)")
     need(a.workers >= 1, "algorithm.workers", a.workers, ">= 1")
@@ -374,14 +397,19 @@ def _check(cfg: Config) -> None:
     need(0.0 < d.val_fraction < 1.0, "data.val_fraction", d.val_fraction, "between 0 and 1 (exclusive)")
     need(0.0 < d.subset_fraction <= 1.0, "data.subset_fraction", d.subset_fraction, "in (0, 1]")
     need(d.max_examples is None or d.max_examples >= 2, "data.max_examples", d.max_examples, ">= 2 or null")
-    if (
-        not d.tokenizer.startswith("bpe:")
-        or not d.tokenizer[4:].isdigit()
-        or not 260 <= int(d.tokenizer[4:]) <= 1_000_000
+    if d.tokenizer.startswith("bpe:") and (
+        not d.tokenizer[4:].isdigit() or not 260 <= int(d.tokenizer[4:]) <= 1_000_000
     ):
         raise UserError(
             f"config: data.tokenizer = {d.tokenizer!r}: must be 'bpe:<vocab size>' with a vocab size in [260, 1000000]"
         )
+    need(
+        bool(d.tokenizer.strip()),
+        "data.tokenizer",
+        d.tokenizer,
+        "'bpe:<vocab size>', a hub name or a local path",
+    )
+    need(bool(d.text_field), "data.text_field", d.text_field, "a field name")
     i = cfg.inner
     need(i.lr > 0, "inner.lr", i.lr, "> 0")
     need(i.weight_decay >= 0, "inner.weight_decay", i.weight_decay, ">= 0")
@@ -412,7 +440,7 @@ def _check(cfg: Config) -> None:
     need(1 <= s.b_max <= 1_048_576, "switch.b_max", s.b_max, ">= 1 and <= 1048576")
     e = cfg.eval
     need(e.every >= 1, "eval.every", e.every, ">= 1")
-    need(e.max_blocks is None or e.max_blocks >= 1, "eval.max_blocks", e.max_blocks, ">= 1 or null")
+    need(e.max_examples is None or e.max_examples >= 1, "eval.max_examples", e.max_examples, ">= 1 or null")
     need(e.batch_size >= 1, "eval.batch_size", e.batch_size, ">= 1")
     rt = cfg.runtime
     need(0 <= rt.threads <= 4096, "runtime.threads", rt.threads, "in [0, 4096]")

@@ -1,35 +1,67 @@
-"""Validation loss and perplexity: exp(mean token negative log-likelihood) over the held-out blocks."""
+"""Validation: perplexity for language models, accuracy for classification."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
 
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float  # LM: mean token negative log-likelihood; classification: mean cross-entropy per example
+    accuracy: float | None  # classification only
+    count: int  # tokens scored (LM) or examples (classification)
+
+
+def spread(n: int, limit: int | None) -> np.ndarray:
+    """Validation example indices: all ``n``, or ``limit`` of them spread evenly over the split."""
+    if limit is None or limit >= n:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, limit).round().astype(np.int64))
+
+
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, blocks: Callable[[int, int], torch.Tensor], n_blocks: int, batch_size: int
-) -> tuple[float, int]:
-    """(mean token NLL, tokens scored) over validation blocks 0..n_blocks-1.
+    model: nn.Module,
+    batch: Callable[[np.ndarray], dict[str, torch.Tensor]],
+    indices: np.ndarray,
+    batch_size: int,
+    task: str = "causal_lm",
+) -> EvalResult:
+    """Evaluate the validation examples ``indices``.
 
-    Every block of T tokens scores T-1 next-token predictions (labels are the inputs; the model shifts
-    them), so the mean over the split is Σ_batches loss_batch·B·(T−1) / Σ B·(T−1).
+    LM: every block of T tokens scores T−1 next-token predictions (labels are the inputs; the model
+    shifts them), so the split's mean NLL is Σ_batches loss_b·B·(T−1) / Σ B·(T−1), and the perplexity
+    exp of that: not a mean of per-batch perplexities.
     """
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     total = torch.zeros((), device=device, dtype=torch.float64)
-    tokens = 0
-    for start in range(0, n_blocks, batch_size):
-        x = blocks(start, min(n_blocks, start + batch_size)).to(device, non_blocking=True)  # (B, T)
-        n = x.shape[0] * (x.shape[1] - 1)
-        total += model(input_ids=x, labels=x).loss.double() * n
-        tokens += n
+    correct = 0
+    count = 0
+    for start in range(0, len(indices), batch_size):
+        b = {
+            k: v.to(device, non_blocking=True) for k, v in batch(indices[start : start + batch_size]).items()
+        }
+        out = model(**b)
+        rows = b["input_ids"].shape[0]
+        if task == "classification":
+            total += out.loss.double() * rows
+            correct += int((out.logits.argmax(-1) == b["labels"]).sum())
+            count += rows
+        else:
+            scored = rows * (b["input_ids"].shape[1] - 1)
+            total += out.loss.double() * scored
+            count += scored
     model.train(was_training)
-    return (total / max(tokens, 1)).item(), tokens
+    loss = (total / max(count, 1)).item()
+    return EvalResult(loss, correct / count if task == "classification" and count else None, count)
 
 
 def perplexity(loss: float) -> float:

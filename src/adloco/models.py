@@ -1,18 +1,25 @@
-"""The only module that touches transformers model classes: presets, construction, saving."""
+"""The only module that touches transformers model classes: presets, checkpoints, saving.
+
+``model.name`` is an architecture preset (random init from a seed), a local checkpoint folder, or a hub
+name (weights loaded). Checkpoints load once; trainers start from copies of them.
+"""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from adloco import hub
+from adloco.config import ModelConfig
 from adloco.errors import UserError
 
-# Architecture presets built from a config only (random init).
+# Llama shapes built from a config only. Vocabulary size comes from the tokenizer.
 PRESETS: dict[str, dict[str, Any]] = {
-    # ~1.4M parameters with a 4096-token vocabulary: trains at ~12k tokens/s on 2 CPU cores.
+    # ~1.4M parameters with a 4096-token vocabulary: ~12k tokens/s on 2 CPU cores.
     "llama-tiny": dict(
         hidden_size=128,
         num_hidden_layers=4,
@@ -20,6 +27,35 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_key_value_heads=4,
         intermediate_size=384,
         tie_word_embeddings=True,
+    ),
+    # ~11M parameters with a 4096-token vocabulary.
+    "llama-10m": dict(
+        hidden_size=320,
+        num_hidden_layers=8,
+        num_attention_heads=5,
+        num_key_value_heads=5,
+        intermediate_size=864,
+        tie_word_embeddings=True,
+    ),
+    # ~28M parameters with a 4096-token vocabulary.
+    "llama-30m": dict(
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        intermediate_size=1408,
+        tie_word_embeddings=True,
+    ),
+    # The shape of MicroLlama (the paper's model): ~305M parameters with its 32000-token vocabulary.
+    "microllama-300m": dict(
+        hidden_size=1024,
+        num_hidden_layers=12,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        intermediate_size=5632,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=2048,
     ),
     # A few thousand parameters: for tests and smoke runs only.
     "llama-micro": dict(
@@ -31,26 +67,155 @@ PRESETS: dict[str, dict[str, Any]] = {
         tie_word_embeddings=True,
     ),
 }
+MODEL_HINT = f"use a preset ({', '.join(PRESETS)}) or a local checkpoint folder"
 
 
-def build(name: str, vocab_size: int, seq_len: int, eos_id: int, seed: int) -> nn.Module:
-    """A causal LM of preset ``name`` with weights drawn from ``seed`` (the global RNG is untouched)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _auto_class(task: str) -> Any:
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    if name not in PRESETS:
-        raise UserError(f"config: model.name = {name!r}: must be one of {', '.join(sorted(PRESETS))}")
-    cfg = LlamaConfig(
-        vocab_size=vocab_size,
-        max_position_embeddings=seq_len,
-        bos_token_id=eos_id,
-        eos_token_id=eos_id,
-        use_cache=False,
-        **PRESETS[name],
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(cfg)
-    return model
+    return AutoModelForSequenceClassification if task == "classification" else AutoModelForCausalLM
+
+
+class ModelFactory:
+    """Builds the models of a run: ``build(seed)`` gives a fresh model (a preset drawn from ``seed``, or a
+    copy of the loaded checkpoint); ``reinit_output(model, seed)`` redraws its output layer."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        vocab_size: int,
+        seq_len: int,
+        eos_id: int,
+        pad_id: int,
+        num_labels: int = 0,
+        label_names: list[str] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.task = cfg.task
+        self.seq_len = seq_len
+        self.vocab_size = vocab_size
+        self.checkpoint: nn.Module | None = None
+        self.config: Any
+        labels: dict[str, Any] = {"num_labels": num_labels} if cfg.task == "classification" else {}
+        if label_names and cfg.task == "classification":
+            labels["id2label"] = dict(enumerate(label_names))
+            labels["label2id"] = {n: i for i, n in enumerate(label_names)}
+        if cfg.name in PRESETS:
+            from transformers import LlamaConfig
+
+            shape = dict(PRESETS[cfg.name])
+            shape["max_position_embeddings"] = max(shape.get("max_position_embeddings", 0), seq_len)
+            self.config = LlamaConfig(
+                vocab_size=vocab_size,
+                bos_token_id=eos_id,
+                eos_token_id=eos_id,
+                pad_token_id=pad_id,
+                use_cache=False,
+                **shape,
+                **labels,
+            )
+        else:
+            self.checkpoint = self._load(cfg, pad_id, labels)
+            self.config = self.checkpoint.config
+        self.check_fits(vocab_size, seq_len)
+
+    def _load(self, cfg: ModelConfig, pad_id: int, labels: dict[str, Any]) -> nn.Module:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # our progress output is ours; a loading bar is noise in it
+        path = Path(cfg.name).expanduser()
+        if not path.exists():
+            if not hub.looks_like_hub_name(cfg.name) or cfg.name.startswith((".", "/", "~")):
+                raise UserError(
+                    f"config: model.name = {cfg.name!r}: not a preset and no such folder; {MODEL_HINT}"
+                )
+            hub.require("model.name", cfg.name, MODEL_HINT)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)  # heads missing from the checkpoint start the same everywhere
+                model = _auto_class(cfg.task).from_pretrained(
+                    str(path) if path.exists() else cfg.name,
+                    dtype=torch.float32,
+                    trust_remote_code=cfg.trust_remote_code,
+                    **labels,
+                )
+        except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; one line for all
+            if not path.exists() and hub.offline():
+                raise hub.offline_error("model.name", cfg.name, MODEL_HINT) from None
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise UserError(f"config: model.name = {cfg.name!r}: cannot be loaded ({first})") from None
+        if getattr(model.config, "pad_token_id", None) is None:
+            model.config.pad_token_id = pad_id  # sequence classification finds the last token by it
+        if hasattr(model.config, "use_cache"):
+            model.config.use_cache = False
+        return model
+
+    def check_fits(self, vocab_size: int, seq_len: int) -> None:
+        """The tokenizer's ids must index the embedding; sequences must fit the positions."""
+        rows = getattr(self.config, "vocab_size", None)
+        if rows is not None and vocab_size > rows:
+            raise UserError(
+                f"config: data.tokenizer: its vocabulary ({vocab_size} tokens) is larger than model.name = "
+                f"{self.cfg.name!r}'s embedding ({rows} rows); use the model's own tokenizer"
+            )
+        limit = next(
+            (
+                getattr(self.config, k)
+                for k in ("max_position_embeddings", "n_positions", "max_seq_len")
+                if isinstance(getattr(self.config, k, None), int)
+            ),
+            None,
+        )
+        if limit is not None and seq_len > limit:
+            raise UserError(
+                f"config: data.seq_len = {seq_len}: larger than model.name = {self.cfg.name!r}'s maximum "
+                f"positions ({limit})"
+            )
+
+    def build(self, seed: int) -> nn.Module:
+        if self.checkpoint is not None:
+            return copy.deepcopy(self.checkpoint)
+        from transformers import LlamaForCausalLM, LlamaForSequenceClassification
+
+        cls = LlamaForSequenceClassification if self.task == "classification" else LlamaForCausalLM
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return cls(self.config)
+
+    def reinit_output(self, model: Any, seed: int) -> None:
+        """Redraw the output layer (LM head or classification head) from ``seed``, as the reference
+        implementation does per trainer on top of a pretrained checkpoint."""
+        layer = output_layer(model)
+        if self.task == "causal_lm" and getattr(model.config, "tie_word_embeddings", False):
+            raise UserError(
+                f"config: model.reinit_output = true: model.name = {self.cfg.name!r} ties its output layer to the "
+                "input embeddings, which would be redrawn too"
+            )
+        std = float(getattr(model.config, "initializer_range", 0.02))
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            w = layer.weight
+            w.copy_(torch.randn(w.shape, generator=gen) * std)
+            if getattr(layer, "bias", None) is not None:
+                layer.bias.zero_()
+
+
+def output_layer(model: Any) -> Any:
+    """The layer that maps hidden states to outputs: the LM head, or a classification head."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        for name in ("score", "classifier", "lm_head"):
+            head = getattr(model, name, None)
+            if head is not None:
+                break
+    while head is not None and not hasattr(head, "weight"):  # e.g. a classifier block: its last Linear
+        children = [m for m in head.modules() if isinstance(m, nn.Linear)]
+        head = children[-1] if children else None
+    if head is None:
+        raise UserError(
+            f"config: model.reinit_output = true: no output layer found in {type(model).__name__}"
+        )
+    return head
 
 
 def count_parameters(model: nn.Module) -> int:

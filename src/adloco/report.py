@@ -11,15 +11,16 @@ from adloco.telemetry.metrics import read_jsonl
 def _series(events: list[dict[str, Any]]) -> dict[str, Any]:
     start = next((e for e in events if e.get("event") == "start"), None)
     rounds = [e for e in events if e.get("event") == "round"]
-    ppl = [(0, 0, start["val_ppl"])] if start and start.get("val_ppl") else []
-    ppl += [(e["round"], e["bytes_total"], e["val_ppl"]) for e in rounds if e.get("val_ppl") is not None]
+    key = "val_accuracy" if start and start.get("task") == "classification" else "val_ppl"
+    ppl = [(0, 0, start[key])] if start and start.get(key) is not None else []
+    ppl += [(e["round"], e["bytes_total"], e[key]) for e in rounds if e.get(key) is not None]
     requests: dict[int, list[tuple[int, int]]] = {}
     for e in events:
         if e.get("event") == "trainer":
             requests.setdefault(e["trainer"], []).append((e["round"], e["request"]))
     alive = [(0, start["trainers"])] if start else []
     alive += [(e["round"], e["trainers_alive"]) for e in rounds]
-    return {"ppl": ppl, "requests": requests, "alive": alive}
+    return {"ppl": ppl, "requests": requests, "alive": alive, "metric": key}
 
 
 def plot_run(run_dir: Path) -> list[Path]:
@@ -42,21 +43,24 @@ def plot_run(run_dir: Path) -> list[Path]:
 
     if s["ppl"]:
         r, b, p = zip(*s["ppl"], strict=True)
+        acc = s["metric"] == "val_accuracy"
+        label, scale = ("validation accuracy", "linear") if acc else ("validation perplexity", "log")
+        short = "val_accuracy" if acc else "val_ppl"
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot(r, p, marker="o")
-        ax.set(xlabel="round", ylabel="validation perplexity", yscale="log", title="Validation perplexity")
+        ax.set(xlabel="round", ylabel=label, yscale=scale, title=label.capitalize())
         ax.grid(alpha=0.3)
-        save(fig, "val_ppl_vs_round.png")
+        save(fig, f"{short}_vs_round.png")
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot([x / 1e6 for x in b], p, marker="o")
         ax.set(
             xlabel="MB communicated (all workers)",
-            ylabel="validation perplexity",
-            yscale="log",
-            title="Perplexity against communication",
+            ylabel=label,
+            yscale=scale,
+            title=f"{label.split()[1].capitalize()} against communication",
         )
         ax.grid(alpha=0.3)
-        save(fig, "val_ppl_vs_bytes.png")
+        save(fig, f"{short}_vs_bytes.png")
     if s["requests"]:
         fig, ax = plt.subplots(figsize=(6, 4))
         for t, pts in sorted(s["requests"].items()):

@@ -16,7 +16,7 @@ import torch
 
 from adloco import models
 from adloco.config import Config, dump_yaml
-from adloco.data.tokens import TokenData, prepare
+from adloco.data.tokens import Data, prepare
 from adloco.engine.backends.inprocess import InProcessComm
 from adloco.engine.comm import Comm, CommFailure
 from adloco.engine.coordinator import Coordinator
@@ -76,11 +76,11 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _check_same_data(comm: Comm, data: TokenData) -> None:
+def _check_same_data(comm: Comm, data: Data) -> None:
     """Every process must train on the same tokens (machines may differ in their corpus or cache)."""
     from adloco.engine.backends.torchdist import fingerprint_tokens
 
-    fp = float(fingerprint_tokens(data.train, data.val))
+    fp = float(fingerprint_tokens(*data.arrays()))
     got = comm.all_gather_rows({w: [fp] for w in comm.local_workers}, 1, "check", counted=0)
     odd = sorted({comm.owner(w) for w, (v,) in got.items() if v != fp})
     if odd:
@@ -114,23 +114,38 @@ def train(cfg: Config) -> tuple[Path | None, dict[str, Any]]:
     try:
         # Everything that can fail on bad input happens before the run directory exists; rank 0 goes
         # first (tokenizer training, caches) and the others follow, or stop if it failed.
+        if cfg.model.precision != "fp32" and device.type != "cuda":
+            raise UserError(
+                f"config: model.precision = {cfg.model.precision!r}: mixed precision needs CUDA (this run is on "
+                f"{device.type}); use fp32"
+            )
+
+        def load_data() -> Data:
+            return prepare(cfg.data, cfg.model.task, cfg.model.trust_remote_code, log=say)
+
         if ctx is not None:
             from adloco.engine.backends.torchdist import root_first
 
-            data = root_first(ctx, lambda: prepare(cfg.data, log=say), cfg.runtime.timeout)
+            data = root_first(ctx, load_data, cfg.runtime.timeout)
             _check_same_data(comm, data)
         else:
-            data = prepare(cfg.data, log=say)
-
-        def build(seed: int) -> torch.nn.Module:
-            return models.build(cfg.model.name, data.vocab_size, cfg.data.seq_len, data.eos_id, seed)
-
-        coordinator = Coordinator(cfg, comm, data, build, device, log=say)
+            data = load_data()
+        factory = models.ModelFactory(
+            cfg.model,
+            data.vocab_size,
+            cfg.data.seq_len,
+            data.eos_id,
+            data.pad_id,
+            data.num_labels,
+            getattr(data, "label_names", None),
+        )
+        coordinator = Coordinator(cfg, comm, data, factory, device, log=say)
         procs = f", {comm.world} processes x {ctx.threads} thread(s)" if ctx is not None else ""
+        unit = f"blocks of {cfg.data.seq_len} tokens" if data.task == "causal_lm" else "labelled examples"
         say(
-            f"{cfg.algorithm.method}: {coordinator.n_params / 1e6:.2f}M parameters, {cfg.algorithm.workers} "
-            f"workers, {cfg.algorithm.trainers} trainers{procs}, {data.n_train_blocks} train / "
-            f"{data.n_val_blocks} validation blocks of {cfg.data.seq_len} tokens, device {device.type}"
+            f"{cfg.algorithm.method}: {cfg.model.name}, {coordinator.n_params / 1e6:.2f}M parameters, "
+            f"{cfg.algorithm.workers} workers, {cfg.algorithm.trainers} trainers{procs}, {data.n_train} train / "
+            f"{data.n_val} validation {unit}, device {device.type}"
         )
         run_dir = None
         sink: MetricsSink = MetricsSink()

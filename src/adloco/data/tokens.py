@@ -1,27 +1,39 @@
-"""Tokenize once, cache on disk, pack into blocks of ``seq_len`` (EOS between documents, no padding).
+"""Tokenize once, cache on disk, serve batches.
 
-Cache layout (content-addressed, written atomically, read memory-mapped, never unpickled):
-``<cache>/tokenizers/<key>/tokenizer.json`` and ``<cache>/tokens/<key>/{train,val}.npy``.
+Cache layout, content-addressed by (source identity, tokenizer, task, and for classification the
+sequence length), written atomically, read memory-mapped, never unpickled:
+``<cache>/data/<key>/{meta.json, tokenizer/, *.npy}``. The tokenizer is saved there too, so a cached run
+needs neither the source nor the hub.
+
+Language modelling: documents are packed into one token stream with an end-of-text token after each;
+an example is a block of ``seq_len`` tokens (no padding), its labels the same tokens (the model shifts
+them). Blocks are views of the stream, so one cache serves every ``seq_len``.
+Classification: each document is cut to ``seq_len`` tokens (with the tokenizer's special tokens) and
+padded per batch to the longest row.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from adloco import hub
 from adloco.config import DataConfig
-from adloco.data.corpus import Document, fingerprint, load_documents, split
+from adloco.data.sources import Document, make_source
 from adloco.errors import UserError
 
 EOS = "<|endoftext|>"
-CACHE_VERSION = "1"
+CACHE_VERSION = "2"
+TOKENIZER_HINT = "use 'bpe:<vocab size>' or a local tokenizer folder"
 
 
 def cache_root(configured: str | None) -> Path:
@@ -31,7 +43,7 @@ def cache_root(configured: str | None) -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "adloco"
 
 
-def _atomic_dir(final: Path, fill) -> None:  # type: ignore[no-untyped-def]
+def _atomic_dir(final: Path, fill: Callable[[Path], None]) -> None:
     """Create ``final`` by filling a temporary sibling and renaming it (a concurrent writer may win)."""
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -46,15 +58,34 @@ def _atomic_dir(final: Path, fill) -> None:  # type: ignore[no-untyped-def]
         try:
             os.rename(tmp, final)
         except OSError:
-            if not final.exists():
+            if not (final / "meta.json").is_file():
                 raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _train_bpe(docs: list[Document], vocab_size: int):  # type: ignore[no-untyped-def]
+# --------------------------------------------------------------------------------------------------
+# Tokenizers
+# --------------------------------------------------------------------------------------------------
+
+
+def _tokenizer_identity(spec: str) -> str:
+    if spec.startswith("bpe:"):
+        return spec
+    path = Path(spec).expanduser()
+    if path.exists():
+        h = hashlib.sha256(str(path.resolve()).encode())
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            st = f.stat()
+            h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+        return "path:" + h.hexdigest()
+    return "hub:" + spec
+
+
+def _train_bpe(docs: list[Document], vocab_size: int, seq_len: int) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -66,111 +97,273 @@ def _train_bpe(docs: list[Document], vocab_size: int):  # type: ignore[no-untype
         show_progress=False,
     )
     tok.train_from_iterator((d.text for d in docs), trainer, length=len(docs))
-    return tok
-
-
-def _wrap(tok, seq_len: int):  # type: ignore[no-untyped-def]
-    from transformers import PreTrainedTokenizerFast
-
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=EOS, bos_token=EOS, model_max_length=seq_len
+        tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=EOS, model_max_length=seq_len
     )
 
 
-def _encode(docs: list[Document], tok, eos_id: int, dtype) -> np.ndarray:  # type: ignore[no-untyped-def]
-    parts: list[np.ndarray] = []
-    for i in range(0, len(docs), 256):
-        for enc in tok.encode_batch([d.text for d in docs[i : i + 256]], add_special_tokens=False):
-            parts.append(np.asarray(enc.ids, dtype=dtype))
-            parts.append(np.asarray([eos_id], dtype=dtype))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+def load_pretrained_tokenizer(spec: str, trust_remote_code: bool) -> Any:
+    """A tokenizer by local path or hub name (AutoTokenizer), or one clear line why not."""
+    from transformers import AutoTokenizer
+
+    path = Path(spec).expanduser()
+    if not path.exists():
+        if not hub.looks_like_hub_name(spec) or spec.startswith((".", "/", "~")):
+            raise UserError(f"config: data.tokenizer = {spec!r}: no such folder (or 'bpe:<vocab size>')")
+        hub.require("data.tokenizer", spec, TOKENIZER_HINT)
+    try:
+        return AutoTokenizer.from_pretrained(
+            str(path) if path.exists() else spec, trust_remote_code=trust_remote_code
+        )
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; one line for all
+        if not path.exists() and hub.offline():
+            raise hub.offline_error("data.tokenizer", spec, TOKENIZER_HINT) from None
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UserError(f"config: data.tokenizer = {spec!r}: cannot be loaded ({first})") from None
 
 
-@dataclass
-class TokenData:
-    """Train and validation token streams plus the tokenizer that made them."""
+def _encode(
+    tokenizer: Any, texts: list[str], special: bool, max_length: int | None = None
+) -> list[list[int]]:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not special:  # the Rust tokenizer directly: same ids, less overhead
+        return [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+    enc = tokenizer(
+        texts,
+        add_special_tokens=special,
+        truncation=max_length is not None,
+        max_length=max_length,
+        verbose=False,
+    )
+    return list(enc["input_ids"])
 
-    train: np.ndarray  # (n_train_tokens,) memory-mapped
-    val: np.ndarray  # (n_val_tokens,) memory-mapped
-    tokenizer: object  # a transformers PreTrainedTokenizerFast
-    vocab_size: int
-    eos_id: int
-    seq_len: int
-    n_documents: tuple[int, int]  # (train, validation)
+
+# --------------------------------------------------------------------------------------------------
+# Data sets
+# --------------------------------------------------------------------------------------------------
+
+
+class LMData:
+    """Packed token streams; an example is a block of ``seq_len`` tokens."""
+
+    task = "causal_lm"
+
+    def __init__(
+        self, train: np.ndarray, val: np.ndarray, tokenizer: Any, seq_len: int, meta: dict[str, Any]
+    ):
+        self.train, self.val, self.tokenizer, self.seq_len = train, val, tokenizer, seq_len
+        self.eos_id: int = meta["eos_id"]
+        self.pad_id: int = meta["pad_id"]
+        self.vocab_size: int = meta["vocab_size"]
+        self.max_token_id: int = meta["max_token_id"]
+        self.n_documents = tuple(meta["documents"])
+        self.num_labels = 0
 
     @property
-    def n_train_blocks(self) -> int:
+    def n_train(self) -> int:
         return len(self.train) // self.seq_len
 
     @property
-    def n_val_blocks(self) -> int:
+    def n_val(self) -> int:
         return len(self.val) // self.seq_len
 
-    def train_blocks(self, indices: np.ndarray) -> torch.Tensor:
-        """Blocks ``indices`` of the train stream as a (B, T) int64 tensor."""
-        return _gather(self.train, indices, self.seq_len)
+    def _blocks(self, tokens: np.ndarray, indices: np.ndarray) -> dict[str, torch.Tensor]:
+        idx = np.asarray(indices, dtype=np.int64)[:, None] * self.seq_len + np.arange(self.seq_len)  # (B, T)
+        x = torch.from_numpy(tokens[idx].astype(np.int64))
+        return {"input_ids": x, "labels": x}  # labels are the inputs: the model shifts them
 
-    def val_blocks(self, start: int, stop: int) -> torch.Tensor:
-        """Validation blocks start..stop-1 as a (B, T) int64 tensor."""
-        return _gather(self.val, np.arange(start, stop), self.seq_len)
+    def train_batch(self, indices: np.ndarray) -> dict[str, torch.Tensor]:
+        return self._blocks(self.train, indices)
+
+    def val_batch(self, indices: np.ndarray) -> dict[str, torch.Tensor]:
+        return self._blocks(self.val, indices)
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.train, self.val)
 
 
-def _gather(tokens: np.ndarray, indices: np.ndarray, seq_len: int) -> torch.Tensor:
-    idx = np.asarray(indices, dtype=np.int64)[:, None] * seq_len + np.arange(seq_len)  # (B, T)
-    return torch.from_numpy(tokens[idx].astype(np.int64))
+class ClassificationData:
+    """Documents cut to ``seq_len`` tokens, with labels; batches padded to their longest row."""
+
+    task = "classification"
+
+    def __init__(self, arrays: dict[str, np.ndarray], tokenizer: Any, seq_len: int, meta: dict[str, Any]):
+        self.a, self.tokenizer, self.seq_len = arrays, tokenizer, seq_len
+        self.pad_id: int = meta["pad_id"]
+        self.eos_id: int = meta["eos_id"]
+        self.vocab_size: int = meta["vocab_size"]
+        self.max_token_id: int = meta["max_token_id"]
+        self.label_names: list[str] = meta["label_names"]
+        self.num_labels = len(self.label_names)
+        self.n_documents = tuple(meta["documents"])
+
+    @property
+    def n_train(self) -> int:
+        return len(self.a["train_labels"])
+
+    @property
+    def n_val(self) -> int:
+        return len(self.a["val_labels"])
+
+    def _rows(self, split: str, indices: np.ndarray) -> dict[str, torch.Tensor]:
+        idx = np.asarray(indices, dtype=np.int64)
+        lens = self.a[f"{split}_lens"][idx]
+        width = int(lens.max()) if len(idx) else 1
+        ids = torch.from_numpy(self.a[f"{split}_ids"][idx, :width].astype(np.int64))  # (B, L)
+        mask = (torch.arange(width)[None, :] < torch.from_numpy(lens.astype(np.int64))[:, None]).long()
+        labels = torch.from_numpy(self.a[f"{split}_labels"][idx].astype(np.int64))
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+    def train_batch(self, indices: np.ndarray) -> dict[str, torch.Tensor]:
+        return self._rows("train", indices)
+
+    def val_batch(self, indices: np.ndarray) -> dict[str, torch.Tensor]:
+        return self._rows("val", indices)
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return tuple(self.a[k] for k in sorted(self.a))
 
 
-def prepare(cfg: DataConfig, log=print) -> TokenData:  # type: ignore[no-untyped-def]
-    """Read, split, tokenize (cached) and check that both splits hold at least one block."""
-    from tokenizers import Tokenizer
+Data = LMData | ClassificationData
 
-    docs = load_documents(cfg.source, cfg.max_examples)
-    train_docs, val_docs = split(docs, cfg.val_fraction)
-    vocab_size = int(cfg.tokenizer.split(":", 1)[1])
-    root = cache_root(cfg.cache_dir)
 
-    train_fp = fingerprint(train_docs)
-    tok_dir = root / "tokenizers" / f"bpe{vocab_size}-{train_fp[:24]}-v{CACHE_VERSION}"
-    if not (tok_dir / "tokenizer.json").is_file():
-        log(f"training a byte-level BPE tokenizer ({vocab_size} tokens) on {len(train_docs)} documents")
-        tok = _train_bpe(train_docs, vocab_size)
-        _atomic_dir(tok_dir, lambda d: tok.save(str(d / "tokenizer.json")))
-    tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
-    eos_id = tok.token_to_id(EOS)
-    if eos_id is None:
-        raise UserError(f"tokenizer {str(tok_dir)!r}: has no {EOS} token; delete it to retrain")
-    actual_vocab = tok.get_vocab_size()
-    dtype = np.uint16 if actual_vocab <= np.iinfo(np.uint16).max else np.uint32
+def _special_ids(tokenizer: Any, task: str, spec: str) -> tuple[int, int]:
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        eos = tokenizer.sep_token_id
+    if eos is None and task == "causal_lm":
+        raise UserError(
+            f"config: data.tokenizer = {spec!r}: has no end-of-text (or separator) token to put between packed "
+            "documents"
+        )
+    pad = tokenizer.pad_token_id
+    if pad is None:
+        pad = eos if eos is not None else 0
+    return int(eos if eos is not None else pad), int(pad)
 
-    key = f"{tok_dir.name}-{fingerprint(val_docs)[:16]}"
-    tokens_dir = root / "tokens" / key
-    if not (tokens_dir / "meta.json").is_file():
-        log(f"tokenizing {len(docs)} documents (cached for later runs)")
+
+def _label_ids(docs: list[Document], names: list[str] | None) -> tuple[np.ndarray, list[str]]:
+    labels = [d.label for d in docs]
+    if names is None:
+        if all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in labels):
+            names = [str(i) for i in range(int(max(labels)) + 1)]
+        else:
+            names = sorted({str(x) for x in labels})
+    index = {n: i for i, n in enumerate(names)}
+    out = []
+    for d in docs:
+        key = str(d.label)
+        if key not in index:
+            raise UserError(f"data: label {d.label!r} of {d.name!r} is not among the training labels {names}")
+        out.append(index[key])
+    return np.asarray(out, dtype=np.int64), names
+
+
+def prepare(
+    cfg: DataConfig,
+    task: str = "causal_lm",
+    trust_remote_code: bool = False,
+    log: Callable[[str], None] = print,
+) -> Data:
+    """Read, split and tokenize (cached), and check that both splits hold at least one example."""
+    source = make_source(cfg)
+    key_parts = [
+        CACHE_VERSION,
+        task,
+        source.identity(),
+        _tokenizer_identity(cfg.tokenizer),
+        f"{cfg.val_fraction}",
+        f"{cfg.max_examples}",
+        cfg.text_field,
+    ]
+    if task == "classification":
+        key_parts += [cfg.label_field, str(cfg.seq_len)]
+    key = hashlib.sha256("\n".join(key_parts).encode()).hexdigest()[:32]
+    folder = cache_root(cfg.cache_dir) / "data" / key
+    if not (folder / "meta.json").is_file():
+        log(f"reading {source.description}")
+        train_docs, val_docs = source.load(cfg, need_label=task == "classification")
+        if cfg.tokenizer.startswith("bpe:"):
+            log(
+                f"training a byte-level BPE tokenizer ({cfg.tokenizer[4:]} tokens) on {len(train_docs)} documents"
+            )
+            tokenizer = _train_bpe(train_docs, int(cfg.tokenizer[4:]), cfg.seq_len)
+        else:
+            tokenizer = load_pretrained_tokenizer(cfg.tokenizer, trust_remote_code)
+        eos, pad = _special_ids(tokenizer, task, cfg.tokenizer)
+        log(f"tokenizing {len(train_docs) + len(val_docs)} documents (cached for later runs)")
 
         def fill(d: Path) -> None:
-            np.save(d / "train.npy", _encode(train_docs, tok, eos_id, dtype))
-            np.save(d / "val.npy", _encode(val_docs, tok, eos_id, dtype))
-            (d / "meta.json").write_text(json.dumps({"tokenizer": tok_dir.name, "vocab_size": actual_vocab}))
+            meta: dict[str, Any] = {
+                "task": task,
+                "eos_id": eos,
+                "pad_id": pad,
+                "vocab_size": len(tokenizer),
+                "documents": [len(train_docs), len(val_docs)],
+                "source": source.description,
+            }
+            dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max else np.uint32
+            top = 0
+            if task == "causal_lm":
+                for name, docs in (("train", train_docs), ("val", val_docs)):
+                    parts: list[np.ndarray] = []
+                    for i in range(0, len(docs), 256):
+                        for ids in _encode(tokenizer, [x.text for x in docs[i : i + 256]], special=False):
+                            parts.append(np.asarray([*ids, eos], dtype=dtype))
+                    arr = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+                    top = max(top, int(arr.max()) if len(arr) else 0)
+                    np.save(d / f"{name}.npy", arr)
+            else:
+                names: list[str] | None = None
+                for name, docs in (("train", train_docs), ("val", val_docs)):
+                    mat = np.full((len(docs), cfg.seq_len), pad, dtype=np.int32)
+                    lens = np.zeros(len(docs), dtype=np.int32)
+                    for i in range(0, len(docs), 256):
+                        enc = _encode(
+                            tokenizer,
+                            [x.text for x in docs[i : i + 256]],
+                            special=True,
+                            max_length=cfg.seq_len,
+                        )
+                        for j, row in enumerate(enc):
+                            mat[i + j, : len(row)] = row
+                            lens[i + j] = max(1, len(row))
+                    labels, names = _label_ids(docs, names)
+                    top = max(top, int(mat.max()) if mat.size else 0)
+                    np.save(d / f"{name}_ids.npy", mat)
+                    np.save(d / f"{name}_lens.npy", lens)
+                    np.save(d / f"{name}_labels.npy", labels)
+                meta["label_names"] = names
+            meta["max_token_id"] = top
+            tokenizer.save_pretrained(d / "tokenizer")
+            (d / "meta.json").write_text(json.dumps(meta))
 
-        _atomic_dir(tokens_dir, fill)
-    train = np.load(tokens_dir / "train.npy", mmap_mode="r", allow_pickle=False)
-    val = np.load(tokens_dir / "val.npy", mmap_mode="r", allow_pickle=False)
-    data = TokenData(
-        train,
-        val,
-        _wrap(tok, cfg.seq_len),
-        actual_vocab,
-        eos_id,
-        cfg.seq_len,
-        (len(train_docs), len(val_docs)),
-    )
-    if data.n_train_blocks < 1:
+        _atomic_dir(folder, fill)
+    from transformers import AutoTokenizer
+
+    meta = json.loads((folder / "meta.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(str(folder / "tokenizer"), trust_remote_code=trust_remote_code)
+    tokenizer.model_max_length = cfg.seq_len
+
+    def load(name: str) -> np.ndarray:
+        return np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+
+    data: Data
+    if task == "causal_lm":
+        data = LMData(load("train"), load("val"), tokenizer, cfg.seq_len, meta)
+        unit = f"blocks of data.seq_len = {cfg.seq_len} tokens"
+        if data.n_train < 1:
+            raise UserError(
+                f"data: the train split holds {len(data.train)} tokens, fewer than one block of "
+                f"data.seq_len = {cfg.seq_len}"
+            )
+    else:
+        names = [f"{s}_{k}" for s in ("train", "val") for k in ("ids", "lens", "labels")]
+        data = ClassificationData({n: load(n) for n in names}, tokenizer, cfg.seq_len, meta)
+        unit = "examples"
+    if data.n_val < 1:
         raise UserError(
-            f"data: the train split holds {len(train)} tokens, fewer than one block of data.seq_len = {cfg.seq_len}"
-        )
-    if data.n_val_blocks < 1:
-        raise UserError(
-            f"data: the validation split holds {len(val)} tokens, fewer than one block of data.seq_len = "
-            f"{cfg.seq_len}; raise data.val_fraction or lower data.seq_len"
+            f"data: the validation split holds no {unit}; raise data.val_fraction"
+            + (" or lower data.seq_len" if task == "causal_lm" else " or set data.val_split")
         )
     return data

@@ -28,20 +28,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 
 from adloco.algorithms import allocation, batching, merging, switch
 from adloco.algorithms.outer import OuterOptimizer
 from adloco.config import Config
 from adloco.data.sampling import ShardStream, trainer_subset
-from adloco.data.tokens import TokenData
+from adloco.data.tokens import Data
 from adloco.engine import faults
 from adloco.engine.comm import Comm
 from adloco.engine.flat import FlatModule
 from adloco.engine.inner import lr_at, reset_state
 from adloco.engine.trainer import Trainer
 from adloco.engine.worker import ProbeSpec, RoundResult, Worker
-from adloco.evaluation import evaluate, perplexity
+from adloco.evaluation import evaluate, perplexity, spread
+from adloco.models import ModelFactory
 from adloco.telemetry.metrics import MetricsSink
 from adloco.telemetry.progress import Progress
 
@@ -59,8 +59,8 @@ class Coordinator:
         self,
         cfg: Config,
         comm: Comm,
-        data: TokenData,
-        build_model: Callable[[int], nn.Module],
+        data: Data,
+        factory: ModelFactory,
         device: torch.device,
         log: Callable[[str], None] = print,
     ) -> None:
@@ -71,7 +71,7 @@ class Coordinator:
             t: Trainer(
                 t,
                 cfg.batch.initial,
-                trainer_subset(data.n_train_blocks, cfg.data.subset_fraction, a.seed, t),
+                trainer_subset(data.n_train, cfg.data.subset_fraction, a.seed, t),
                 self._new_outer(),
             )
             for t in range(a.trainers)
@@ -91,13 +91,17 @@ class Coordinator:
                 "keeps its request until a merge gives it more (the pooled estimator has no such limit)"
             )
 
-        # Models: one prototype; trainer θ from it (init same) or from a seed per trainer (independent).
-        proto = build_model(a.seed)
+        # Models: one prototype (a preset drawn from the seed, or the checkpoint); trainer θ from it
+        # (init same) or from a seed per trainer (independent), with its output layer redrawn if asked.
+        proto = factory.build(a.seed)
         for t in sorted({self.allocation[w] for w in comm.local_workers}):
-            src = proto if cfg.model.init == "same" else build_model(a.seed + 7919 * (t + 1))
-            self.trainers[t].theta = FlatModule(copy.deepcopy(src).to(device)).param
+            seed_t = a.seed if cfg.model.init == "same" else a.seed + 7919 * (t + 1)
+            model = copy.deepcopy(proto) if cfg.model.init == "same" else factory.build(seed_t)
+            if cfg.model.reinit_output:
+                factory.reinit_output(model, seed_t)
+            self.trainers[t].theta = FlatModule(model.to(device)).param
         self.workers: dict[int, Worker] = {
-            w: Worker(w, copy.deepcopy(proto).to(device), cfg.inner, self.b_max[w])
+            w: Worker(w, copy.deepcopy(proto).to(device), cfg.inner, self.b_max[w], cfg.model.precision)
             for w in comm.local_workers
         }
         self.n_params = next(iter(self.workers.values())).flat.numel
@@ -110,6 +114,7 @@ class Coordinator:
         self._load_workers()
         self.totals = Totals()
         self.last_eval: dict[int, float] = {}
+        self.last_accuracy: dict[int, float] = {}
 
     # -- state -------------------------------------------------------------------------------------
     @property
@@ -152,21 +157,25 @@ class Coordinator:
 
     # -- evaluation --------------------------------------------------------------------------------
     def evaluate(self) -> dict[int, float]:
-        """Validation loss of every trainer alive, evaluated by its leader (lowest worker id)."""
+        """Validation loss of every trainer alive (and accuracy, for classification), evaluated by its
+        leader (lowest worker id); returns the losses and keeps the accuracies in ``last_accuracy``."""
         members = self.members()
-        n_blocks = self.data.n_val_blocks
-        if self.cfg.eval.max_blocks is not None:
-            n_blocks = min(n_blocks, self.cfg.eval.max_blocks)
-        rows: dict[int, list[float]] = {w: [math.nan] for w in self.workers}
+        indices = spread(self.data.n_val, self.cfg.eval.max_examples)
+        rows: dict[int, list[float]] = {w: [math.nan, math.nan] for w in self.workers}
         for t in self.alive:
             leader = members[t][0]
             if leader in self.workers:
-                loss, _ = evaluate(
-                    self.workers[leader].model, self.data.val_blocks, n_blocks, self.cfg.eval.batch_size
+                res = evaluate(
+                    self.workers[leader].model,
+                    self.data.val_batch,
+                    indices,
+                    self.cfg.eval.batch_size,
+                    self.data.task,
                 )
-                rows[leader] = [loss]
-        gathered = self.comm.all_gather_rows(rows, 1, "eval", counted=0)  # measurement, not training
+                rows[leader] = [res.loss, math.nan if res.accuracy is None else res.accuracy]
+        gathered = self.comm.all_gather_rows(rows, 2, "eval", counted=0)  # measurement, not training
         self.last_eval = {t: gathered[members[t][0]][0] for t in self.alive}
+        self.last_accuracy = {t: gathered[members[t][0]][1] for t in self.alive}
         return self.last_eval
 
     # -- one round ---------------------------------------------------------------------------------
@@ -206,7 +215,7 @@ class Coordinator:
             stream = ShardStream(self.trainers[t].subset, a.seed, t, r, members[t].index(w), len(members[t]))
             local[w] = self.workers[w].run_round(
                 stream,
-                self.data.train_blocks,
+                self.data.train_batch,
                 plans[w],
                 a.inner_steps,
                 lambda h: lr_at(r * a.inner_steps + h, total_steps, cfg.inner),
@@ -331,21 +340,10 @@ class Coordinator:
             "max_compute_s": max(res.compute_s for res in results.values()),
         }
         if val is not None:
-            best = min(val.values())
-            summary.update(
-                val_loss=_num(best),
-                val_ppl=_num(perplexity(best)),
-                val_ppl_by_trainer={str(t): _num(perplexity(v)) for t, v in val.items()},
-            )
+            summary.update(self._val_metrics(self._best(val)))
+            summary["val_by_trainer"] = {str(t): self._val_metrics(t) for t in val}
             events += [
-                {
-                    "event": "eval",
-                    "round": self.round,
-                    "trainer": t,
-                    "val_loss": _num(v),
-                    "val_ppl": _num(perplexity(v)),
-                }
-                for t, v in val.items()
+                {"event": "eval", "round": self.round, "trainer": t, **self._val_metrics(t)} for t in val
             ]
         events.append(summary)
         return {"summary": summary, "events": events}
@@ -473,12 +471,25 @@ class Coordinator:
             },
         ]
 
+    def _best(self, losses: dict[int, float]) -> int:
+        """The trainer with the lowest validation loss (ties: lowest id; nan counts as worst)."""
+        return min(
+            losses,
+            key=lambda t: (not math.isfinite(losses[t]), losses[t] if math.isfinite(losses[t]) else 0, t),
+        )
+
+    def _val_metrics(self, t: int) -> dict[str, float | None]:
+        """val_loss and val_ppl (language modelling) or val_accuracy (classification) of trainer t."""
+        loss = self.last_eval[t]
+        if self.data.task == "classification":
+            return {"val_loss": _num(loss), "val_ppl": None, "val_accuracy": _num(self.last_accuracy[t])}
+        return {"val_loss": _num(loss), "val_ppl": _num(perplexity(loss))}
+
     # -- whole run ---------------------------------------------------------------------------------
     def run(self, sink: MetricsSink, progress: Progress) -> dict[str, Any]:
         a = self.cfg.algorithm
         t0 = time.perf_counter()
-        initial = self.evaluate()
-        initial_loss = min(initial.values())
+        initial_metrics = self._val_metrics(self._best(self.evaluate()))
         self._collect()
         sink.log(
             {
@@ -488,15 +499,15 @@ class Coordinator:
                 "workers": a.workers,
                 "trainers": a.trainers,
                 "allocation": {str(w): t for w, t in self.allocation.items()},
-                "val_loss": _num(initial_loss),
-                "val_ppl": _num(perplexity(initial_loss)),
-                "train_blocks": self.data.n_train_blocks,
+                **initial_metrics,
+                "task": self.data.task,
+                "train_examples": self.data.n_train,
+                "val_examples": self.data.n_val,
                 "processes": self.comm.world,
                 "threads_per_process": torch.get_num_threads(),
-                "val_blocks": self.data.n_val_blocks,
             }
         )
-        progress.start(a.rounds, a.inner_steps * len(self.workers), perplexity(initial_loss))
+        progress.start(a.rounds, a.inner_steps * len(self.workers), initial_metrics)
         while self.round < a.rounds:
             progress.round_started(self.round + 1)
             out = self.run_round(progress.step)
@@ -504,14 +515,14 @@ class Coordinator:
                 sink.log(e)
             progress.round_done(out["summary"])
         progress.close()
-        final = self.last_eval or self.evaluate()
-        best = min(final, key=lambda t: (final[t], t))
-        return {
+        best = self._best(self.last_eval or self.evaluate())
+        final = self._val_metrics(best)
+        out = {
             "method": a.method,
             "rounds": self.round,
-            "initial_val_ppl": _num(perplexity(initial_loss)),
-            "final_val_ppl": _num(perplexity(final[best])),
-            "final_val_loss": _num(final[best]),
+            "initial_val_ppl": initial_metrics["val_ppl"],
+            "final_val_ppl": final["val_ppl"],
+            "final_val_loss": final["val_loss"],
             "trainers_final": len(self.trainers),
             "requests_final": {str(t): b for t, b in self.requests.items()},
             "examples_total": self.totals.examples,
@@ -521,6 +532,10 @@ class Coordinator:
             "wall_s": time.perf_counter() - t0,
             "best_trainer": best,
         }
+        if self.data.task == "classification":
+            out["initial_val_accuracy"] = initial_metrics["val_accuracy"]
+            out["final_val_accuracy"] = final["val_accuracy"]
+        return out
 
     def _check_agreement(self) -> None:
         """Every process must have made the same decisions; compare a hash of them (not counted)."""

@@ -24,6 +24,23 @@ from adloco.data.sampling import ShardStream
 from adloco.engine.flat import FlatModule
 from adloco.engine.inner import make_optimizer, reset_state
 
+Batch = dict[str, torch.Tensor]  # model inputs, rows along dimension 0: input_ids, labels[, attention_mask]
+AMP = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def rows(batch: Batch, start: int, stop: int) -> Batch:
+    return {k: v[start:stop] for k, v in batch.items()}
+
+
+def n_rows(batch: Batch) -> int:
+    return int(batch["input_ids"].shape[0])
+
+
+def pieces(batch: Batch, size: int) -> list[Batch]:
+    """Consecutive slices of at most ``size`` rows (none for an empty batch)."""
+    n = n_rows(batch)
+    return [rows(batch, i, min(n, i + size)) for i in range(0, n, size)]
+
 
 @dataclass(frozen=True)
 class ProbeSpec:
@@ -49,8 +66,9 @@ class RoundResult:
     accum: int
     capped: bool
     stats: WorkerStats | None
+    skipped: int = 0  # steps skipped by fp16 loss scaling (non-finite gradients)
 
-    FIELDS = 14
+    FIELDS = 15
     STATS_FIELDS = 4  # the leading values the batch test needs: k, c, Σ‖g_j‖², ‖ḡ_m‖²
 
     def to_row(self) -> list[float]:
@@ -68,6 +86,7 @@ class RoundResult:
             self.micro,
             self.accum,
             float(self.capped),
+            self.skipped,
         ]
 
     @classmethod
@@ -84,11 +103,14 @@ class RoundResult:
             int(row[12]),
             bool(row[13]),
             stats,
+            int(row[14]),
         )
 
 
 class Worker:
-    def __init__(self, wid: int, model: nn.Module, inner: InnerConfig, b_max: int) -> None:
+    def __init__(
+        self, wid: int, model: nn.Module, inner: InnerConfig, b_max: int, precision: str = "fp32"
+    ) -> None:
         self.id = wid
         self.model = model
         self.model.train()
@@ -101,6 +123,12 @@ class Worker:
         self.chunks: torch.Tensor | None = None  # (k, P) chunk gradients of the last probe, when kept
         self._clip_coef: torch.Tensor = torch.ones((), device=self.device)
         self._probe_k = 0
+        # Mixed precision: autocast the forward; fp16 scales the loss so small gradients survive, with
+        # the dynamic schedule of torch.amp.GradScaler (start 2^16, halve on overflow, double after 2000).
+        self.amp_dtype = AMP[precision]
+        self.loss_scale = 2.0**16 if precision == "fp16" else 1.0
+        self._good_steps = 0
+        self.skipped = 0
 
     # -- state -------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -115,7 +143,7 @@ class Worker:
     def run_round(
         self,
         stream: ShardStream,
-        fetch: Callable[[np.ndarray], torch.Tensor],
+        fetch: Callable[[np.ndarray], Batch],
         plan: Plan,
         steps: int,
         lr_for_step: Callable[[int], float],
@@ -130,23 +158,24 @@ class Worker:
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
         stats: WorkerStats | None = None
         probe_examples = 0
+        skipped_before = self.skipped
         e = plan.effective
         for h in range(steps):
             for group in self.optimizer.param_groups:
                 group["lr"] = lr_for_step(h)
-            x = fetch(stream.take(e)).to(self.device, non_blocking=True)  # (e, T)
+            batch = self._to_device(fetch(stream.take(e)))  # e rows
             if h == 0 and probe is not None:
                 if probe.extra:
-                    px = fetch(stream.take(probe.k * probe.c)).to(self.device, non_blocking=True)
-                    stats, _ = self._probe(px, probe, plan.micro, scratch)
+                    extra = self._to_device(fetch(stream.take(probe.k * probe.c)))
+                    stats, _ = self._probe(extra, probe, plan.micro, scratch)
+                    self._unscale_samples(probe, scratch)
                     probe_examples += probe.k * probe.c
-                    loss = self._accumulate(x, plan.micro)
+                    loss = self._accumulate(batch, plan.micro)
                 else:
-                    stats, loss = self._probe_step(x, probe, plan.micro, scratch)
+                    stats, loss = self._probe_step(batch, probe, plan.micro, scratch)
             else:
-                loss = self._accumulate(x, plan.micro)
-            self._clip()
-            self.optimizer.step()
+                loss = self._accumulate(batch, plan.micro)
+            self._step()
             loss_sum += loss
             on_step()
         mean_loss = (loss_sum / steps).item()
@@ -163,30 +192,38 @@ class Worker:
             plan.accum,
             plan.capped,
             stats,
+            self.skipped - skipped_before,
         )
 
     # -- pieces ------------------------------------------------------------------------------------
-    def _forward_backward(self, x: torch.Tensor, scale: float) -> torch.Tensor:
-        """Backward of ``scale`` x the mean token loss of ``x`` (labels = inputs; the model shifts)."""
-        loss = self.model(input_ids=x, labels=x).loss
-        (loss * scale).backward()
-        return loss.detach()
+    def _to_device(self, batch: Batch) -> Batch:
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
-    def _accumulate(self, x: torch.Tensor, micro: int) -> torch.Tensor:
-        """flat.grad ← mean gradient over the rows of ``x``, in micro-batches of at most ``micro``."""
+    def _forward_backward(self, batch: Batch, scale: float) -> torch.Tensor:
+        """Backward of ``scale`` x the batch's mean loss (times the fp16 loss scale); returns the loss."""
+        with torch.autocast(
+            self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None
+        ):
+            loss = self.model(**batch).loss
+        (loss.float() * (scale * self.loss_scale)).backward()
+        return loss.detach().float()
+
+    def _accumulate(self, batch: Batch, micro: int) -> torch.Tensor:
+        """flat.grad ← mean gradient over the batch's rows, in micro-batches of at most ``micro``."""
         self.flat.zero_grad()
-        n = x.shape[0]
+        n = n_rows(batch)
         loss = torch.zeros((), device=self.device)
-        for piece in x.split(micro):
-            loss += self._forward_backward(piece, piece.shape[0] / n) * (piece.shape[0] / n)
+        for piece in pieces(batch, micro):
+            loss += self._forward_backward(piece, n_rows(piece) / n) * (n_rows(piece) / n)
         return loss
 
     def _probe(
-        self, x: torch.Tensor, probe: ProbeSpec, micro: int, scratch: torch.Tensor
+        self, batch: Batch, probe: ProbeSpec, micro: int, scratch: torch.Tensor
     ) -> tuple[WorkerStats, torch.Tensor]:
-        """Chunk gradients g_j (mean over c examples each) of the first k·c rows of ``x``.
+        """Chunk gradients g_j (mean over c examples each) of the first k·c rows of ``batch``.
 
-        Returns the worker's statistics and Σ_j c·loss_j; leaves Σ_j g_j in the accumulator.
+        Returns the worker's statistics and Σ_j c·loss_j; leaves Σ_j g_j (in loss-scaled units) in the
+        accumulator, and each g_j in ``chunks`` when kept.
         """
         k, c = probe.k, probe.c
         self._probe_k = k
@@ -196,30 +233,40 @@ class Worker:
         loss = torch.zeros((), device=self.device)
         for j in range(k):
             self.flat.zero_grad()
-            for piece in x[j * c : (j + 1) * c].split(micro):
-                loss += self._forward_backward(piece, piece.shape[0] / c) * piece.shape[0]
-            g = self.flat.grad  # g_j, (P,)
+            for piece in pieces(rows(batch, j * c, (j + 1) * c), micro):
+                loss += self._forward_backward(piece, n_rows(piece) / c) * n_rows(piece)
+            g = self.flat.grad  # S·g_j, (P,)
             sum_sq += torch.dot(g, g).double()
             acc.add_(g)
             if self.chunks is not None and probe.keep == "chunks":
                 self.chunks[j].copy_(g)
         mean_sq = torch.dot(acc, acc).double() / (k * k)
-        return WorkerStats(k, c, sum_sq.item(), mean_sq.item()), loss
+        s2 = self.loss_scale**2
+        return WorkerStats(k, c, sum_sq.item() / s2, mean_sq.item() / s2), loss
 
     def _probe_step(
-        self, x: torch.Tensor, probe: ProbeSpec, micro: int, scratch: torch.Tensor
+        self, batch: Batch, probe: ProbeSpec, micro: int, scratch: torch.Tensor
     ) -> tuple[WorkerStats, torch.Tensor]:
         """The first inner step, with its batch cut into the probe's chunks; the step's gradient is the
         same mean gradient as without probing."""
-        e = x.shape[0]
+        e = n_rows(batch)
         k, c = probe.k, probe.c
-        stats, loss = self._probe(x, probe, micro, scratch)
+        stats, loss = self._probe(batch, probe, micro, scratch)
         acc = self._accumulator(probe, scratch)
         self.flat.grad.copy_(acc).mul_(c / e)  # mean gradient of the chunked rows, weighted c·k/e
-        rest = x[k * c :]  # rows not in any chunk
-        for piece in rest.split(micro) if rest.shape[0] else ():
-            loss += self._forward_backward(piece, piece.shape[0] / e) * piece.shape[0]
+        for piece in pieces(rows(batch, k * c, e), micro):  # rows not in any chunk
+            loss += self._forward_backward(piece, n_rows(piece) / e) * n_rows(piece)
+        self._unscale_samples(probe, scratch)
         return stats, loss / e
+
+    @torch.no_grad()
+    def _unscale_samples(self, probe: ProbeSpec, scratch: torch.Tensor) -> None:
+        """Kept gradient samples in true units (they were taken under the fp16 loss scale)."""
+        if self.loss_scale == 1.0 or probe.keep == "none":
+            return
+        self._accumulator(probe, scratch).mul_(1.0 / self.loss_scale)
+        if probe.keep == "chunks" and self.chunks is not None:
+            self.chunks[: probe.k].mul_(1.0 / self.loss_scale)
 
     def _accumulator(self, probe: ProbeSpec, scratch: torch.Tensor) -> torch.Tensor:
         if probe.keep == "none":
@@ -229,6 +276,23 @@ class Worker:
         if probe.keep == "chunks" and (self.chunks is None or self.chunks.shape[0] < probe.k):
             self.chunks = torch.zeros(probe.k, self.flat.numel, device=self.device)
         return self.sample_sum
+
+    @torch.no_grad()
+    def _step(self) -> None:
+        """Unscale (fp16), skip a non-finite step, clip, and step the inner optimizer."""
+        if self.loss_scale != 1.0:
+            self.flat.grad.mul_(1.0 / self.loss_scale)
+            if not bool(torch.isfinite(self.flat.grad).all()):
+                self.loss_scale /= 2.0
+                self._good_steps = 0
+                self.skipped += 1
+                self.flat.zero_grad()
+                return
+            self._good_steps += 1
+            if self._good_steps % 2000 == 0:
+                self.loss_scale *= 2.0
+        self._clip()
+        self.optimizer.step()
 
     def _clip(self) -> None:
         if self.inner.clip <= 0:

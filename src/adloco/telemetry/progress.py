@@ -17,21 +17,34 @@ def fmt_bytes(n: float) -> str:
 def round_line(s: dict[str, Any], rounds: int) -> str:
     """One human line for a round summary event."""
     reqs = " ".join(f"t{t}={b}" for t, b in s["requests"].items())
-    ppl = s.get("val_ppl")
-    ppl_txt = f"{ppl:8.2f}" if isinstance(ppl, (int, float)) else "       -"
+    if isinstance(s.get("val_accuracy"), (int, float)):
+        val_txt = f"val acc {100 * s['val_accuracy']:6.2f}%"
+    else:
+        ppl = s.get("val_ppl")
+        val_txt = "val ppl " + (f"{ppl:8.2f}" if isinstance(ppl, (int, float)) else "       -")
     loss = s.get("loss")
     loss_txt = f"{loss:6.3f}" if isinstance(loss, (int, float)) else "     -"
     return (
-        f"round {s['round']:>3}/{rounds}  loss {loss_txt}  val ppl {ppl_txt}  "
+        f"round {s['round']:>3}/{rounds}  loss {loss_txt}  {val_txt}  "
         f"trainers {s['trainers_alive']}  requests {reqs}  "
         f"sent {fmt_bytes(s['bytes_total'])}  {s['round_s']:5.1f}s"
+    )
+
+
+def initial_text(m: dict[str, Any]) -> str:
+    """'validation perplexity 4208.02' (or accuracy, for classification) before training."""
+    if isinstance(m.get("val_accuracy"), (int, float)):
+        return f"validation accuracy {100 * m['val_accuracy']:.2f}%"
+    ppl = m.get("val_ppl")
+    return (
+        f"validation perplexity {ppl:.2f}" if isinstance(ppl, (int, float)) else "validation perplexity inf"
     )
 
 
 class Progress:
     """Base: silent."""
 
-    def start(self, rounds: int, steps_per_round: int, initial_ppl: float) -> None:
+    def start(self, rounds: int, steps_per_round: int, initial: dict[str, Any]) -> None:
         self.rounds = rounds
 
     def round_started(self, r: int) -> None:
@@ -53,9 +66,9 @@ class Progress:
 class PlainProgress(Progress):
     """One line a round (logs, CI, pipes)."""
 
-    def start(self, rounds: int, steps_per_round: int, initial_ppl: float) -> None:
+    def start(self, rounds: int, steps_per_round: int, initial: dict[str, Any]) -> None:
         self.rounds = rounds
-        print(f"initial validation perplexity {initial_ppl:.2f}", flush=True)
+        print(f"initial {initial_text(initial)}", flush=True)
 
     def round_done(self, summary: dict[str, Any]) -> None:
         print(round_line(summary, self.rounds), flush=True)
@@ -70,7 +83,7 @@ class RichProgress(Progress):
     def __init__(self, console: Any = None) -> None:
         self._console = console
 
-    def start(self, rounds: int, steps_per_round: int, initial_ppl: float) -> None:
+    def start(self, rounds: int, steps_per_round: int, initial: dict[str, Any]) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -87,7 +100,7 @@ class RichProgress(Progress):
         )
         self.task = self.bar.add_task("train", total=steps_per_round, r=0, rounds=rounds)
         self.bar.start()
-        self.console.print(f"initial validation perplexity [bold]{initial_ppl:.2f}[/]")
+        self.console.print(f"initial {initial_text(initial)}")
 
     def round_started(self, r: int) -> None:
         self.bar.reset(self.task, r=r, rounds=self.rounds)  # reset replaces the fields

@@ -1,0 +1,257 @@
+"""Documents from the embedded default, local files (read with ``datasets``), or a hub dataset.
+
+A document is (name, text[, label]). Sources are cheap to construct (they validate paths and fields'
+presence lazily) and expose an ``identity``: a string that changes when the content would, used as the
+cache key, so a cached run reads nothing and needs no network.
+
+The train/validation split is by document and deterministic: a document is held out when the hash of
+its name falls below ``val_fraction`` (or, for hub datasets with ``data.val_split``, it comes from that
+split). Adding a document never moves another one across the split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import sys
+import sysconfig
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adloco import hub
+from adloco.config import DataConfig
+from adloco.errors import UserError
+
+TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".text"}
+STRUCTURED = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+LOCAL_HINT = "point data.source at local files or a folder (txt, md, jsonl, csv, parquet)"
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str
+    text: str
+    label: Any = None
+
+
+def unit_hash(name: str) -> float:
+    """A name's position in [0, 1), stable across runs, machines and Python versions."""
+    return int(hashlib.sha256(name.encode("utf-8")).hexdigest()[:12], 16) / float(1 << 48)
+
+
+def split(docs: list[Document], val_fraction: float) -> tuple[list[Document], list[Document]]:
+    """(train, validation) by a hash of each document's name; both non-empty when possible."""
+    if len(docs) < 2:
+        raise UserError(f"data: {len(docs)} document: at least 2 are needed to hold one out for validation")
+    ranked = sorted(docs, key=lambda d: unit_hash(d.name))
+    n_val = sum(1 for d in docs if unit_hash(d.name) < val_fraction)
+    n_val = min(max(n_val, 1), len(docs) - 1)
+    val = sorted(ranked[:n_val], key=lambda d: d.name)
+    train = sorted(ranked[n_val:], key=lambda d: d.name)
+    return train, val
+
+
+def _stat_identity(root: Path, files: Iterable[Path]) -> str:
+    h = hashlib.sha256(str(root.resolve()).encode())
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.relative_to(root).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+class Source:
+    """Where documents come from. ``load`` returns (train, validation) documents."""
+
+    description: str
+
+    def identity(self) -> str:
+        raise NotImplementedError
+
+    def load(self, cfg: DataConfig, need_label: bool) -> tuple[list[Document], list[Document]]:
+        raise NotImplementedError
+
+
+class StdlibSource(Source):
+    """The running Python's standard library source: the embedded default (no download)."""
+
+    def __init__(self) -> None:
+        self.root = Path(sysconfig.get_paths()["stdlib"])
+        self.files: list[Path] = []
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames[:] = sorted(
+                d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__")
+            )
+            self.files.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
+        self.description = f"the Python {sys.version.split()[0]} standard library ({len(self.files)} files)"
+
+    def identity(self) -> str:
+        return "stdlib:" + _stat_identity(self.root, self.files)
+
+    def load(self, cfg: DataConfig, need_label: bool) -> tuple[list[Document], list[Document]]:
+        if need_label:
+            raise UserError(
+                "data.source = 'stdlib': has no labels; model.task = classification needs a labelled set"
+            )
+        files = self.files
+        if cfg.max_examples is not None and len(files) > cfg.max_examples:
+            # A fixed pseudo-random sample (salted, so it is independent of the validation split).
+            files = sorted(files, key=lambda p: unit_hash("sample:" + p.relative_to(self.root).as_posix()))
+            files = sorted(files[: cfg.max_examples])
+        docs = []
+        for p in files:
+            text = p.read_text(encoding="utf-8", errors="replace")
+            if text.strip():
+                docs.append(Document(p.relative_to(self.root).as_posix(), text))
+        return split(docs, cfg.val_fraction)
+
+
+class LocalSource(Source):
+    """A local file or folder: text files (one document each; a single text file splits into
+    paragraphs), or rows of jsonl / json / csv / parquet files with a text field."""
+
+    def __init__(self, path: Path, raw: str) -> None:
+        self.raw = raw
+        if path.is_file():
+            self.root, files = path.parent, [path]
+        else:
+            self.root = path
+            files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+            files = [p for p in files if p.suffix.lower() in TEXT_SUFFIXES or p.suffix.lower() in STRUCTURED]
+        if not files:
+            raise UserError(
+                f"data.source = {raw!r}: the folder holds no data files "
+                f"({', '.join(sorted(TEXT_SUFFIXES | set(STRUCTURED)))})"
+            )
+        kinds = {STRUCTURED.get(p.suffix.lower(), "text") for p in files}
+        if len(kinds) > 1:
+            raise UserError(
+                f"data.source = {raw!r}: mixes {' and '.join(sorted(kinds))} files; point it at one kind "
+                "(a single file, or a folder of one kind)"
+            )
+        (self.kind,) = kinds
+        self.files = files
+        self.single_text = self.kind == "text" and len(files) == 1
+        what = "paragraphs of one text file" if self.single_text else f"{len(files)} {self.kind} file(s)"
+        self.description = f"{what} under {raw}"
+
+    def identity(self) -> str:
+        return f"local:{self.kind}:" + _stat_identity(self.root, self.files)
+
+    def _rows(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        import datasets
+
+        data_files = [str(p) for p in self.files]
+        if self.kind == "text":
+            sample_by = "paragraph" if self.single_text else "document"
+            ds = datasets.load_dataset(
+                "text",
+                data_files=data_files,
+                sample_by=sample_by,
+                split="train",
+                streaming=True,
+                encoding_errors="replace",
+            )
+            names = (
+                (f"{self.files[0].name}:{i}" for i in range(10**12))
+                if self.single_text
+                else (p.relative_to(self.root).as_posix() for p in self.files)
+            )
+            yield from zip(names, ds, strict=False)  # names is endless for paragraphs
+            return
+        for p in self.files:  # one file at a time, so a missing field names its file
+            ds = datasets.load_dataset(self.kind, data_files=[str(p)], split="train", streaming=True)
+            rel = p.relative_to(self.root).as_posix()
+            for i, row in enumerate(ds):
+                yield f"{rel}:{i}", row
+
+    def load(self, cfg: DataConfig, need_label: bool) -> tuple[list[Document], list[Document]]:
+        docs = read_rows(
+            self._rows(), cfg, need_label, where=lambda name: f"data file {name.rsplit(':', 1)[0]!r}"
+        )
+        return split(docs, cfg.val_fraction)
+
+
+class HubSource(Source):
+    """A dataset on the Hugging Face hub, by name, config and split; streamed or not."""
+
+    def __init__(self, name: str, cfg: DataConfig) -> None:
+        self.name = name
+        self.cfg = cfg
+        self.description = f"hub dataset {name}" + (f" ({cfg.hub_config})" if cfg.hub_config else "")
+
+    def identity(self) -> str:
+        c = self.cfg
+        return f"hub:{self.name}:{c.hub_config}:{c.split}:{c.val_split}"
+
+    def _open(self, split_name: str) -> Any:
+        import datasets
+
+        hub.require("data.source", self.name, LOCAL_HINT)
+        try:
+            return datasets.load_dataset(
+                self.name, self.cfg.hub_config, split=split_name, streaming=self.cfg.streaming
+            )
+        except Exception as exc:  # noqa: BLE001 - datasets raises many kinds; one line for all
+            if hub.offline():
+                raise hub.offline_error("data.source", self.name, LOCAL_HINT) from None
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise UserError(f"config: data.source = {self.name!r}: cannot be loaded ({first})") from None
+
+    def load(self, cfg: DataConfig, need_label: bool) -> tuple[list[Document], list[Document]]:
+        where = lambda name: f"hub dataset {self.name!r}"  # noqa: E731
+        rows = ((f"{cfg.split}:{i}", row) for i, row in enumerate(self._open(cfg.split)))
+        docs = read_rows(rows, cfg, need_label, where)
+        if cfg.val_split is None:
+            return split(docs, cfg.val_fraction)
+        limit = None if cfg.max_examples is None else max(1, math.ceil(cfg.val_fraction * cfg.max_examples))
+        val_rows = ((f"{cfg.val_split}:{i}", row) for i, row in enumerate(self._open(cfg.val_split)))
+        val = read_rows(val_rows, cfg, need_label, where, limit=limit)
+        return docs, val
+
+
+def read_rows(
+    rows: Iterable[tuple[str, dict[str, Any]]],
+    cfg: DataConfig,
+    need_label: bool,
+    where: Any,
+    limit: int | None = -1,
+) -> list[Document]:
+    """Documents from (name, row) pairs: the text field (and label field), at most ``max_examples``."""
+    limit = cfg.max_examples if limit == -1 else limit
+    docs: list[Document] = []
+    for name, row in rows:
+        if limit is not None and len(docs) >= limit:
+            break
+        if cfg.text_field not in row:
+            raise UserError(
+                f"{where(name)}: no field {cfg.text_field!r} (fields: {', '.join(map(str, row))}); "
+                "set data.text_field"
+            )
+        if need_label and cfg.label_field not in row:
+            raise UserError(
+                f"{where(name)}: no field {cfg.label_field!r} (fields: {', '.join(map(str, row))}); "
+                "set data.label_field"
+            )
+        text = row[cfg.text_field]
+        if isinstance(text, str) and text.strip():
+            docs.append(Document(name, text, row[cfg.label_field] if need_label else None))
+    if not docs:
+        raise UserError(
+            f"data.source = {cfg.source!r}: every document is empty (no text in field {cfg.text_field!r})"
+        )
+    return docs
+
+
+def make_source(cfg: DataConfig) -> Source:
+    """The source ``data.source`` names: 'stdlib', an existing path, or a hub dataset name."""
+    if cfg.source == "stdlib":
+        return StdlibSource()
+    path = Path(cfg.source).expanduser()
+    if path.exists():
+        return LocalSource(path, cfg.source)
+    if hub.looks_like_hub_name(cfg.source) and not cfg.source.startswith((".", "/", "~")):
+        return HubSource(cfg.source, cfg)
+    raise UserError(f"data.source = {cfg.source!r}: no such file or folder (or use 'stdlib')")

@@ -1,0 +1,204 @@
+"""Data: local files of every kind, the hub offline, the cache, packing, labels, and the metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from adloco import models
+from adloco.config import DataConfig, ModelConfig
+from adloco.data import sources
+from adloco.data.tokens import prepare
+from adloco.errors import UserError
+from adloco.evaluation import evaluate, perplexity, spread
+
+TEXTS = [f"document number {i}: " + " ".join(f"word{(i * 7 + j) % 23}" for j in range(40)) for i in range(30)]
+
+
+def cfg(tmp_path: Path, source: Path | str, **kw) -> DataConfig:  # type: ignore[no-untyped-def]
+    base = dict(
+        source=str(source),
+        tokenizer="bpe:300",
+        seq_len=16,
+        val_fraction=0.2,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    base.update(kw)
+    return DataConfig(**base)
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+@pytest.fixture()
+def folder(tmp_path: Path) -> Path:
+    d = tmp_path / "texts"
+    d.mkdir()
+    for i, t in enumerate(TEXTS):
+        (d / f"doc{i:02d}.txt").write_text(t)
+    return d
+
+
+def test_text_folder_one_document_per_file(tmp_path: Path, folder: Path) -> None:
+    data = prepare(cfg(tmp_path, folder), log=quiet)
+    assert sum(data.n_documents) == 30
+    assert data.n_train > 0 and data.n_val > 0
+    # the split is by a hash of the file name: the same every time
+    c = cfg(tmp_path, folder)
+    train, val = sources.make_source(c).load(c, need_label=False)
+    again = sources.make_source(c).load(c, need_label=False)
+    assert [d.name for d in val] == [d.name for d in again[1]] and len(train) + len(val) == 30
+
+
+def test_lm_packing_has_eos_between_documents_and_no_padding(tmp_path: Path, folder: Path) -> None:
+    c = cfg(tmp_path, folder)
+    data = prepare(c, log=quiet)
+    train, _ = sources.make_source(c).load(c, need_label=False)
+    expected: list[int] = []
+    for d in train:
+        expected += data.tokenizer(d.text, add_special_tokens=False).input_ids + [data.eos_id]
+    assert list(np.asarray(data.train)) == expected  # exactly the documents, EOS after each, nothing else
+    b = data.train_batch(np.array([0, 1]))
+    assert b["input_ids"].shape == (2, 16)
+    assert torch.equal(b["labels"], b["input_ids"])  # labels are the inputs: the model shifts them
+    assert torch.equal(b["input_ids"][1], torch.as_tensor(expected[16:32]))
+
+
+def test_no_double_shift(tmp_path: Path, folder: Path) -> None:
+    data = prepare(cfg(tmp_path, folder), log=quiet)
+    model = models.ModelFactory(
+        ModelConfig(name="llama-micro"), data.vocab_size, 16, data.eos_id, data.pad_id
+    ).build(0)
+    b = data.train_batch(np.array([0, 3]))
+    out = model(**b)
+    logits = out.logits  # (B, T, V)
+    once = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), b["input_ids"][:, 1:].reshape(-1)
+    )
+    twice = torch.nn.functional.cross_entropy(
+        logits[:, :-2].reshape(-1, logits.shape[-1]), b["input_ids"][:, 2:].reshape(-1)
+    )
+    assert out.loss.item() == pytest.approx(once.item(), rel=1e-5)
+    assert abs(out.loss.item() - twice.item()) > 1e-3  # a pre-shifted label would have given this
+
+
+def test_validation_perplexity_by_hand(tmp_path: Path, folder: Path) -> None:
+    data = prepare(cfg(tmp_path, folder), log=quiet)
+    model = models.ModelFactory(
+        ModelConfig(name="llama-micro"), data.vocab_size, 16, data.eos_id, data.pad_id
+    ).build(1)
+    model.eval()
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(data.n_val):  # every held-out block, one at a time, by the definition
+            x = data.val_batch(np.array([i]))["input_ids"][0]
+            logp = torch.log_softmax(model(input_ids=x[None]).logits[0].double(), -1)  # (T, V)
+            nll -= float(logp[torch.arange(15), x[1:]].sum())
+            count += 15
+    res = evaluate(model, data.val_batch, spread(data.n_val, None), batch_size=3)
+    assert res.count == count == data.n_val * 15
+    assert res.loss == pytest.approx(nll / count, rel=1e-5)
+    assert perplexity(res.loss) == pytest.approx(math.exp(nll / count), rel=1e-5)
+    sub = spread(data.n_val, 4)
+    assert len(sub) == 4 and sub[0] == 0 and sub[-1] == data.n_val - 1  # spread over the whole split
+
+
+def test_single_text_file_splits_into_paragraphs(tmp_path: Path) -> None:
+    f = tmp_path / "book.txt"
+    f.write_text("\n\n".join(TEXTS))
+    c = cfg(tmp_path, f)
+    train, val = sources.make_source(c).load(c, need_label=False)
+    assert len(train) + len(val) == 30 and all(d.name.startswith("book.txt:") for d in train)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv", "parquet"])
+def test_structured_files(tmp_path: Path, kind: str) -> None:
+    f = tmp_path / f"data.{kind}"
+    rows = [{"body": t, "label": i % 2} for i, t in enumerate(TEXTS)]
+    if kind == "jsonl":
+        f.write_text("\n".join(json.dumps(r) for r in rows))
+    elif kind == "csv":
+        import csv
+
+        with f.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=["body", "label"])
+            w.writeheader()
+            w.writerows(rows)
+    else:
+        pq.write_table(pa.table({"body": [r["body"] for r in rows], "label": [r["label"] for r in rows]}), f)
+    data = prepare(cfg(tmp_path, f, text_field="body", max_examples=20), log=quiet)
+    assert sum(data.n_documents) == 20  # data.max_examples: the first 20 rows
+    with pytest.raises(
+        UserError,
+        match=rf"data file 'data\.{kind}': no field 'text' \(fields: body, label\); set data.text_field",
+    ):
+        prepare(cfg(tmp_path, f, cache_dir=str(tmp_path / "other")), log=quiet)
+
+
+def test_mixed_folder_is_refused(tmp_path: Path) -> None:
+    d = tmp_path / "mixed"
+    d.mkdir()
+    (d / "a.txt").write_text("x")
+    (d / "b.jsonl").write_text('{"text": "y"}')
+    with pytest.raises(UserError, match="mixes json and text files"):
+        sources.make_source(cfg(tmp_path, d))
+
+
+def test_hub_dataset_offline_fails_at_once(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(UserError) as e:
+        prepare(cfg(tmp_path, "allenai/c4", hub_config="en"), log=quiet)
+    assert time.monotonic() - t0 < 10
+    msg = str(e.value)
+    assert "data.source = 'allenai/c4'" in msg and "offline" in msg and "local files" in msg
+    assert "\n" not in msg
+
+
+def test_cache_is_reused_and_keyed_by_content(
+    tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = cfg(tmp_path, folder)
+    first = prepare(c, log=quiet)
+    calls = []
+    monkeypatch.setattr(
+        sources.LocalSource, "load", lambda *a, **k: calls.append(1) or (_ for _ in ()).throw(AssertionError)
+    )
+    second = prepare(c, log=quiet)  # from the cache: the source is not read
+    assert calls == [] and np.array_equal(first.train, second.train)
+    monkeypatch.undo()
+    (folder / "doc00.txt").write_text(TEXTS[0] + " and more words appended to change the content")
+    third = prepare(c, log=quiet)
+    assert len(third.train) + len(third.val) != len(first.train) + len(first.val)
+
+
+def test_classification_data_with_string_labels(tmp_path: Path) -> None:
+    f = tmp_path / "reviews.jsonl"
+    f.write_text(
+        "\n".join(json.dumps({"text": t, "label": ["neg", "pos"][i % 2]}) for i, t in enumerate(TEXTS))
+    )
+    data = prepare(cfg(tmp_path, f, seq_len=12), task="classification", log=quiet)
+    assert data.label_names == ["neg", "pos"] and data.num_labels == 2
+    b = data.train_batch(np.arange(4))
+    assert b["input_ids"].shape[0] == 4 and b["input_ids"].shape[1] <= 12
+    assert b["attention_mask"].shape == b["input_ids"].shape and set(b["labels"].tolist()) <= {0, 1}
+    with pytest.raises(UserError, match="no field 'label'"):
+        prepare(
+            cfg(tmp_path, _without_labels(tmp_path), cache_dir=str(tmp_path / "c2")),
+            task="classification",
+            log=quiet,
+        )
+
+
+def _without_labels(tmp_path: Path) -> Path:
+    f = tmp_path / "unlabelled.jsonl"
+    f.write_text("\n".join(json.dumps({"text": t}) for t in TEXTS))
+    return f
