@@ -289,3 +289,13 @@ def test_bf16_autocast_runs_and_needs_no_scaling() -> None:
         torch.zeros(w.flat.numel),
     )
     assert r.finite and r.skipped == 0
+
+
+def test_language_model_presets_learn_every_token() -> None:
+    """No padding_idx in a causal LM: the end-of-text token (id 0 here) must get gradient and start random."""
+    model = models.ModelFactory(ModelConfig(name="llama-micro"), 64, 8, 0, 0).build(0)
+    emb = model.get_input_embeddings()
+    assert emb.padding_idx is None and emb.weight[0].abs().sum() > 0
+    x = torch.zeros(1, 8, dtype=torch.long)
+    model(input_ids=x, labels=x).loss.backward()
+    assert emb.weight.grad[0].abs().sum() > 0

@@ -105,11 +105,15 @@ class ModelFactory:
 
             shape = dict(PRESETS[cfg.name])
             shape["max_position_embeddings"] = max(shape.get("max_position_embeddings", 0), seq_len)
+            # A pad token only for classification (it finds each row's last token by it): in Llama it also
+            # becomes the embedding's padding_idx, a zero row that never learns, and in a language model
+            # that would freeze the end-of-text token that separates packed documents.
+            if cfg.task == "classification":
+                labels["pad_token_id"] = pad_id
             self.config = LlamaConfig(
                 vocab_size=vocab_size,
                 bos_token_id=eos_id,
                 eos_token_id=eos_id,
-                pad_token_id=pad_id,
                 use_cache=False,
                 **shape,
                 **labels,
