@@ -200,8 +200,9 @@ def test_a_file_without_the_text_field(tmp_path: Path) -> None:
     f.write_text("\n".join(json.dumps({"body": f"row {i}"}) for i in range(10)))
     p = adloco("train", "--set", f"data.source={f}", "--set", f"logging.out_dir={tmp_path / 'runs'}")
     assert p.returncode == 2
-    assert p.stderr.strip() == ("adloco: error: data file 'rows.jsonl': no field 'text' (fields: body); "
-                                "set data.text_field")
+    assert p.stderr.strip() == (
+        "adloco: error: data file 'rows.jsonl': no field 'text' (fields: body); set data.text_field"
+    )
     assert not (tmp_path / "runs").exists()
 
 
@@ -210,8 +211,19 @@ def test_an_empty_validation_split(tmp_path: Path) -> None:
     d.mkdir()
     (d / "big.txt").write_text(" ".join(f"w{i}" for i in range(3000)))
     (d / "small.txt").write_text("tiny")
-    p = adloco("train", "--set", f"data.source={d}", "--set", "data.val_fraction=0.5", "--set", "data.seq_len=64",
-               "--set", "data.tokenizer=bpe:300", "--set", f"logging.out_dir={tmp_path / 'runs'}")
+    p = adloco(
+        "train",
+        "--set",
+        f"data.source={d}",
+        "--set",
+        "data.val_fraction=0.5",
+        "--set",
+        "data.seq_len=64",
+        "--set",
+        "data.tokenizer=bpe:300",
+        "--set",
+        f"logging.out_dir={tmp_path / 'runs'}",
+    )
     assert p.returncode == 2, p.stderr
     (line,) = p.stderr.strip().splitlines()
     assert line.startswith("adloco: error: data: the ") and "split holds" in line
