@@ -173,28 +173,6 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     assert p.returncode != 0 and "Traceback" in p.stderr
 
 
-def test_a_diverging_run_ends_cleanly(tmp_path: Path, text_corpus: Path) -> None:
-    out = tmp_path / "runs"
-    p = adloco(
-        "train",
-        "--set",
-        f"data.source={text_corpus}",
-        "--set",
-        f"logging.out_dir={out}",
-        *TINY,
-        "--set",
-        "inner.lr=1e6",
-        "--set",
-        "batch.estimator=paper",
-        "--set",
-        "algorithm.trainers=2",
-    )
-    assert p.returncode == 0, p.stderr
-    assert "-> inf" in p.stdout
-    (run,) = list(out.iterdir())
-    assert json.loads((run / "summary.json").read_text())["final_val_ppl"] is None  # JSON has no infinity
-
-
 def test_a_file_without_the_text_field(tmp_path: Path) -> None:
     f = tmp_path / "rows.jsonl"
     f.write_text("\n".join(json.dumps({"body": f"row {i}"}) for i in range(10)))

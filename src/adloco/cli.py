@@ -1,13 +1,14 @@
 """``adloco``: train | config. Bad input ends with one line on stderr and exit code 2.
 
-Exit codes: 0 done, 2 bad input, 3 a distributed run lost a rank (or ranks disagreed), 130 interrupted.
+Exit codes: 0 done, 2 bad input (or a disk that refused a checkpoint), 3 a distributed run lost a rank
+(or ranks disagreed), 4 training failed on numerical faults (a checkpoint was written), 130 / 143 stopped
+by SIGINT / SIGTERM (a checkpoint was written).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from adloco.errors import UserError
 
 EXIT_BAD_INPUT = 2
 EXIT_DISTRIBUTED = 3
+EXIT_FAILED = 4
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -44,8 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--nproc",
         type=int,
         metavar="N",
-        help="run N torch.distributed processes on this machine (torchrun --standalone); "
+        help="run N torch.distributed processes on this machine, reachable from it alone; "
         "for several machines use torchrun directly",
+    )
+    t.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a run from its newest checkpoint (or from RUN_DIR/checkpoints/round-N); "
+        "--set may change rounds, learning rates, eval, checkpoint, logging and runtime settings",
     )
     c = sub.add_parser("config", help="print the resolved config, every field with its one-line doc")
     _config_args(c)
@@ -67,19 +75,9 @@ def _launch(nproc: int, argv: Sequence[str]) -> int:
             next(it, None)  # and its value
         elif not a.startswith("--nproc="):
             rest.append(a)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "adloco",
-        *rest,
-        "--set",
-        "runtime.backend=torchdist",
-    ]
-    return subprocess.call(cmd)
+    from adloco.launch import run_local
+
+    return run_local(nproc, [*rest, "--set", "runtime.backend=torchdist"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -94,7 +92,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from adloco.config import dump_yaml, resolve
 
-        cfg = resolve(args.config, args.overrides)
+        resume = None
+        if getattr(args, "resume", None) is not None:
+            from pathlib import Path
+
+            from adloco.checkpoint import locate
+
+            if args.config is not None:
+                raise UserError(
+                    "--config: not with --resume (a run resumes with its own config.yaml; change fields with --set)"
+                )
+            resume = locate(Path(args.resume))
+            cfg = resolve(resume[0] / "config.yaml", args.overrides)
+        else:
+            cfg = resolve(args.config, args.overrides)
         if args.command == "config":
             sys.stdout.write(dump_yaml(cfg, with_docs=not args.plain))
             return 0
@@ -110,15 +121,34 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"runtime.workers_per_process ({wpp})"
                 )
             return _launch(args.nproc, argv)
-        from adloco.train import DistributedFailure, train
+        from adloco.train import DistributedFailure, Stopped, TrainingFailed, train
 
         try:
-            run_dir, summary = train(cfg)
+            run_dir, summary = train(cfg, resume)
         except DistributedFailure as exc:
             if args.debug:
                 raise
             print(f"adloco: error: {exc}", file=sys.stderr, flush=True)
             os._exit(EXIT_DISTRIBUTED)  # never wait on a process group that lost a member
+        except Stopped as exc:
+            if exc.run_dir is not None:
+                print(
+                    f"adloco: {exc}: checkpoint {exc.saved} written\nresume with: {_resume_command(exc.run_dir)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return 128 + exc.signum
+        except TrainingFailed as exc:
+            if args.debug:
+                raise
+            if exc.run_dir is not None:
+                print(
+                    f"adloco: error: {exc}; checkpoint {exc.saved} written\n"
+                    f"resume with: {_resume_command(exc.run_dir)} --set inner.lr=...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return EXIT_FAILED
         if run_dir is not None:
             if "final_val_accuracy" in summary:
                 what = (
@@ -150,6 +180,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("adloco: interrupted", file=sys.stderr)
         return 130
+
+
+def _resume_command(run_dir: object) -> str:
+    nproc = os.environ.get("ADLOCO_NPROC")
+    if nproc:
+        return f"adloco train --nproc {nproc} --resume {run_dir}"
+    if "WORLD_SIZE" in os.environ:
+        return f"torchrun <the same options> -m adloco train --resume {run_dir}"
+    return f"adloco train --resume {run_dir}"
 
 
 def _after_start(exc: UserError) -> bool:

@@ -162,7 +162,13 @@ class SwitchConfig:
     schedule: Literal["fixed", "reference"] = F(
         "fixed", "fixed: always `mode`; reference: accumulate while >1 trainer lives, then threshold"
     )
-    b_max: int = F(8, "largest micro-batch of one worker (configured on CPU)")
+    b_max: int | None = F(
+        None,
+        "largest micro-batch of one worker; null: on CUDA searched under memory_fraction of free memory, on CPU 8",
+    )
+    memory_fraction: float = F(
+        0.85, "CUDA b_max search: share of the free memory (split between the workers of a device) to fill"
+    )
 
 
 @dataclass
@@ -200,6 +206,22 @@ class CommConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    every: int = F(2, "write a full-state checkpoint every this many rounds (0: only at the end)")
+    keep: int = F(
+        2, "checkpoints kept, newest first; an older one is deleted only once a newer one is complete"
+    )
+
+
+@dataclass
+class FaultsConfig:
+    max_bad_rounds: int = F(
+        3,
+        "stop (with a checkpoint) after this many consecutive rounds with a non-finite worker loss or update",
+    )
+
+
+@dataclass
 class LoggingConfig:
     out_dir: str = F("runs", "parent folder of run directories")
     name: str | None = F(None, "run name (default: the method); the folder is <name>-<timestamp>")
@@ -223,6 +245,8 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     comm: CommConfig = field(default_factory=CommConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -437,7 +461,14 @@ def _check(cfg: Config) -> None:
     need(m.every >= 1, "merge.every", m.every, ">= 1")
     need(m.size >= 2, "merge.size", m.size, ">= 2")
     need(s.kappa >= 1, "switch.kappa", s.kappa, ">= 1")
-    need(1 <= s.b_max <= 1_048_576, "switch.b_max", s.b_max, ">= 1 and <= 1048576")
+    need(
+        s.b_max is None or 1 <= s.b_max <= 1_048_576, "switch.b_max", s.b_max, ">= 1 and <= 1048576, or null"
+    )
+    need(0 < s.memory_fraction <= 1, "switch.memory_fraction", s.memory_fraction, "in (0, 1]")
+    c = cfg.checkpoint
+    need(0 <= c.every <= 1_000_000, "checkpoint.every", c.every, ">= 0 (0: only at the end)")
+    need(1 <= c.keep <= 1000, "checkpoint.keep", c.keep, "between 1 and 1000")
+    need(cfg.faults.max_bad_rounds >= 1, "faults.max_bad_rounds", cfg.faults.max_bad_rounds, ">= 1")
     e = cfg.eval
     need(e.every >= 1, "eval.every", e.every, ">= 1")
     need(e.max_examples is None or e.max_examples >= 1, "eval.max_examples", e.max_examples, ">= 1 or null")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,62 @@ from adloco.telemetry.progress import Progress, make_progress
 
 class DistributedFailure(Exception):
     """A rank died, hung or disagreed: the message is one line naming the rank and the round."""
+
+
+class Stopped(Exception):
+    """SIGINT or SIGTERM: the run stopped at the end of an inner step and wrote a checkpoint."""
+
+    def __init__(self, signum: int, round_: int, run_dir: Path | None, saved: str) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name} in round {round_}")
+        self.signum, self.round, self.run_dir, self.saved = signum, round_, run_dir, saved
+
+
+class TrainingFailed(Exception):
+    """Numerical faults persisted; a checkpoint of the last (finite) state was written."""
+
+    def __init__(self, message: str, run_dir: Path | None, saved: str) -> None:
+        super().__init__(message)
+        self.run_dir, self.saved = run_dir, saved
+
+
+# What a resumed run may change: how long it runs, learning rates, evaluation, checkpoints, logging and
+# the runtime. Everything else (model, data, method, workers, seed ...) is the checkpoint's.
+RESUMABLE = (
+    "algorithm.rounds",
+    "inner.lr",
+    "inner.clip",
+    "outer.lr",
+    "eval.",
+    "checkpoint.",
+    "faults.",
+    "logging.",
+    "runtime.",
+    "data.cache_dir",
+)
+
+
+def check_resumable(cfg: Config, ck: Any) -> None:
+    """Refuse a checkpoint written under another model, data or method (one line naming the field)."""
+    saved = ck.meta.get("config")
+    if not isinstance(saved, dict):
+        raise UserError(f"checkpoint {str(ck.path)!r}: holds no config (not written by this adloco)")
+    now = cfg.to_dict()
+    for section, values in now.items():
+        for key, value in values.items():
+            path = f"{section}.{key}"
+            old = (saved.get(section) or {}).get(key, value)
+            if old != value and not any(
+                path == r or (r.endswith(".") and path.startswith(r)) for r in RESUMABLE
+            ):
+                raise UserError(
+                    f"--resume: {path} = {value!r} differs from the checkpoint's {old!r}: a resumed run keeps its "
+                    "model, data and method (only rounds, learning rates, clipping, eval, checkpoint, faults, "
+                    "logging and runtime settings may change)"
+                )
+    if cfg.algorithm.rounds < ck.round:
+        raise UserError(
+            f"config: algorithm.rounds = {cfg.algorithm.rounds}: the checkpoint is at round {ck.round} already"
+        )
 
 
 def resolve_device(name: str) -> torch.device:
@@ -90,8 +147,70 @@ def _check_same_data(comm: Comm, data: Data) -> None:
         )
 
 
-def train(cfg: Config) -> tuple[Path | None, dict[str, Any]]:
-    """Train as configured; returns the run directory (None on ranks other than 0) and the summary."""
+def _write_checkpoint(co: Coordinator, cfg: Config, run_dir: Path | None, sink: MetricsSink) -> str:
+    """Every rank takes part; rank 0 writes. Returns the checkpoint's name."""
+    from adloco import checkpoint
+    from adloco.engine.coordinator import save_state
+
+    t0 = time.perf_counter()
+    writer = checkpoint.Writer(run_dir, co.round) if run_dir is not None else None
+    try:
+        meta = save_state(co, writer.tensors if writer is not None else None)
+        if writer is not None:
+            meta["config"] = cfg.to_dict()
+            path = writer.finish(meta, cfg.checkpoint.keep)
+            sink.log(
+                {
+                    "event": "checkpoint",
+                    "round": co.round,
+                    "name": path.name,
+                    "bytes": sum(f.stat().st_size for f in path.iterdir()),
+                    "seconds": time.perf_counter() - t0,
+                }
+            )
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    return checkpoint.name(co.round)
+
+
+class _Signals:
+    """SIGINT and SIGTERM set a flag the workers read before every inner step; the first one counts, later
+    ones are ignored so the checkpoint is written whole (SIGKILL still ends everything)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | None, dict[str, Any]]:
+    """Train as configured; returns the run directory (None on ranks other than 0) and the summary.
+
+    ``resume``: (run directory, checkpoint folder) to continue from (see :func:`adloco.checkpoint.locate`).
+    """
+    from adloco import checkpoint
+
+    ck = None
+    if resume is not None:
+        ck = checkpoint.Checkpoint(resume[1])
+        check_resumable(cfg, ck)
     ctx = None
     if backend_of(cfg) == "torchdist":
         from adloco.engine.backends import torchdist
@@ -140,6 +259,10 @@ def train(cfg: Config) -> tuple[Path | None, dict[str, Any]]:
             getattr(data, "label_names", None),
         )
         coordinator = Coordinator(cfg, comm, data, factory, device, log=say)
+        if ck is not None:
+            from adloco.engine.coordinator import restore_state
+
+            restore_state(coordinator, ck)
         procs = f", {comm.world} processes x {ctx.threads} thread(s)" if ctx is not None else ""
         unit = f"blocks of {cfg.data.seq_len} tokens" if data.task == "causal_lm" else "labelled examples"
         say(
@@ -150,12 +273,41 @@ def train(cfg: Config) -> tuple[Path | None, dict[str, Any]]:
         run_dir = None
         sink: MetricsSink = MetricsSink()
         if root:
-            run_dir = create_run_dir(cfg)
-            write_atomic(run_dir / "config.yaml", dump_yaml(cfg))
-            say(f"run directory {run_dir}")
+            if resume is not None and ck is not None:
+                from adloco.telemetry.metrics import truncate_after
+
+                run_dir = resume[0]
+                write_atomic(run_dir / "config.yaml", dump_yaml(cfg))
+                truncate_after(run_dir / "metrics.jsonl", ck.round)
+                say(f"resuming {run_dir} from {ck.path.name} (round {ck.round} of {cfg.algorithm.rounds})")
+            else:
+                run_dir = create_run_dir(cfg)
+                write_atomic(run_dir / "config.yaml", dump_yaml(cfg))
+                say(f"run directory {run_dir}")
             sink = JsonlSink(run_dir / "metrics.jsonl")
+            if ck is not None:
+                sink.log({"event": "resume", "round": ck.round, "checkpoint": ck.path.name})
+        every = cfg.checkpoint.every
+
+        def after_round(final: bool) -> None:
+            if final or (every > 0 and coordinator is not None and coordinator.round % every == 0):
+                assert coordinator is not None
+                _write_checkpoint(coordinator, cfg, run_dir, sink)
+
+        from adloco.engine.coordinator import RoundStopped, TooManyBadRounds
+
         try:
-            summary = coordinator.run(sink, progress)
+            with _Signals() as signals:
+                coordinator.stop_requested = lambda: signals.signum is not None
+                try:
+                    summary = coordinator.run(sink, progress, after_round)
+                except RoundStopped as exc:
+                    progress.close()
+                    assert signals.signum is not None or comm.world > 1
+                    saved = _write_checkpoint(coordinator, cfg, run_dir, sink)
+                    raise Stopped(signals.signum or signal.SIGTERM, exc.round, run_dir, saved) from None
+                except TooManyBadRounds as exc:
+                    raise TrainingFailed(str(exc), run_dir, checkpoint.name(coordinator.round)) from None
             sink.log({"event": "end", **summary})
         finally:
             sink.close()

@@ -19,6 +19,7 @@ One round:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from adloco.algorithms import allocation, batching, merging, switch
@@ -79,8 +81,9 @@ class Coordinator:
         self.allocation = allocation.allocate(self.requests, a.workers, mode=cfg.merge.allocation)
         # b_max is never larger than a worker's shard (spec §5).
         smallest_shard = max(1, min(len(tr.subset) for tr in self.trainers.values()) // a.workers)
-        self.b_max = {w: min(cfg.switch.b_max, smallest_shard) for w in range(a.workers)}
-        if cfg.switch.b_max > smallest_shard:
+        configured = cfg.switch.b_max if cfg.switch.b_max is not None else 8
+        self.b_max = {w: min(configured, smallest_shard) for w in range(a.workers)}
+        if cfg.switch.b_max is not None and cfg.switch.b_max > smallest_shard:
             log(
                 f"switch.b_max lowered to {smallest_shard}: with every worker on one trainer, a worker's shard "
                 "holds no more blocks"
@@ -111,10 +114,46 @@ class Coordinator:
         self.wire_dtype = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}[
             cfg.comm.dtype
         ]
+        if device.type == "cuda" and cfg.switch.b_max is None:
+            self._search_b_max(min(smallest_shard, cfg.batch.max))
         self._load_workers()
         self.totals = Totals()
         self.last_eval: dict[int, float] = {}
         self.last_accuracy: dict[int, float] = {}
+        self.initial_metrics: dict[str, Any] = {}
+        self.bad_rounds = 0  # consecutive rounds with a non-finite worker
+        self.elapsed = 0.0  # seconds of training before this process started (a resumed run)
+        self.stop_requested: Callable[[], bool] = lambda: False  # set by whoever handles signals
+        self._rng: list[torch.Tensor] = []
+
+    def _search_b_max(self, hi: int) -> None:
+        """b_max on CUDA (spec §5): the same search on every process, agreed through a gather."""
+        from adloco.engine import memory
+        from adloco.engine.worker import rows as take_rows
+
+        worker = next(iter(self.workers.values()))
+        free, _ = torch.cuda.mem_get_info(self.device)
+        budget = self.cfg.switch.memory_fraction * free / len(self.workers)
+        i = self.cfg.inner
+        buffers = 2 if i.optimizer == "adamw" else (1 if i.momentum > 0 else 0)
+        full = self.data.train_batch(np.arange(hi) % self.data.n_train)
+
+        def step(b: int) -> None:
+            worker.flat.zero_grad()
+            try:
+                worker._forward_backward(worker._to_device(take_rows(full, 0, b)), 1.0)
+            finally:
+                worker.flat.zero_grad()
+
+        b = memory.cuda_b_max(step, budget, buffers * 4 * self.n_params, hi, self.device)
+        got = self.comm.all_gather_rows({w: [b] for w in self.workers}, 1, "check", counted=0)
+        self.b_max = {w: int(v[0]) for w, v in got.items()}
+        for w, wk in self.workers.items():
+            wk.b_max = self.b_max[w]
+        self.log(
+            f"b_max {min(self.b_max.values())}: the largest micro-batch under {self.cfg.switch.memory_fraction:g} "
+            f"of free CUDA memory ({free / 2**30:.1f} GiB) shared by {len(self.workers)} worker(s) (at most {hi})"
+        )
 
     # -- state -------------------------------------------------------------------------------------
     @property
@@ -204,12 +243,22 @@ class Coordinator:
                 )
                 probes[t] = ProbeSpec(k, c, extra, keep)
 
-        # 1. inner steps
+        # 1. inner steps (the state at their start is remembered, so a stopped round can be undone)
         if cfg.inner.state == "reset":
             for worker in self.workers.values():
                 reset_state(worker.optimizer)
+        for worker in self.workers.values():
+            worker.snapshot()
+        self._rng = _rng_state()
         total_steps = a.rounds * a.inner_steps
         local: dict[int, RoundResult] = {}
+        done = [0]
+
+        def stepped() -> None:
+            done[0] += 1
+            faults.after_step(comm.rank, r + 1, done[0])
+            on_step()
+
         for w in sorted(self.workers):
             t = trainer_of[w]
             stream = ShardStream(self.trainers[t].subset, a.seed, t, r, members[t].index(w), len(members[t]))
@@ -221,7 +270,9 @@ class Coordinator:
                 lambda h: lr_at(r * a.inner_steps + h, total_steps, cfg.inner),
                 probes.get(t),
                 self.scratch,
-                on_step,
+                stepped,
+                self.stop_requested,
+                faults.poisoned(w, r + 1),
             )
         if bcfg.estimator == "paper" and probing:  # each worker's last gradient, unclipped: one sample, c = e
             for w, res in local.items():
@@ -235,12 +286,27 @@ class Coordinator:
             {w: res.to_row() for w, res in local.items()}, RoundResult.FIELDS, "stats", counted
         )
         results = {w: RoundResult.from_row(rows[w]) for w in sorted(rows)}
-        gbar_sq = self._shared_mean(members, results, need_p) if shared else {}
+        if any(res.stopped for res in results.values()):  # a signal: undo the round everywhere
+            self.rollback()
+            raise RoundStopped(r + 1)
+        for w, res in results.items():
+            if res.b_max != self.b_max[w]:
+                self.log(f"round {r + 1}: worker {w} ran out of memory; b_max {self.b_max[w]} -> {res.b_max}")
+                self.b_max[w] = res.b_max
+        for worker in self.workers.values():
+            worker.notes.clear()
+        # Numerical faults: a worker whose loss or parameters are not finite is left out of its trainer's
+        # outer step and batch test; a trainer with no finite worker skips the round.
+        fault_events = self._faults(r, members, results)
+        ok = {t: [w for w in members[t] if results[w].finite] for t in self.alive}
+        gbar_sq = self._shared_mean(ok, results, need_p) if shared else {}
 
         # 3. outer step of every trainer on Δ_t = Σ_m (n_m / n)(θ_t − θ_m). The pseudo-gradients, not the
         #    parameters, are what is all-reduced: they are small, so a compressed wire dtype keeps them.
         for t in self.alive:
-            ws = members[t]
+            ws = ok[t]
+            if not ws:
+                continue
             n_ex = sum(results[w].examples for w in ws)
             buf = self.scratch.zero_()
             for w in self._local(ws):
@@ -254,9 +320,9 @@ class Coordinator:
         trainer_events = []
         for t in self.alive:
             ws = members[t]
-            stats = [results[w].stats for w in ws]
+            stats = [results[w].stats for w in ok[t]]
             pooled = None
-            if all(s is not None for s in stats) and len({s.c for s in stats if s}) == 1:
+            if stats and all(s is not None for s in stats) and len({s.c for s in stats if s}) == 1:
                 pooled = batching.pool([s for s in stats if s], gbar_sq.get(t) if shared else None)
             tr = self.trainers[t]
             dec = batching.decide(
@@ -319,7 +385,7 @@ class Coordinator:
             }
             for w, res in results.items()
         ]
-        events += trainer_events + merge_events
+        events += fault_events + trainer_events + merge_events
         summary: dict[str, Any] = {
             "event": "round",
             "round": self.round,
@@ -347,6 +413,53 @@ class Coordinator:
             ]
         events.append(summary)
         return {"summary": summary, "events": events}
+
+    def _faults(
+        self, r: int, members: dict[int, list[int]], results: dict[int, RoundResult]
+    ) -> list[dict[str, Any]]:
+        """Log the round's non-finite workers, reset their inner state, count consecutive bad rounds."""
+        events: list[dict[str, Any]] = []
+        bad = [w for w in sorted(results) if not results[w].finite]
+        self.bad_rounds = self.bad_rounds + 1 if bad else 0
+        for w in bad:
+            t = self.allocation[w]
+            events.append(
+                {
+                    "event": "fault",
+                    "round": r + 1,
+                    "worker": w,
+                    "trainer": t,
+                    "kind": "non_finite",
+                    "action": "left out of the outer step; inner optimizer state reset",
+                }
+            )
+            if w in self.workers:
+                self.workers[w].reset_optimizer()
+        for t in self.alive:
+            if members[t] and all(w in bad for w in members[t]):
+                events.append(
+                    {
+                        "event": "fault",
+                        "round": r + 1,
+                        "trainer": t,
+                        "kind": "trainer_skipped",
+                        "action": "no finite worker: θ and request kept",
+                    }
+                )
+        if bad:
+            self.log(
+                f"round {r + 1}: worker(s) {', '.join(map(str, bad))} produced a non-finite loss or update; "
+                f"left out of the outer step ({self.bad_rounds} bad round(s) in a row, the run stops at "
+                f"{self.cfg.faults.max_bad_rounds})"
+            )
+        return events
+
+    def rollback(self) -> None:
+        """Undo a round that was stopped part-way: workers back to θ and their state at its start."""
+        for worker in self.workers.values():
+            worker.rollback()
+        self._load_workers()
+        _set_rng_state(self._rng)
 
     def _shared_mean(
         self,
@@ -486,27 +599,36 @@ class Coordinator:
         return {"val_loss": _num(loss), "val_ppl": _num(perplexity(loss))}
 
     # -- whole run ---------------------------------------------------------------------------------
-    def run(self, sink: MetricsSink, progress: Progress) -> dict[str, Any]:
+    def run(
+        self,
+        sink: MetricsSink,
+        progress: Progress,
+        after_round: Callable[[bool], None] = lambda final: None,
+    ) -> dict[str, Any]:
+        """Train until ``algorithm.rounds``; ``after_round(final)`` runs after every round is logged (the
+        checkpoint hook). A resumed coordinator (``restore``) continues from its round."""
         a = self.cfg.algorithm
-        t0 = time.perf_counter()
-        initial_metrics = self._val_metrics(self._best(self.evaluate()))
-        self._collect()
-        sink.log(
-            {
-                "event": "start",
-                "round": 0,
-                "parameters": self.n_params,
-                "workers": a.workers,
-                "trainers": a.trainers,
-                "allocation": {str(w): t for w, t in self.allocation.items()},
-                **initial_metrics,
-                "task": self.data.task,
-                "train_examples": self.data.n_train,
-                "val_examples": self.data.n_val,
-                "processes": self.comm.world,
-                "threads_per_process": torch.get_num_threads(),
-            }
-        )
+        t0 = time.perf_counter() - self.elapsed
+        if not self.initial_metrics:
+            self.initial_metrics = self._val_metrics(self._best(self.evaluate()))
+            self._collect()
+            sink.log(
+                {
+                    "event": "start",
+                    "round": 0,
+                    "parameters": self.n_params,
+                    "workers": a.workers,
+                    "trainers": a.trainers,
+                    "allocation": {str(w): t for w, t in self.allocation.items()},
+                    **self.initial_metrics,
+                    "task": self.data.task,
+                    "train_examples": self.data.n_train,
+                    "val_examples": self.data.n_val,
+                    "processes": self.comm.world,
+                    "threads_per_process": torch.get_num_threads(),
+                }
+            )
+        initial_metrics = self.initial_metrics
         progress.start(a.rounds, a.inner_steps * len(self.workers), initial_metrics)
         while self.round < a.rounds:
             progress.round_started(self.round + 1)
@@ -514,6 +636,14 @@ class Coordinator:
             for e in out["events"]:
                 sink.log(e)
             progress.round_done(out["summary"])
+            self.elapsed = time.perf_counter() - t0
+            failing = self.bad_rounds >= self.cfg.faults.max_bad_rounds
+            after_round(self.round == a.rounds or failing)
+            if failing:
+                raise TooManyBadRounds(
+                    f"round {self.round}: {self.bad_rounds} rounds in a row with a non-finite worker loss or "
+                    "update (faults.max_bad_rounds); lower inner.lr or inner.clip"
+                )
         progress.close()
         best = self._best(self.last_eval or self.evaluate())
         final = self._val_metrics(best)
@@ -553,6 +683,12 @@ class Coordinator:
                 "this is a bug or non-deterministic arithmetic, please report it with the run directory"
             )
 
+    def fingerprint(self) -> str:
+        """The model's parameter names and shapes, hashed: a checkpoint must match them."""
+        model = next(iter(self.workers.values())).model
+        text = ";".join(f"{n}:{tuple(p.shape)}" for n, p in model.named_parameters())
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
     def trainer_state_dict(self, t: int) -> dict[str, torch.Tensor] | None:
         """Trainer t's parameters as a model state dict, on rank 0 (None elsewhere).
 
@@ -573,8 +709,179 @@ class Coordinator:
         return state
 
 
+# -- checkpoints ------------------------------------------------------------------------------------
+# Saved per logical trainer and worker, not per process: a checkpoint does not depend on how workers
+# were spread over processes.
+Emit = Callable[[str, dict[str, torch.Tensor]], None]
+
+
+def save_state(co: Coordinator, emit: Emit | None) -> dict[str, Any]:
+    """Everything needed to continue after the last completed round. Every process calls it; rank 0
+    receives the tensors of the others (not counted: output, not training), hands each file to ``emit``
+    and returns the metadata (other ranks: an empty dict)."""
+    root = co.comm.rank == 0
+    members = co.members()
+    buf = co.scratch
+    for t in co.alive:
+        tr = co.trainers[t]
+        tensors: dict[str, torch.Tensor] = {}
+        parts: list[tuple[str, torch.Tensor | None]] = [("theta", tr.theta)]
+        if tr.outer.has_state:
+            parts.append(("momentum", tr.momentum()))
+        for key, value in parts:
+            if value is not None:
+                buf.copy_(value)
+            co.comm.fetch(buf, members[t][0])
+            if root:
+                tensors[key] = buf.clone()
+        if root and emit is not None:
+            emit(f"trainer-{t}.safetensors", tensors)
+    keys = _inner_keys(co.cfg)
+    states = {w: wk.inner_state() for w, wk in co.workers.items()}
+    groups = len(next(iter(co.workers.values())).flat.groups)
+    rows = {
+        w: [
+            float(bool(st)),
+            *([*st["step"].tolist(), 0.0, 0.0][:2] if "step" in st else [0.0, 0.0]),
+            *co.workers[w].scalars(),
+        ]
+        for w, st in states.items()
+    }
+    got = co.comm.all_gather_rows(rows, 7, "check", counted=0)
+    workers_meta: dict[str, Any] = {}
+    for w in range(co.cfg.algorithm.workers):
+        has = bool(got[w][0])
+        tensors = {}
+        for k in keys if has else []:
+            if w in states:
+                buf.copy_(states[w][k])
+            co.comm.fetch(buf, w)
+            if root:
+                tensors[k] = buf.clone()
+        if root and emit is not None:
+            emit(f"worker-{w}.safetensors", tensors)
+        workers_meta[str(w)] = {
+            "inner_state": has,
+            "steps": got[w][1 : 1 + groups] if has and co.cfg.inner.optimizer == "adamw" else [],
+            "scalars": got[w][3:7],
+        }
+    rng = torch.cat([x.to(torch.uint8).reshape(-1) for x in _rng_state()]).to(co.device)
+    first = {co.comm.owner(w): w for w in reversed(range(co.cfg.algorithm.workers))}
+    rngs = {}
+    for q in sorted(first):
+        got_rng = rng.clone()
+        co.comm.fetch(got_rng, first[q])
+        rngs[f"rank-{q}"] = got_rng.cpu()
+    if not root:
+        return {}
+    if emit is not None:
+        emit("rng.safetensors", rngs)
+    return {
+        "round": co.round,
+        "parameters": co.n_params,
+        "model": co.fingerprint(),
+        "trainers": {str(t): {"request": tr.request} for t, tr in co.trainers.items()},
+        "allocation": {str(w): t for w, t in co.allocation.items()},
+        "b_max": {str(w): b for w, b in co.b_max.items()},
+        "workers": workers_meta,
+        "totals": dataclasses.asdict(co.totals),
+        "initial_metrics": co.initial_metrics,
+        "last_eval": {str(t): v for t, v in co.last_eval.items()},
+        "last_accuracy": {str(t): v for t, v in co.last_accuracy.items()},
+        "bad_rounds": co.bad_rounds,
+        "elapsed_s": co.elapsed,
+        "processes": co.comm.world,
+    }
+
+
+def restore_state(co: Coordinator, ck: Any) -> None:
+    """Load a checkpoint (an :class:`adloco.checkpoint.Checkpoint`) into a freshly built coordinator."""
+    from adloco.errors import UserError
+
+    m = ck.meta
+    where = f"checkpoint {str(ck.path)!r}"
+    if m.get("parameters") != co.n_params or m.get("model") != co.fingerprint():
+        raise UserError(
+            f"{where}: holds a model of {m.get('parameters', 0):,} parameters with other shapes or names; this "
+            f"run builds {co.n_params:,} ({co.cfg.model.name!r}): a run resumes with its own model"
+        )
+    if len(m["allocation"]) != co.cfg.algorithm.workers:
+        raise UserError(
+            f"{where}: written with {len(m['allocation'])} workers; this run has {co.cfg.algorithm.workers}"
+        )
+    co.round = int(m["round"])
+    alive = sorted(int(t) for t in m["trainers"])
+    co.trainers = {t: co.trainers[t] for t in alive}
+    co.allocation = {int(w): int(t) for w, t in m["allocation"].items()}
+    co.b_max = {int(w): int(b) for w, b in m["b_max"].items()}
+    hosted = {co.allocation[w] for w in co.workers}
+    for t, tr in co.trainers.items():
+        tr.request = int(m["trainers"][str(t)]["request"])
+        tr.outer = co._new_outer()
+        tr.theta = None
+        if t in hosted:
+            ts = ck.tensors(f"trainer-{t}.safetensors")
+            tr.theta = ts["theta"].to(co.device, torch.float32, copy=True)
+            if "momentum" in ts and tr.outer.has_state:
+                tr.outer.v = ts["momentum"].to(co.device, torch.float32, copy=True)
+    for w, wk in co.workers.items():
+        info = m["workers"][str(w)]
+        state = dict(ck.tensors(f"worker-{w}.safetensors")) if info["inner_state"] else {}
+        if state and info["steps"]:
+            state["step"] = torch.tensor(info["steps"], dtype=torch.float32)
+        wk.load_inner_state(state)
+        wk.load_scalars(info["scalars"])
+    co._load_workers()
+    co.totals = Totals(**m["totals"])
+    co.initial_metrics = dict(m["initial_metrics"])
+    co.last_eval = {int(t): float(v) for t, v in m["last_eval"].items()}
+    co.last_accuracy = {int(t): float(v) for t, v in m["last_accuracy"].items()}
+    co.bad_rounds = int(m["bad_rounds"])
+    co.elapsed = float(m["elapsed_s"])
+    rngs = ck.tensors("rng.safetensors")
+    mine = rngs.get(f"rank-{co.comm.rank}", rngs.get("rank-0"))
+    if mine is not None and mine.numel() == sum(x.numel() for x in _rng_state()):
+        sizes = [x.numel() for x in _rng_state()]
+        _set_rng_state(list(torch.split(mine.to(torch.uint8), sizes)))
+
+
+def _inner_keys(cfg: Config) -> list[str]:
+    """The per-parameter buffers of the inner optimizer (their layout is the flat one)."""
+    if cfg.inner.optimizer == "adamw":
+        return ["exp_avg", "exp_avg_sq"]
+    return ["momentum_buffer"] if cfg.inner.momentum > 0 else []
+
+
 class DecisionMismatch(RuntimeError):
     """Processes computed different decisions from the same gathered scalars."""
+
+
+class RoundStopped(Exception):
+    """A signal stopped round ``round`` part-way; it was rolled back to its start on every process."""
+
+    def __init__(self, round_: int) -> None:
+        super().__init__(f"round {round_} stopped")
+        self.round = round_
+
+
+class TooManyBadRounds(RuntimeError):
+    """``faults.max_bad_rounds`` consecutive rounds had a non-finite worker (θ itself stayed finite)."""
+
+
+def _rng_state() -> list[torch.Tensor]:
+    """This process's torch generators (dropout draws from them): CPU, then its current CUDA device."""
+    out = [torch.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out.append(torch.cuda.get_rng_state())
+    return out
+
+
+def _set_rng_state(states: list[torch.Tensor]) -> None:
+    if not states:
+        return
+    torch.set_rng_state(states[0].contiguous())
+    if len(states) > 1:
+        torch.cuda.set_rng_state(states[1].contiguous())
 
 
 def _num(x: float | None) -> float | None:

@@ -21,6 +21,7 @@ from adloco.algorithms.batching import WorkerStats
 from adloco.algorithms.switch import Plan
 from adloco.config import InnerConfig
 from adloco.data.sampling import ShardStream
+from adloco.engine import faults
 from adloco.engine.flat import FlatModule
 from adloco.engine.inner import make_optimizer, reset_state
 
@@ -67,8 +68,10 @@ class RoundResult:
     capped: bool
     stats: WorkerStats | None
     skipped: int = 0  # steps skipped by fp16 loss scaling (non-finite gradients)
+    stopped: bool = False  # a signal stopped the round early: the round is rolled back
+    b_max: int = 0  # the worker's b_max after the round (halved on out-of-memory)
 
-    FIELDS = 15
+    FIELDS = 17
     STATS_FIELDS = 4  # the leading values the batch test needs: k, c, Σ‖g_j‖², ‖ḡ_m‖²
 
     def to_row(self) -> list[float]:
@@ -87,6 +90,8 @@ class RoundResult:
             self.accum,
             float(self.capped),
             self.skipped,
+            float(self.stopped),
+            self.b_max,
         ]
 
     @classmethod
@@ -104,6 +109,8 @@ class RoundResult:
             bool(row[13]),
             stats,
             int(row[14]),
+            bool(row[15]),
+            int(row[16]),
         )
 
 
@@ -129,6 +136,9 @@ class Worker:
         self.loss_scale = 2.0**16 if precision == "fp16" else 1.0
         self._good_steps = 0
         self.skipped = 0
+        self._oom_rows = faults.oom_rows(wid)
+        self.notes: list[str] = []  # what the worker had to change (e.g. b_max after out of memory)
+        self._snap: tuple[dict[str, torch.Tensor], list[float]] = ({}, self.scalars())
 
     # -- state -------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -150,8 +160,14 @@ class Worker:
         probe: ProbeSpec | None,
         scratch: torch.Tensor,
         on_step: Callable[[], None] = lambda: None,
+        should_stop: Callable[[], bool] = lambda: False,
+        poison: bool = False,
     ) -> RoundResult:
-        """Run H = ``steps`` optimizer steps of ``plan.effective`` examples each."""
+        """Run H = ``steps`` optimizer steps of ``plan.effective`` examples each.
+
+        ``should_stop`` is asked before every step: once it says yes the round ends early (the coordinator
+        rolls it back). ``poison`` (test-only fault injection) makes the worker's parameters non-finite.
+        """
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         sync()
         t0 = time.perf_counter()
@@ -160,40 +176,116 @@ class Worker:
         probe_examples = 0
         skipped_before = self.skipped
         e = plan.effective
+        done = 0
         for h in range(steps):
+            if should_stop():
+                break
             for group in self.optimizer.param_groups:
                 group["lr"] = lr_for_step(h)
             batch = self._to_device(fetch(stream.take(e)))  # e rows
-            if h == 0 and probe is not None:
-                if probe.extra:
-                    extra = self._to_device(fetch(stream.take(probe.k * probe.c)))
-                    stats, _ = self._probe(extra, probe, plan.micro, scratch)
-                    self._unscale_samples(probe, scratch)
-                    probe_examples += probe.k * probe.c
-                    loss = self._accumulate(batch, plan.micro)
-                else:
-                    stats, loss = self._probe_step(batch, probe, plan.micro, scratch)
-            else:
-                loss = self._accumulate(batch, plan.micro)
+            extra = None
+            if h == 0 and probe is not None and probe.extra:
+                extra = self._to_device(fetch(stream.take(probe.k * probe.c)))
+            while True:  # an out-of-memory micro-batch halves b_max and repeats the step on the same rows
+                micro = min(plan.micro, self.b_max)
+                try:
+                    if h == 0 and probe is not None:
+                        if extra is not None:
+                            stats, _ = self._probe(extra, probe, micro, scratch)
+                            self._unscale_samples(probe, scratch)
+                            loss = self._accumulate(batch, micro)
+                        else:
+                            stats, loss = self._probe_step(batch, probe, micro, scratch)
+                    else:
+                        loss = self._accumulate(batch, micro)
+                    break
+                except torch.OutOfMemoryError:
+                    if micro <= 1:
+                        raise
+                    self.flat.zero_grad()
+                    if self.device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    self.b_max = micro // 2
+                    self.notes.append(
+                        f"worker {self.id}: out of memory with a micro-batch of {micro}; b_max halved to "
+                        f"{self.b_max}, step repeated"
+                    )
+            if extra is not None:
+                probe_examples += probe.k * probe.c if probe is not None else 0
             self._step()
             loss_sum += loss
+            done += 1
             on_step()
-        mean_loss = (loss_sum / steps).item()
-        finite = math.isfinite(mean_loss) and bool(torch.isfinite(self.flat.param).all())
+        if poison:
+            self.flat.param.fill_(math.nan)
+        mean_loss = (loss_sum / done).item() if done else math.nan
+        finite = done > 0 and math.isfinite(mean_loss) and bool(torch.isfinite(self.flat.param).all())
         sync()
         return RoundResult(
             mean_loss,
-            steps,
-            steps * e,
+            done,
+            done * e,
             probe_examples,
             finite,
             time.perf_counter() - t0,
-            plan.micro,
+            min(plan.micro, self.b_max),
             plan.accum,
             plan.capped,
             stats,
             self.skipped - skipped_before,
+            done < steps,
+            self.b_max,
         )
+
+    # -- state for rollback and checkpoints --------------------------------------------------------
+    def inner_state(self) -> dict[str, torch.Tensor]:
+        """The inner optimizer's state as flat tensors: every per-parameter buffer as one (P,) tensor in
+        the flat layout, ``step`` as (groups,); empty before the first step or after a reset."""
+        states = [self.optimizer.state.get(g, {}) for g in self.flat.groups]
+        if not all(states):
+            return {}
+        out: dict[str, torch.Tensor] = {}
+        for k, v in states[0].items():
+            if not isinstance(v, torch.Tensor):
+                continue
+            if k == "step":
+                out[k] = torch.stack([s[k].detach().to("cpu", torch.float32).reshape(()) for s in states])
+            else:
+                out[k] = torch.cat([s[k].detach().reshape(-1) for s in states])
+        return out
+
+    def load_inner_state(self, state: dict[str, torch.Tensor]) -> None:
+        reset_state(self.optimizer)
+        lo = 0
+        for i, g in enumerate(self.flat.groups):
+            n = g.numel()
+            if state:
+                self.optimizer.state[g] = {
+                    k: (v[i].clone() if k == "step" else v[lo : lo + n].to(self.device, copy=True).view_as(g))
+                    for k, v in state.items()
+                }
+            lo += n
+
+    def scalars(self) -> list[float]:
+        """The worker's scalar state: fp16 loss scale, good steps since the last change, skipped steps, b_max."""
+        return [self.loss_scale, self._good_steps, self.skipped, self.b_max]
+
+    def load_scalars(self, row: list[float]) -> None:
+        self.loss_scale, self._good_steps, self.skipped, self.b_max = (
+            float(row[0]),
+            int(row[1]),
+            int(row[2]),
+            int(row[3]),
+        )
+
+    def snapshot(self) -> None:
+        """Remember the state at the start of a round (host memory), so a stopped round can be undone."""
+        self._snap = ({k: v.to("cpu", copy=True) for k, v in self.inner_state().items()}, self.scalars())
+
+    def rollback(self) -> None:
+        state, scalars = self._snap
+        self.load_inner_state(state)
+        self.load_scalars(scalars)
 
     # -- pieces ------------------------------------------------------------------------------------
     def _to_device(self, batch: Batch) -> Batch:
@@ -201,6 +293,8 @@ class Worker:
 
     def _forward_backward(self, batch: Batch, scale: float) -> torch.Tensor:
         """Backward of ``scale`` x the batch's mean loss (times the fp16 loss scale); returns the loss."""
+        if self._oom_rows is not None and n_rows(batch) > self._oom_rows:  # test-only fault injection
+            raise torch.OutOfMemoryError(f"test fault: more than {self._oom_rows} rows")
         with torch.autocast(
             self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None
         ):

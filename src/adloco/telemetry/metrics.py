@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -41,3 +42,26 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return out
+
+
+def truncate_after(path: Path, round_: int) -> int:
+    """Drop the events of rounds after ``round_`` (and a torn last line), atomically: a resumed run
+    continues the file with no round missing or repeated. Returns how many lines were dropped."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if int(event.get("round", 0)) <= round_ and event.get("event") != "end":
+            kept.append(line)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write("".join(x + "\n" for x in kept))
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    return len(lines) - len(kept)

@@ -230,10 +230,16 @@ def start(
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n_threads = threads or max(1, cores // local_world)
     torch.set_num_threads(n_threads)
+    store_file = os.environ.get("ADLOCO_STORE")  # `adloco train --nproc`: a file store, no TCP listener
     dist.init_process_group(
         "nccl" if use_cuda else "gloo",
         timeout=datetime.timedelta(seconds=timeout),
         device_id=device if use_cuda else None,
+        **(
+            {"store": dist.FileStore(store_file, world), "rank": int(os.environ["RANK"]), "world_size": world}
+            if store_file
+            else {}
+        ),
     )
     comm = TorchDistComm(n_workers, workers_per_process, device)
     return DistContext(

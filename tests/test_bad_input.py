@@ -1,0 +1,353 @@
+"""Bad input, as a table: one line naming the field or file, the value and what is allowed; exit code 2;
+no run directory left behind (and, for --resume, the run directory untouched)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from adloco.cli import main
+
+TINY = [
+    "model.name=llama-micro",
+    "data.tokenizer=bpe:300",
+    "data.seq_len=16",
+    "algorithm.rounds=2",
+    "algorithm.inner_steps=2",
+    "batch.initial=2",
+    "switch.b_max=2",
+    "eval.max_examples=4",
+    "logging.progress=off",
+    "logging.plots=false",
+    "logging.save_model=false",
+]
+
+
+def S(*kv: str) -> list[str]:  # noqa: N802 - reads like the command line
+    return [a for x in kv for a in ("--set", x)]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> dict[str, Path]:
+    """Files the cases point at: a tiny checkpoint (vocabulary 300, 64 positions), a finished run, a run
+    directory with no checkpoint, and assorted broken inputs."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from adloco.config import DataConfig
+    from adloco.data.tokens import prepare
+
+    tmp = tmp_path_factory.mktemp("bad-input")
+    data = prepare(DataConfig(source=str(text_corpus), tokenizer="bpe:300", seq_len=16), log=lambda s: None)
+    cfg = LlamaConfig(
+        vocab_size=len(data.tokenizer),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+        eos_token_id=data.eos_id,
+        bos_token_id=data.eos_id,
+    )
+    LlamaForCausalLM(cfg).save_pretrained(tmp / "ckpt")
+    data.tokenizer.save_pretrained(tmp / "ckpt")
+    assert main(["train", *S(f"data.source={text_corpus}", f"logging.out_dir={tmp / 'ok'}", *TINY)]) == 0
+    (run_ok,) = list((tmp / "ok").iterdir())
+    nock = tmp / "nock"
+    nock.mkdir()
+    (nock / "config.yaml").write_text((run_ok / "config.yaml").read_text())
+    (tmp / "bad.yaml").write_text("batch:\n  eta: [0.5\n")
+    (tmp / "empty").mkdir()
+    (tmp / "empty" / "a.txt").write_text("")
+    (tmp / "rows.jsonl").write_text("\n".join(json.dumps({"body": f"row {i}"}) for i in range(10)))
+    (tmp / "smallval").mkdir()
+    (tmp / "smallval" / "big.txt").write_text(" ".join(f"w{i}" for i in range(3000)))
+    (tmp / "smallval" / "small.txt").write_text("tiny")
+    (tmp / "afile").write_text("x")
+    return {"tmp": tmp, "corpus": text_corpus, "ckpt": tmp / "ckpt", "run": run_ok, "nock": nock}
+
+
+# (case, arguments after `adloco`, the exact line) with {tmp}, {ckpt}, {run}, {nock}, {corpus} filled in.
+CASES: list[tuple[str, list[str], str]] = [
+    (
+        "int-not-a-number",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "algorithm.rounds=abc"],
+        "config: algorithm.rounds = 'abc': must be an integer",
+    ),
+    (
+        "rounds-zero",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "algorithm.rounds=0"],
+        "config: algorithm.rounds = 0: must be >= 1",
+    ),
+    (
+        "workers-fraction",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "algorithm.workers=2.5"],
+        "config: algorithm.workers = 2.5: must be an integer",
+    ),
+    (
+        "seed-negative",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "algorithm.seed=-1"],
+        "config: algorithm.seed = -1: must be in [0, 2**31)",
+    ),
+    (
+        "inner-lr-negative",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "inner.lr=-1"],
+        "config: inner.lr = -1.0: must be > 0",
+    ),
+    (
+        "eta-zero",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "batch.eta=0"],
+        "config: batch.eta = 0.0: must be > 0",
+    ),
+    (
+        "kappa-below-one",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "switch.kappa=0.5"],
+        "config: switch.kappa = 0.5: must be >= 1",
+    ),
+    (
+        "b-max-zero",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "switch.b_max=0"],
+        "config: switch.b_max = 0: must be >= 1 and <= 1048576, or null",
+    ),
+    (
+        "val-fraction",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "data.val_fraction=1.5"],
+        "config: data.val_fraction = 1.5: must be between 0 and 1 (exclusive)",
+    ),
+    (
+        "timeout-zero",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "runtime.timeout=0"],
+        "config: runtime.timeout = 0.0: must be between 1 and 86400 seconds",
+    ),
+    (
+        "checkpoint-keep-zero",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "checkpoint.keep=0"],
+        "config: checkpoint.keep = 0: must be between 1 and 1000",
+    ),
+    (
+        "checkpoint-every-negative",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "checkpoint.every=-1"],
+        "config: checkpoint.every = -1: must be >= 0 (0: only at the end)",
+    ),
+    (
+        "max-bad-rounds-zero",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "faults.max_bad_rounds=0"],
+        "config: faults.max_bad_rounds = 0: must be >= 1",
+    ),
+    (
+        "eval-every-zero",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "eval.every=0"],
+        "config: eval.every = 0: must be >= 1",
+    ),
+    (
+        "bool-not-bool",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "logging.plots=maybe"],
+        "config: logging.plots = 'maybe': must be true or false",
+    ),
+    (
+        "unknown-key",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "batch.etaa=0.5"],
+        "config: unknown key 'batch.etaa'; did you mean 'eta'? (allowed: test, initial, max, eta, vartheta, nu, estimator, probe_chunks, statistics, exact_mean)",
+    ),
+    (
+        "unknown-section",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "bach.eta=0.5"],
+        "config: unknown section 'bach'; did you mean 'batch'? (allowed: model, data, algorithm, inner, outer, batch, merge, switch, eval, runtime, comm, checkpoint, faults, logging)",
+    ),
+    (
+        "unknown-method",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "algorithm.method=sgdx"],
+        "config: algorithm.method = 'sgdx': must be one of 'adloco', 'diloco', 'localsgd'",
+    ),
+    (
+        "unknown-choice",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "merge.policy=random"],
+        "config: merge.policy = 'random': must be one of 'smallest', 'largest_with_smallest', 'none'",
+    ),
+    (
+        "override-syntax",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "batch.eta"],
+        "--set 'batch.eta': must look like section.key=value",
+    ),
+    (
+        "malformed-yaml",
+        ["train", "--config", "{tmp}/bad.yaml", "--set", "logging.out_dir={tmp}/runs"],
+        "config file '{tmp}/bad.yaml': malformed YAML at line 3, column 1: expected ',' or ']', but got '<stream end>'",
+    ),
+    (
+        "missing-config",
+        ["train", "--config", "{tmp}/nope.yaml", "--set", "logging.out_dir={tmp}/runs"],
+        "config file '{tmp}/nope.yaml': not found",
+    ),
+    (
+        "more-trainers-than-workers",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "algorithm.trainers=5"],
+        "config: algorithm.trainers = 5: must be <= algorithm.workers (4): every trainer needs at least one worker",
+    ),
+    (
+        "cap-below-initial",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "batch.initial=8", "--set", "batch.max=4"],
+        "config: batch.max = 4: must be >= batch.initial (8)",
+    ),
+    (
+        "missing-data",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "data.source={tmp}/no-such-corpus"],
+        "data.source = '{tmp}/no-such-corpus': no such file or folder (or use 'stdlib')",
+    ),
+    (
+        "empty-data",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "data.source={tmp}/empty"],
+        "data.source = '{tmp}/empty': every document is empty (no text in field 'text')",
+    ),
+    (
+        "no-text-field",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "data.source={tmp}/rows.jsonl"],
+        "data file 'rows.jsonl': no field 'text' (fields: body); set data.text_field",
+    ),
+    (
+        "empty-validation",
+        [
+            "train",
+            "--set",
+            "logging.out_dir={tmp}/runs",
+            "--set",
+            "data.source={tmp}/smallval",
+            "--set",
+            "data.val_fraction=0.5",
+            "--set",
+            "data.seq_len=64",
+            "--set",
+            "data.tokenizer=bpe:300",
+        ],
+        "data: the validation split holds no blocks of data.seq_len = 64 tokens; raise data.val_fraction or lower data.seq_len",
+    ),
+    (
+        "hub-offline",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "data.source=allenai/c4"],
+        "config: data.source = 'allenai/c4': not a local path, and not in the Hugging Face cache while offline (HF_HUB_OFFLINE=1); point data.source at local files or a folder (txt, md, jsonl, csv, parquet)",
+    ),
+    (
+        "seq-len-over-positions",
+        [
+            "train",
+            "--set",
+            "logging.out_dir={tmp}/runs",
+            "--set",
+            "data.source={corpus}",
+            "--set",
+            "model.name=llama-micro",
+            "--set",
+            "data.tokenizer=bpe:300",
+            "--set",
+            "data.seq_len=16",
+            "--set",
+            "model.name={ckpt}",
+            "--set",
+            "data.tokenizer={ckpt}",
+            "--set",
+            "data.seq_len=128",
+        ],
+        "config: data.seq_len = 128: larger than model.name = '{ckpt}''s maximum positions (64)",
+    ),
+    (
+        "tokenizer-over-embedding",
+        [
+            "train",
+            "--set",
+            "logging.out_dir={tmp}/runs",
+            "--set",
+            "data.source={corpus}",
+            "--set",
+            "model.name=llama-micro",
+            "--set",
+            "data.tokenizer=bpe:300",
+            "--set",
+            "data.seq_len=16",
+            "--set",
+            "model.name={ckpt}",
+            "--set",
+            "data.tokenizer=bpe:400",
+        ],
+        "config: data.tokenizer: its vocabulary (400 tokens) is larger than model.name = '{ckpt}''s embedding (300 rows); use the model's own tokenizer",
+    ),
+    (
+        "out-dir-not-writable",
+        ["train", "--set", "logging.out_dir={tmp}/afile/runs"],
+        "config: logging.out_dir = '{tmp}/afile/runs': cannot be created (Not a directory)",
+    ),
+    (
+        "name-with-slash",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "logging.name=a/b"],
+        "config: logging.name = 'a/b': must be a plain name of letters, digits, '.', '_' or '-' (no '/'), at most 100 characters",
+    ),
+    (
+        "nproc-zero",
+        ["train", "--set", "logging.out_dir={tmp}/runs", "--nproc", "0"],
+        "--nproc 0: must be >= 1",
+    ),
+    (
+        "resume-missing",
+        ["train", "--resume", "{tmp}/no-such-run"],
+        "--resume '{tmp}/no-such-run': no such directory",
+    ),
+    (
+        "resume-not-a-run",
+        ["train", "--resume", "{tmp}/empty"],
+        "--resume '{tmp}/empty': not a run directory (no config.yaml)",
+    ),
+    (
+        "resume-no-checkpoint",
+        ["train", "--resume", "{nock}"],
+        "--resume '{nock}': no checkpoint to resume from (one is written every checkpoint.every rounds and at the end)",
+    ),
+    (
+        "resume-other-model",
+        ["train", "--resume", "{run}", "--set", "model.name=llama-tiny"],
+        "--resume: model.name = 'llama-tiny' differs from the checkpoint's 'llama-micro': a resumed run keeps its model, data and method (only rounds, learning rates, clipping, eval, checkpoint, faults, logging and runtime settings may change)",
+    ),
+    (
+        "resume-with-config",
+        ["train", "--resume", "{run}", "--config", "{tmp}/bad.yaml"],
+        "--config: not with --resume (a run resumes with its own config.yaml; change fields with --set)",
+    ),
+    (
+        "resume-fewer-rounds",
+        ["train", "--resume", "{run}", "--set", "algorithm.rounds=1"],
+        "config: algorithm.rounds = 1: the checkpoint is at round 2 already",
+    ),
+]
+
+
+def _fill(text: str, world: dict[str, Path]) -> str:
+    for key in ("run", "nock", "ckpt", "corpus", "tmp"):
+        text = text.replace("{" + key + "}", str(world[key]))
+    return text
+
+
+def _tree(path: Path) -> str:
+    """A digest of every file under ``path`` (names, sizes and contents)."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(path)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def test_the_table_is_long_enough() -> None:
+    assert len(CASES) >= 25 and len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case,args,line", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(
+    case: str, args: list[str], line: str, world: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = _tree(world["run"])
+    code = main([_fill(a, world) for a in args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip() == "adloco: error: " + _fill(line, world)  # one line, exactly
+    assert not (world["tmp"] / "runs").exists()  # no run directory left behind
+    assert _tree(world["run"]) == before  # a refused --resume leaves the run as it was
