@@ -231,16 +231,17 @@ def start(
     n_threads = threads or max(1, cores // local_world)
     torch.set_num_threads(n_threads)
     store_file = os.environ.get("ADLOCO_STORE")  # `adloco train --nproc`: a file store, no TCP listener
-    dist.init_process_group(
-        "nccl" if use_cuda else "gloo",
-        timeout=datetime.timedelta(seconds=timeout),
-        device_id=device if use_cuda else None,
-        **(
-            {"store": dist.FileStore(store_file, world), "rank": int(os.environ["RANK"]), "world_size": world}
-            if store_file
-            else {}
-        ),
-    )
+    backend = "nccl" if use_cuda else "gloo"
+    limit = datetime.timedelta(seconds=timeout)
+    device_id = device if use_cuda else None
+    if store_file:
+        store = dist.FileStore(store_file, world)
+        rank = int(os.environ["RANK"])
+        dist.init_process_group(
+            backend, timeout=limit, device_id=device_id, store=store, rank=rank, world_size=world
+        )
+    else:  # torchrun: env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)
+        dist.init_process_group(backend, timeout=limit, device_id=device_id)
     comm = TorchDistComm(n_workers, workers_per_process, device)
     return DistContext(
         comm, device, dist.get_rank(), world, local_rank, n_threads, Heartbeat(dist.get_rank())
