@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from adloco.config import resolve
 from tests.helpers import coordinator, tiny_config
@@ -89,3 +90,51 @@ def test_ablations(overrides: list[str], check) -> None:  # type: ignore[no-unty
     for e in out["events"]:
         ev.setdefault(e["event"], []).append(e)
     assert check(ev)
+
+
+def test_ddp_averages_gradients_every_step() -> None:
+    assert resolve(overrides=["algorithm.method=ddp"]).algorithm.trainers == 1
+    cfg = tiny_config(**{"algorithm": {"method": "ddp", "rounds": 2, "inner_steps": 3, "trainers": 1}})
+    assert (cfg.batch.test, cfg.merge.policy, cfg.outer.optimizer) == ("none", "none", "average")
+    c = coordinator(cfg)
+    theta0 = c.theta(0).clone()
+    out = c.run_round()
+    params = [w.flat.param for w in c.workers.values()]
+    assert all(torch.equal(p, params[0]) for p in params)  # every worker took the same steps
+    assert torch.equal(c.theta(0), params[0]) and not torch.equal(c.theta(0), theta0)
+    n, p = cfg.algorithm.workers, c.n_params
+    # one all-reduce of P float32 values among the N workers per step, and no Δ at all
+    assert out["summary"]["collectives"] == [["grad", "all_reduce", n, 4 * p, 3]]
+    assert out["summary"]["bytes"] == 3 * 2 * (n - 1) * 4 * p
+
+
+def test_ddp_on_one_worker_is_plain_training() -> None:
+    """With one worker, ddp and diloco with outer averaging take the same steps on the same data."""
+    a = coordinator(tiny_config(**{"algorithm": {"method": "ddp", "workers": 1, "trainers": 1, "rounds": 2}}))
+    b = coordinator(
+        tiny_config(
+            **{
+                "algorithm": {"method": "diloco", "workers": 1, "trainers": 1, "rounds": 2},
+                "outer": {"optimizer": "average"},
+            }
+        )
+    )
+    for _ in range(2):
+        a.run_round()
+        b.run_round()
+    assert torch.allclose(a.theta(0), b.theta(0), atol=1e-6)
+
+
+def test_a_budget_of_examples_ends_the_run_early() -> None:
+    from adloco.telemetry.metrics import MetricsSink
+    from adloco.telemetry.progress import Progress
+
+    cfg = tiny_config(**{"algorithm": {"rounds": 50, "budget": 100}})
+    c = coordinator(cfg)
+    summary = c.run(MetricsSink(), Progress())
+    assert summary["examples_total"] >= 100 and summary["rounds"] < 50
+    per_round = summary["examples_total"] / summary["rounds"]
+    assert (
+        summary["examples_total"] - per_round < 100 or summary["rounds"] == 1
+    )  # stopped at the first round past it
+    assert summary["sim_s"] > 0 and summary["peak_memory_bytes"] > 0

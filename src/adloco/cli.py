@@ -1,4 +1,4 @@
-"""``adloco``: train | config. Bad input ends with one line on stderr and exit code 2.
+"""``adloco``: train | bench | report | config. Bad input ends with one line on stderr and exit code 2.
 
 Exit codes: 0 done, 2 bad input (or a disk that refused a checkpoint), 3 a distributed run lost a rank
 (or ranks disagreed), 4 training failed on numerical faults (a checkpoint was written), 130 / 143 stopped
@@ -55,6 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue a run from its newest checkpoint (or from RUN_DIR/checkpoints/round-N); "
         "--set may change rounds, learning rates, eval, checkpoint, logging and runtime settings",
     )
+    from adloco import bench
+
+    bench.add_parser(sub)
+    r = sub.add_parser("report", help="redraw plots and the comparison table from run directories alone")
+    r.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    r.add_argument(
+        "--out", help="comparison folder (default: the run itself for one run, else report-<time>)"
+    )
+    r.add_argument("--target", type=float, help="perplexity to reach (default: the highest final one)")
+    r.add_argument("--bandwidth", type=float, help="simulated network: bytes per second (default: the runs')")
+    r.add_argument("--latency", type=float, help="simulated network: seconds per hop (default: the runs')")
+    r.add_argument("--debug", action="store_true", help="show tracebacks")
     c = sub.add_parser("config", help="print the resolved config, every field with its one-line doc")
     _config_args(c)
     c.add_argument("--plain", action="store_true", help="YAML only, without the docs")
@@ -92,6 +104,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from adloco.config import dump_yaml, resolve
 
+        if args.command == "bench":
+            from adloco import bench
+
+            return bench.run(args, argv)
+        if args.command == "report":
+            return _report(args)
         resume = None
         if getattr(args, "resume", None) is not None:
             from pathlib import Path
@@ -180,6 +198,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("adloco: interrupted", file=sys.stderr)
         return 130
+
+
+def _report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from adloco import compare
+    from adloco.report import plot_run
+
+    if args.bandwidth is not None and args.bandwidth <= 0:
+        raise UserError(f"--bandwidth {args.bandwidth}: must be > 0 (bytes per second)")
+    if args.latency is not None and args.latency < 0:
+        raise UserError(f"--latency {args.latency}: must be >= 0 (seconds)")
+    paths = [Path(p) for p in args.runs]
+    runs = [compare.load(p, args.bandwidth, args.latency) for p in paths]
+    if len(paths) == 1:
+        plot_run(paths[0])
+    out = (
+        Path(args.out)
+        if args.out
+        else (paths[0] if len(paths) == 1 else Path(f"report-{time.strftime('%Y%m%d-%H%M%S')}"))
+    )
+    report = compare.write(runs, out, args.target, command="adloco " + " ".join(sys.argv[1:]))
+    print(f"report: {report}")
+    return 0
 
 
 def _resume_command(run_dir: object) -> str:

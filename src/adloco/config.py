@@ -80,14 +80,18 @@ class DataConfig:
 
 @dataclass
 class AlgorithmConfig:
-    method: Literal["adloco", "diloco", "localsgd"] = F(
-        "adloco", "adloco | diloco | localsgd; sets the defaults of the other sections (spec §6)"
+    method: Literal["adloco", "diloco", "localsgd", "ddp"] = F(
+        "adloco",
+        "adloco | diloco | localsgd | ddp (gradients averaged every step); sets the other sections' defaults",
     )
     rounds: int = F(12, "outer rounds (every worker runs H inner steps, then every trainer steps)")
     inner_steps: int = F(12, "H: inner OPTIMIZER steps per round (never micro-batches)")
     workers: int = F(4, "N: compute slots that run inner steps")
     trainers: int = F(4, "K0: model instances at start (each owns >= 1 workers)")
     seed: int = F(0, "seed of every random stream, keyed by (seed, trainer, worker, round)")
+    budget: int | None = F(
+        None, "stop after the round in which this many training examples were processed (null: all rounds)"
+    )
 
 
 @dataclass
@@ -195,6 +199,9 @@ class RuntimeConfig:
     timeout: float = F(
         600.0, "torchdist: seconds a collective may wait before the run stops naming the silent rank"
     )
+    worker_speeds: list[float] = F(
+        [], "simulated time: worker w computes speeds[w] times as fast as measured (empty: all 1)"
+    )
 
 
 @dataclass
@@ -203,6 +210,12 @@ class CommConfig:
         "float32",
         "precision of what is all-reduced each round (Δ, probe gradients); θ always travels in float32",
     )
+
+
+@dataclass
+class NetworkConfig:
+    bandwidth: float = F(125e6, "simulated time: bytes per second of every link (125e6: 1 Gbit/s)")
+    latency: float = F(1e-3, "simulated time: seconds per message hop")
 
 
 @dataclass
@@ -245,6 +258,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     comm: CommConfig = field(default_factory=CommConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -261,6 +275,12 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "diloco": {
         "algorithm": {"trainers": 1},
         "outer": {"optimizer": "nesterov", "lr": 0.7, "momentum": 0.9},
+        "batch": {"test": "none", "statistics": False},
+        "merge": {"policy": "none"},
+    },
+    "ddp": {
+        "algorithm": {"trainers": 1},
+        "outer": {"optimizer": "average"},
         "batch": {"test": "none", "statistics": False},
         "merge": {"policy": "none"},
     },
@@ -483,6 +503,16 @@ def _check(cfg: Config) -> None:
         f"a divisor of algorithm.workers ({a.workers})",
     )
     need(1 <= rt.timeout <= 86400, "runtime.timeout", rt.timeout, "between 1 and 86400 seconds")
+    need(a.budget is None or a.budget >= 1, "algorithm.budget", a.budget, ">= 1 or null")
+    need(
+        not rt.worker_speeds or (len(rt.worker_speeds) == a.workers and all(x > 0 for x in rt.worker_speeds)),
+        "runtime.worker_speeds",
+        rt.worker_speeds,
+        f"empty or {a.workers} positive numbers (one per worker)",
+    )
+    n = cfg.network
+    need(n.bandwidth > 0, "network.bandwidth", n.bandwidth, "> 0 (bytes per second)")
+    need(n.latency >= 0, "network.latency", n.latency, ">= 0 (seconds)")
     name = cfg.logging.name
     need(
         name is None or (re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) is not None and len(name) <= 100),

@@ -50,12 +50,14 @@ class TrainingFailed(Exception):
 # the runtime. Everything else (model, data, method, workers, seed ...) is the checkpoint's.
 RESUMABLE = (
     "algorithm.rounds",
+    "algorithm.budget",
     "inner.lr",
     "inner.clip",
     "outer.lr",
     "eval.",
     "checkpoint.",
     "faults.",
+    "network.",
     "logging.",
     "runtime.",
     "data.cache_dir",

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from adloco import netmodel
 from adloco.algorithms import allocation, batching, merging, switch
 from adloco.algorithms.outer import OuterOptimizer
 from adloco.config import Config
@@ -54,6 +55,7 @@ class Totals:
     bytes: int = 0
     messages: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
+    sim_s: float = 0.0
 
 
 class Coordinator:
@@ -183,16 +185,22 @@ class Coordinator:
         for w, worker in self.workers.items():
             worker.load(self.theta(self.allocation[w]))
 
-    def _collect(self) -> tuple[int, int, float]:
-        """(bytes, messages, seconds in counted collectives) since the last call; added to the totals."""
+    def _collect(self) -> tuple[int, int, float, list[list[Any]]]:
+        """(bytes, messages, seconds in counted collectives, [kind, op, n, payload, count] rows) since the
+        last call; added to the totals. The rows are what the network model prices (simulated time)."""
         recs = self.comm.drain()
         nbytes = sum(r.wire for r in recs)
         msgs = sum(1 for r in recs if r.workers > 1)
         self.totals.bytes += nbytes
         self.totals.messages += msgs
+        counts: dict[tuple[str, str, int, int], int] = {}
         for r in recs:
             self.totals.by_kind[r.kind] = self.totals.by_kind.get(r.kind, 0) + r.wire
-        return nbytes, msgs, sum(r.seconds for r in recs)
+            if r.workers > 1:
+                key = (r.kind, r.op, r.workers, r.payload)
+                counts[key] = counts.get(key, 0) + 1
+        rows = [[*k, c] for k, c in counts.items()]
+        return nbytes, msgs, sum(r.seconds for r in recs), rows
 
     # -- evaluation --------------------------------------------------------------------------------
     def evaluate(self) -> dict[int, float]:
@@ -259,7 +267,8 @@ class Coordinator:
             faults.after_step(comm.rank, r + 1, done[0])
             on_step()
 
-        for w in sorted(self.workers):
+        ddp = a.method == "ddp"
+        for w in [] if ddp else sorted(self.workers):
             t = trainer_of[w]
             stream = ShardStream(self.trainers[t].subset, a.seed, t, r, members[t].index(w), len(members[t]))
             local[w] = self.workers[w].run_round(
@@ -274,6 +283,8 @@ class Coordinator:
                 self.stop_requested,
                 faults.poisoned(w, r + 1),
             )
+        if ddp:
+            local = self._ddp_steps(r, members, plans, stepped)
         if bcfg.estimator == "paper" and probing:  # each worker's last gradient, unclipped: one sample, c = e
             for w, res in local.items():
                 sq = self.workers[w].last_gradient_sq()
@@ -306,6 +317,11 @@ class Coordinator:
         for t in self.alive:
             ws = ok[t]
             if not ws:
+                continue
+            if ddp:  # the workers stepped together on averaged gradients: θ is any of theirs
+                mine = self._local(ws)
+                if mine and self.trainers[t].hosted:
+                    self.theta(t).copy_(self.workers[mine[0]].flat.param)
                 continue
             n_ex = sum(results[w].examples for w in ws)
             buf = self.scratch.zero_()
@@ -365,7 +381,16 @@ class Coordinator:
         self.round += 1
         self._check_agreement()
         train_s = time.perf_counter() - t_start
-        nbytes, msgs, comm_s = self._collect()
+        nbytes, msgs, comm_s, collectives = self._collect()
+        net = cfg.network
+        sim_s = netmodel.round_seconds(
+            {w: res.compute_s for w, res in results.items()},
+            collectives,
+            net.bandwidth,
+            net.latency,
+            cfg.runtime.worker_speeds,
+        )
+        self.totals.sim_s += sim_s
         val = self.evaluate() if self.round % cfg.eval.every == 0 or self.round == a.rounds else None
         events: list[dict[str, Any]] = [
             {
@@ -404,6 +429,9 @@ class Coordinator:
             "train_s": train_s,  # without evaluation
             "comm_s": comm_s,  # of train_s, in counted collectives (this process's view, waits included)
             "max_compute_s": max(res.compute_s for res in results.values()),
+            "collectives": collectives,  # [kind, op, workers, payload bytes, count]: counted ones only
+            "sim_s": sim_s,  # simulated: slowest worker's compute + the network model (spec §7)
+            "sim_total_s": self.totals.sim_s,
         }
         if val is not None:
             summary.update(self._val_metrics(self._best(val)))
@@ -413,6 +441,67 @@ class Coordinator:
             ]
         events.append(summary)
         return {"summary": summary, "events": events}
+
+    def _ddp_steps(
+        self, r: int, members: dict[int, list[int]], plans: dict[int, Any], on_step: Callable[[], None]
+    ) -> dict[int, RoundResult]:
+        """Synchronous data parallel in the same engine: every step, each trainer's workers average their
+        gradients (one all-reduce of P values) and take the same optimizer step, so they stay identical."""
+        a, cfg = self.cfg.algorithm, self.cfg
+        total = a.rounds * a.inner_steps
+        streams = {}
+        for w in self.workers:
+            t = self.allocation[w]
+            streams[w] = ShardStream(
+                self.trainers[t].subset, a.seed, t, r, members[t].index(w), len(members[t])
+            )
+        loss = {w: torch.zeros((), device=self.device) for w in self.workers}
+        compute = dict.fromkeys(self.workers, 0.0)
+        done, stopped = 0, False
+        for h in range(a.inner_steps):
+            if self.stop_requested():
+                stopped = True
+                break
+            for t in self.alive:
+                ws = members[t]
+                buf = self.scratch.zero_()
+                for w in self._local(ws):
+                    wk, t0 = self.workers[w], time.perf_counter()
+                    batch = wk._to_device(self.data.train_batch(streams[w].take(plans[w].effective)))
+                    loss[w] += wk._accumulate(batch, min(plans[w].micro, wk.b_max))
+                    buf.add_(wk.flat.grad, alpha=1.0 / len(ws))
+                    compute[w] += time.perf_counter() - t0
+                self.comm.all_reduce(buf, ws, "grad", dtype=self.wire_dtype)
+                for w in self._local(ws):
+                    wk, t0 = self.workers[w], time.perf_counter()
+                    for group in wk.optimizer.param_groups:
+                        group["lr"] = lr_at(r * a.inner_steps + h, total, cfg.inner)
+                    wk.flat.grad.copy_(buf)
+                    wk._step()
+                    compute[w] += time.perf_counter() - t0
+                    on_step()
+            done += 1
+        out = {}
+        for w, wk in self.workers.items():
+            mean = (loss[w] / done).item() if done else math.nan
+            finite = done > 0 and math.isfinite(mean) and bool(torch.isfinite(wk.flat.param).all())
+            p = plans[w]
+            out[w] = RoundResult(
+                mean,
+                done,
+                done * p.effective,
+                0,
+                finite,
+                compute[w],
+                min(p.micro, wk.b_max),
+                p.accum,
+                p.capped,
+                None,
+                0,
+                stopped,
+                wk.b_max,
+            )
+        return out
 
     def _faults(
         self, r: int, members: dict[int, list[int]], results: dict[int, RoundResult]
@@ -609,6 +698,7 @@ class Coordinator:
         checkpoint hook). A resumed coordinator (``restore``) continues from its round."""
         a = self.cfg.algorithm
         t0 = time.perf_counter() - self.elapsed
+        budget = a.budget or math.inf
         if not self.initial_metrics:
             self.initial_metrics = self._val_metrics(self._best(self.evaluate()))
             self._collect()
@@ -630,7 +720,7 @@ class Coordinator:
             )
         initial_metrics = self.initial_metrics
         progress.start(a.rounds, a.inner_steps * len(self.workers), initial_metrics)
-        while self.round < a.rounds:
+        while self.round < a.rounds and self.totals.examples < budget:
             progress.round_started(self.round + 1)
             out = self.run_round(progress.step)
             for e in out["events"]:
@@ -638,7 +728,7 @@ class Coordinator:
             progress.round_done(out["summary"])
             self.elapsed = time.perf_counter() - t0
             failing = self.bad_rounds >= self.cfg.faults.max_bad_rounds
-            after_round(self.round == a.rounds or failing)
+            after_round(self.round == a.rounds or self.totals.examples >= budget or failing)
             if failing:
                 raise TooManyBadRounds(
                     f"round {self.round}: {self.bad_rounds} rounds in a row with a non-finite worker loss or "
@@ -660,6 +750,8 @@ class Coordinator:
             "bytes_total": self.totals.bytes,
             "bytes_by_kind": dict(sorted(self.totals.by_kind.items())),
             "wall_s": time.perf_counter() - t0,
+            "sim_s": self.totals.sim_s,
+            "peak_memory_bytes": _peak_memory(self.device),
             "best_trainer": best,
         }
         if self.data.task == "classification":
@@ -866,6 +958,17 @@ class RoundStopped(Exception):
 
 class TooManyBadRounds(RuntimeError):
     """``faults.max_bad_rounds`` consecutive rounds had a non-finite worker (θ itself stayed finite)."""
+
+
+def _peak_memory(device: torch.device) -> int:
+    """Peak memory of this process: CUDA allocations on a GPU, resident set size on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
 
 
 def _rng_state() -> list[torch.Tensor]:
