@@ -1,4 +1,4 @@
-"""``adloco``: train | bench | report | config. Bad input ends with one line on stderr and exit code 2.
+"""``adloco``: train | bench | report | analyze-gradients | config. Bad input ends with one line on stderr and exit code 2.
 
 Exit codes: 0 done, 2 bad input (or a disk that refused a checkpoint), 3 a distributed run lost a rank
 (or ranks disagreed), 4 training failed on numerical faults (a checkpoint was written), 130 / 143 stopped
@@ -55,9 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue a run from its newest checkpoint (or from RUN_DIR/checkpoints/round-N); "
         "--set may change rounds, learning rates, eval, checkpoint, logging and runtime settings",
     )
-    from adloco import bench
+    from adloco import analysis, bench
 
     bench.add_parser(sub)
+    analysis.add_parser(sub)
     r = sub.add_parser("report", help="redraw plots and the comparison table from run directories alone")
     r.add_argument("runs", nargs="+", metavar="RUN_DIR")
     r.add_argument(
@@ -110,6 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return bench.run(args, argv)
         if args.command == "report":
             return _report(args)
+        if args.command == "analyze-gradients":
+            from adloco import analysis
+
+            return analysis.run(args)
         resume = None
         if getattr(args, "resume", None) is not None:
             from pathlib import Path
