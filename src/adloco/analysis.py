@@ -80,7 +80,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="workers emulated by the estimators, each with its own b examples (default 4)",
     )
     p.add_argument(
-        "--out", metavar="DIR", help="output folder (default: <run>/analysis/gradients-round-NNNNNN-trainer-T)"
+        "--out",
+        metavar="DIR",
+        help="output folder (default: <run>/analysis/gradients-round-NNNNNN-trainer-T)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the example and minibatch draws (default 0)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
