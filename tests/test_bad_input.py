@@ -155,12 +155,12 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "unknown-section",
         ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "bach.eta=0.5"],
-        "config: unknown section 'bach'; did you mean 'batch'? (allowed: model, data, algorithm, inner, outer, batch, merge, switch, eval, runtime, comm, checkpoint, faults, logging)",
+        "config: unknown section 'bach'; did you mean 'batch'? (allowed: model, data, algorithm, inner, outer, batch, merge, switch, eval, runtime, comm, network, checkpoint, faults, logging)",
     ),
     (
         "unknown-method",
         ["train", "--set", "logging.out_dir={tmp}/runs", "--set", "algorithm.method=sgdx"],
-        "config: algorithm.method = 'sgdx': must be one of 'adloco', 'diloco', 'localsgd'",
+        "config: algorithm.method = 'sgdx': must be one of 'adloco', 'diloco', 'localsgd', 'ddp'",
     ),
     (
         "unknown-choice",

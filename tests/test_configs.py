@@ -15,9 +15,33 @@ from tests.helpers import coordinator
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in CONFIGS.glob("*.yaml") if not p.name.startswith("bench"))
+)
 def test_every_config_resolves(name: str) -> None:
     resolve(CONFIGS / name)
+
+
+def test_the_bench_config_resolves_for_every_variant() -> None:
+    import argparse
+
+    from adloco.bench import ABLATIONS, METHODS, variants
+
+    args = argparse.Namespace(
+        config=str(CONFIGS / "bench-cpu.yaml"),
+        overrides=[],
+        methods=",".join(METHODS),
+        ablations=",".join(ABLATIONS),
+        budget=None,
+        target=None,
+    )
+    settings, todo = variants(args)
+    assert settings["budget"] == 12288 and len(todo) == 7
+    for name, sets in todo:
+        c = resolve(None, sets, base=settings["raw"])
+        assert c.algorithm.budget == 12288 and c.algorithm.rounds == 64, name
+    diloco = resolve(None, dict(todo)["diloco"], base=settings["raw"])
+    assert (diloco.outer.optimizer, diloco.outer.lr, diloco.algorithm.trainers) == ("nesterov", 0.7, 1)
 
 
 def test_default_yaml_is_the_embedded_default() -> None:
