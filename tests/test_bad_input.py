@@ -67,6 +67,14 @@ def world(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> dict[s
     (tmp / "smallval" / "big.txt").write_text(" ".join(f"w{i}" for i in range(3000)))
     (tmp / "smallval" / "small.txt").write_text("tiny")
     (tmp / "afile").write_text("x")
+    custom = tmp / "custom"  # a checkpoint that would run its own code: it must not run
+    custom.mkdir()
+    (custom / "config.json").write_text(
+        json.dumps(
+            {"model_type": "own", "auto_map": {"AutoConfig": "own.C", "AutoModelForCausalLM": "own.M"}}
+        )
+    )
+    (custom / "own.py").write_text(f"open({str(tmp / 'RAN')!r}, 'w').write('code ran')\n")
     return {"tmp": tmp, "corpus": text_corpus, "ckpt": tmp / "ckpt", "run": run_ok, "nock": nock}
 
 
@@ -274,6 +282,24 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: data.tokenizer: its vocabulary (400 tokens) is larger than model.name = '{ckpt}''s embedding (300 rows); use the model's own tokenizer",
     ),
     (
+        "remote-code-not-trusted",
+        [
+            "train",
+            "--set",
+            "logging.out_dir={tmp}/runs",
+            "--set",
+            "model.name={tmp}/custom",
+            "--set",
+            "data.source={corpus}",
+            "--set",
+            "data.tokenizer=bpe:300",
+            "--set",
+            "data.seq_len=16",
+        ],
+        "config: model.name = '{tmp}/custom': ships its own Python code, which adloco does not run unless asked: "
+        "set model.trust_remote_code=true only if you trust it",
+    ),
+    (
         "out-dir-not-writable",
         ["train", "--set", "logging.out_dir={tmp}/afile/runs"],
         "config: logging.out_dir = '{tmp}/afile/runs': cannot be created (Not a directory)",
@@ -351,3 +377,4 @@ def test_bad_input(
     assert err.strip() == "adloco: error: " + _fill(line, world)  # one line, exactly
     assert not (world["tmp"] / "runs").exists()  # no run directory left behind
     assert _tree(world["run"]) == before  # a refused --resume leaves the run as it was
+    assert not (world["tmp"] / "RAN").exists()  # no code from a checkpoint ran

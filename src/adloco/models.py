@@ -147,6 +147,11 @@ class ModelFactory:
             if not path.exists() and hub.offline():
                 raise hub.offline_error("model.name", cfg.name, MODEL_HINT) from None
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            if "custom code" in first and not cfg.trust_remote_code:
+                raise UserError(
+                    f"config: model.name = {cfg.name!r}: ships its own Python code, which adloco does not run "
+                    "unless asked: set model.trust_remote_code=true only if you trust it"
+                ) from None
             raise UserError(f"config: model.name = {cfg.name!r}: cannot be loaded ({first})") from None
         if getattr(model.config, "pad_token_id", None) is None:
             model.config.pad_token_id = pad_id  # sequence classification finds the last token by it
