@@ -188,3 +188,10 @@ def test_bench_checks_every_variant_before_running(
     assert capsys.readouterr().err.strip() == (
         "adloco: error: --methods 'adloco,fedavg': 'fedavg' is not one of adloco, diloco, localsgd, ddp"
     )
+
+
+def test_report_on_one_run_writes_into_it(runs: list[Path]) -> None:
+    assert main(["report", str(runs[0])]) == 0
+    assert (runs[0] / "report.md").read_text().count("\n| fast | adloco |") == 1
+    assert (runs[0] / "plots" / "val_ppl_vs_round.png").is_file()  # the run's own plots, redrawn
+    assert (runs[0] / "plots" / "val_ppl_vs_simulated_time.png").is_file()
