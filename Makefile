@@ -5,7 +5,7 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 
-.PHONY: train test test-all lint bench clean
+.PHONY: train test test-all lint bench bench-cpu clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ lint: $(BIN)/.installed  ## ruff and mypy
 
 bench: $(BIN)/.installed  ## engine overhead benchmark (see benchmarks/RESULTS.md)
 	$(BIN)/python benchmarks/engine_overhead.py
+
+bench-cpu: $(BIN)/.installed  ## the methods and ablations compared on 2 CPU cores (~40 min)
+	$(BIN)/adloco bench --config configs/bench-cpu.yaml --ablations no-adaptive,no-merge,no-switch
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
