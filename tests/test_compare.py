@@ -195,3 +195,10 @@ def test_report_on_one_run_writes_into_it(runs: list[Path]) -> None:
     assert (runs[0] / "report.md").read_text().count("\n| fast | adloco |") == 1
     assert (runs[0] / "plots" / "val_ppl_vs_round.png").is_file()  # the run's own plots, redrawn
     assert (runs[0] / "plots" / "val_ppl_vs_simulated_time.png").is_file()
+
+
+def test_report_states_the_network_it_priced(runs: list[Path], tmp_path: Path) -> None:
+    assert main(["report", *map(str, runs), "--out", str(tmp_path / "a")]) == 0
+    assert "on 1 MB/s and 10 ms latency" in (tmp_path / "a" / "report.md").read_text()
+    assert main(["report", *map(str, runs), "--out", str(tmp_path / "b"), "--bandwidth", "1e7"]) == 0
+    assert "on 10 MB/s and 10 ms latency" in (tmp_path / "b" / "report.md").read_text()

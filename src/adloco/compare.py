@@ -28,6 +28,8 @@ class Run:
     config: dict[str, Any]
     summary: dict[str, Any]
     events: list[dict[str, Any]]
+    bandwidth: float = 125e6  # the network simulated time was priced on
+    latency: float = 1e-3
     # one point per evaluation: (round, examples, communications, bytes, simulated s, validation ppl)
     points: list[tuple[int, int, int, int, float, float]] = field(default_factory=list)
 
@@ -52,6 +54,7 @@ def load(path: Path, bandwidth: float | None = None, latency: float | None = Non
     net = config.get("network", {})
     bw = bandwidth or float(net.get("bandwidth", 125e6))
     lat = latency if latency is not None else float(net.get("latency", 1e-3))
+    run.bandwidth, run.latency = bw, lat
     speeds = config.get("runtime", {}).get("worker_speeds") or []
     start = next((e for e in events if e["event"] == "start"), None)
     if start is None or start.get("val_ppl") is None:
@@ -252,13 +255,17 @@ def write(runs: list[Run], out: Path, target: float | None = None, command: str 
     ]
     if command:
         lines += ["Made by:", "", "```bash", command, "```", ""]
-    any_cfg = runs[0].config
-    net = any_cfg.get("network", {})
+    nets = {(r.bandwidth, r.latency) for r in runs}
+    bw, lat = runs[0].bandwidth, runs[0].latency
+    network = (
+        f"{bw / 1e6:g} MB/s and {lat * 1e3:g} ms latency"
+        if len(nets) == 1
+        else "each run's own network (`network` in its config.yaml)"
+    )
     lines += [
         f"Target perplexity: **{target:.2f}** (the highest final perplexity among the runs unless given). "
         f"Simulated time: the slowest worker's measured compute per round (scaled by `runtime.worker_speeds`) "
-        f"plus every counted collective on a network of {float(net.get('bandwidth', 125e6)) / 1e6:g} MB/s and "
-        f"{float(net.get('latency', 1e-3)) * 1e3:g} ms latency (ring all-reduce 2(n−1)/n·B/bandwidth + "
+        f"plus every counted collective on {network} (ring all-reduce 2(n−1)/n·B/bandwidth + "
         "2(n−1)·latency; spec §7). Peak memory: the process's resident set on CPU, CUDA allocations on a GPU.",
         "",
         "| run | method | rounds | final ppl | examples → target | comms → target | bytes → target "
