@@ -165,9 +165,6 @@ class Checkpoint:
     def round(self) -> int:
         return int(self.meta["round"])
 
-    def has(self, filename: str) -> bool:
-        return filename in self._data
-
     def tensors(self, filename: str) -> dict[str, torch.Tensor]:
         try:
             return st_load(self._data[filename])

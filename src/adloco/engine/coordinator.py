@@ -304,8 +304,6 @@ class Coordinator:
             if res.b_max != self.b_max[w]:
                 self.log(f"round {r + 1}: worker {w} ran out of memory; b_max {self.b_max[w]} -> {res.b_max}")
                 self.b_max[w] = res.b_max
-        for worker in self.workers.values():
-            worker.notes.clear()
         # Numerical faults: a worker whose loss or parameters are not finite is left out of its trainer's
         # outer step and batch test; a trainer with no finite worker skips the round.
         fault_events = self._faults(r, members, results)

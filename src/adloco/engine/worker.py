@@ -137,7 +137,6 @@ class Worker:
         self._good_steps = 0
         self.skipped = 0
         self._oom_rows = faults.oom_rows(wid)
-        self.notes: list[str] = []  # what the worker had to change (e.g. b_max after out of memory)
         self._snap: tuple[dict[str, torch.Tensor], list[float]] = ({}, self.scalars())
 
     # -- state -------------------------------------------------------------------------------------
@@ -205,11 +204,7 @@ class Worker:
                     self.flat.zero_grad()
                     if self.device.type == "cuda":
                         torch.cuda.empty_cache()
-                    self.b_max = micro // 2
-                    self.notes.append(
-                        f"worker {self.id}: out of memory with a micro-batch of {micro}; b_max halved to "
-                        f"{self.b_max}, step repeated"
-                    )
+                    self.b_max = micro // 2  # the coordinator logs it from the round's results
             if extra is not None:
                 probe_examples += probe.k * probe.c if probe is not None else 0
             self._step()

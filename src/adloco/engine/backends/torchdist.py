@@ -230,7 +230,9 @@ def start(
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n_threads = threads or max(1, cores // local_world)
     torch.set_num_threads(n_threads)
-    store_file = os.environ.get("ADLOCO_STORE")  # `adloco train --nproc`: a file store, no TCP listener
+    from adloco.launch import STORE_ENV
+
+    store_file = os.environ.get(STORE_ENV)  # `adloco train --nproc`: a file store, no TCP listener
     backend = "nccl" if use_cuda else "gloo"
     limit = datetime.timedelta(seconds=timeout)
     device_id = device if use_cuda else None
