@@ -142,6 +142,16 @@ def test_a_killed_rank_resumes_bit_for_bit(tmp_path: Path, text_corpus: Path) ->
     assert p.returncode == 0, p.stderr
     assert rounds_logged(run) == [1, 2, 3, 4, 5]
     assert weights(run) == weights(only_run(full))
+    # SIGTERM to rank 0 alone, mid-round: rank 1 learns it from the round's gather, both stop and checkpoint
+    stopped = tmp_path / "stopped"
+    p = train(stopped, text_corpus, "--nproc", "2", fault="term@0:4:3", **extra)
+    assert p.returncode == 143, p.stderr
+    run = only_run(stopped)
+    assert "adloco: stopped by SIGTERM in round 4: checkpoint round-000003 written" in p.stderr
+    assert f"resume with: adloco train --nproc 2 --resume {run}" in p.stderr
+    p = adloco("train", "--nproc", "2", "--resume", str(run))
+    assert p.returncode == 0, p.stderr
+    assert weights(run) == weights(only_run(full))
 
 
 def test_a_corrupt_checkpoint_is_refused_and_the_previous_one_used(
