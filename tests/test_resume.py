@@ -130,6 +130,18 @@ def test_sigterm_mid_round_stops_with_a_checkpoint(
     assert weights(run) == weights(reference)  # the stopped round was undone, then replayed exactly
 
 
+def test_ctrl_c_stops_with_130(tmp_path: Path, text_corpus: Path) -> None:
+    out = tmp_path / "runs"
+    p = train(out, text_corpus, fault="int@0:2:1")
+    assert p.returncode == 130, p.stderr
+    run = only_run(out)
+    assert (
+        f"adloco: stopped by SIGINT in round 2: checkpoint round-000001 written\nresume with: adloco train --resume {run}"
+        in p.stderr
+    )
+    assert rounds_logged(run) == [1] and [c.name for c in checkpoint.complete(run)] == ["round-000001"]
+
+
 def test_a_killed_rank_resumes_bit_for_bit(tmp_path: Path, text_corpus: Path) -> None:
     extra = {"runtime__workers_per_process": "2", "runtime__timeout": "20"}
     full, cut = tmp_path / "full", tmp_path / "cut"

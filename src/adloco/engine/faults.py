@@ -4,7 +4,7 @@
   ``kill@R:N``   SIGKILL rank R at the start of round N;
   ``stop@R:N``   SIGSTOP it there (a hung process that neither answers nor dies);
   ``term@R:N``   send it SIGTERM there (as a scheduler would), to stop it cleanly;
-  ``term@R:N:S`` send it SIGTERM after its S-th inner step of round N (mid-round);
+  ``term@R:N:S`` send it SIGTERM after its S-th inner step of round N (mid-round; ``int@R:N:S``: SIGINT);
   ``nan@W:N``    worker W's parameters become non-finite in round N (``nan@W:N-M``: rounds N to M);
   ``oom@W:B``    worker W runs out of memory on any micro-batch of more than B rows;
   ``diskfull@N`` the checkpoint of round N meets a full disk.
@@ -37,9 +37,10 @@ def inject(rank: int, round_: int) -> None:
 
 def after_step(rank: int, round_: int, step: int) -> None:
     """Process faults after this process's ``step``-th inner step (1-based) of round ``round_``."""
-    for r, n, *at in _faults("term"):
-        if int(r) == rank and int(n) == round_ and at and int(at[0]) == step:
-            os.kill(os.getpid(), signal.SIGTERM)
+    for action, sig in (("term", signal.SIGTERM), ("int", signal.SIGINT)):
+        for r, n, *at in _faults(action):
+            if int(r) == rank and int(n) == round_ and at and int(at[0]) == step:
+                os.kill(os.getpid(), sig)
 
 
 def poisoned(worker: int, round_: int) -> bool:
