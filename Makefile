@@ -24,15 +24,15 @@ test-all: $(BIN)/.installed  ## every test, the slow end-to-end ones included
 	$(BIN)/python -m pytest -q
 
 lint: $(BIN)/.installed  ## ruff and mypy
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy src
 
 bench: $(BIN)/.installed  ## engine overhead benchmark (see benchmarks/RESULTS.md)
 	$(BIN)/python benchmarks/engine_overhead.py
 
-bench-cpu: $(BIN)/.installed  ## the methods and ablations compared on 2 CPU cores (~40 min)
-	$(BIN)/adloco bench --config configs/bench-cpu.yaml --ablations no-adaptive,no-merge,no-switch
+bench-cpu: $(BIN)/.installed  ## the methods, tuned, and ablations over 3 seeds on 2 CPU cores (about 2 hours)
+	$(BIN)/adloco bench --config configs/bench-cpu.yaml --ablations no-adaptive,no-merge,no-switch --jobs 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

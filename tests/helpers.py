@@ -1,17 +1,19 @@
-"""Shared test helpers: synthetic token data, tiny models, a coordinator on the in-process backend."""
+"""Shared test helpers: synthetic token data, tiny configs, the driver on the in-process backend."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from adloco import models
+from adloco.comm.inprocess import InProcessComm
 from adloco.config import Config, resolve
 from adloco.data.tokens import LMData
-from adloco.engine.backends.inprocess import InProcessComm
-from adloco.engine.coordinator import Coordinator
+from adloco.engine.driver import Driver
 
 VOCAB = 64
 
@@ -52,9 +54,10 @@ def build_fn(data: LMData, cfg: Config) -> models.ModelFactory:
     return models.ModelFactory(cfg.model, data.vocab_size, cfg.data.seq_len, data.eos_id, data.pad_id)
 
 
-def coordinator(cfg: Config, data: LMData | None = None) -> Coordinator:
+def driver(cfg: Config, data: LMData | None = None) -> Driver:
+    """``adloco train``'s driver on the in-process backend, without a run directory."""
     data = data or synthetic_data(seq_len=cfg.data.seq_len)
-    return Coordinator(
+    return Driver(
         cfg,
         InProcessComm(cfg.algorithm.workers),
         data,
@@ -62,3 +65,67 @@ def coordinator(cfg: Config, data: LMData | None = None) -> Coordinator:
         torch.device("cpu"),
         log=lambda s: None,
     )
+
+
+def run_round(d: Driver) -> dict[str, Any]:
+    """One round; its events as the dicts of their JSON lines, and the round summary."""
+    evs = [e.to_dict() for e in d.run_round()]
+    return {"events": evs, "summary": evs[-1]}
+
+
+FAULTS = Path(__file__).parent / "faultinject"
+
+
+def with_faults(env: dict[str, str], fault: str | None) -> dict[str, str]:
+    """``env`` for a subprocess, with test-only fault injection when ``fault`` is given (the grammar is in
+    tests/faultinject/sitecustomize.py)."""
+    env = dict(env)
+    env.pop("ADLOCO_TEST_FAULT", None)
+    if fault:
+        env["ADLOCO_TEST_FAULT"] = fault
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(FAULTS), env.get("PYTHONPATH", "")) if x)
+    return env
+
+
+def run_threaded(make: Any, owner: dict[int, int], rounds: int) -> list[Any]:
+    """Build one driver per rank (``make(comm)``) on a :class:`adloco.comm.ThreadComm` and run ``rounds``
+    rounds in threads; returns the drivers in rank order and re-raises the first error of any thread."""
+    import threading
+
+    from adloco.comm.threads import Hub, ThreadComm
+
+    world = max(owner.values()) + 1
+    hub = Hub(world, timeout=60)
+    # Model initialization seeds torch's process-global generator, which threads share (separate
+    # processes do not): builds run one at a time. Construction runs collectives, so each driver is
+    # built in its own thread.
+    drivers: list[Any] = [None] * world
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    build = models.ModelFactory.build
+
+    def locked_build(self: models.ModelFactory, seed: int) -> Any:
+        with lock:
+            return build(self, seed)
+
+    def work(rank: int) -> None:
+        try:
+            drivers[rank] = make(ThreadComm(hub, rank, owner))
+            for _ in range(rounds):
+                drivers[rank].run_round()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            errors.append(exc)
+            hub.abort()
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(world)]
+    models.ModelFactory.build = locked_build  # type: ignore[method-assign]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        models.ModelFactory.build = build  # type: ignore[method-assign]
+    if errors:
+        raise errors[0]
+    return drivers

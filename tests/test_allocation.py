@@ -1,4 +1,4 @@
-"""Workers -> trainers (spec §4): largest-remainder shares, at least one worker each, minimal moves.
+"""Workers -> trainers (ALGORITHM.md §4): largest-remainder shares, at least one worker each, minimal moves.
 
 The property tests are seeded random sweeps (hypothesis is not a dependency of this project).
 """
@@ -187,3 +187,35 @@ def test_members() -> None:
     assert members({0: 1, 1: 0, 2: 1, 3: 2}) == {0: [1], 1: [0, 2], 2: [3]}
     assert members({3: 0, 1: 0, 2: 0}) == {0: [1, 2, 3]}
     assert members({}) == {}
+
+
+def test_split_follows_speed_by_largest_remainder() -> None:
+    from adloco.algorithms.allocation import split
+
+    assert split(16, {0: 1, 1: 1, 2: 0.5, 3: 0.25}) == {0: 6, 1: 6, 2: 3, 3: 1}  # quotas 5.8, 5.8, 2.9, 1.5
+    assert split(12, {0: 1.0, 1: 0.5}) == {0: 8, 1: 4}
+    assert split(8, {0: 1, 1: 1, 2: 1, 3: 1}) == {0: 2, 1: 2, 2: 2, 3: 2}
+    assert split(4, {0: 100, 1: 1, 2: 1}) == {0: 2, 1: 1, 2: 1}  # at least one each
+    assert split(7, {0: 1, 1: 1}) == {0: 4, 1: 3}  # ties by id
+    assert sum(split(101, {0: 0.3, 1: 0.7, 2: 0.11}).values()) == 101
+
+
+def test_by_capacity_shares_total_speed_by_request() -> None:
+    from adloco.algorithms.allocation import by_capacity
+
+    # trainers asking equally get equal capacity: the two fast workers apart, a slow one with each
+    got = by_capacity({0: 4, 1: 4}, {0: 1, 1: 1, 2: 0.5, 3: 0.5})
+    cap = {t: sum(s for w, s in {0: 1, 1: 1, 2: 0.5, 3: 0.5}.items() if got[w] == t) for t in (0, 1)}
+    assert cap == {0: 1.5, 1: 1.5}
+    # a trainer asking three times as much gets about three times the speed, and everyone a worker
+    speeds = {0: 1.0, 1: 1.0, 2: 1.0, 3: 0.25, 4: 0.25}
+    got = by_capacity({0: 3, 1: 1}, speeds)
+    cap = {t: sum(s for w, s in speeds.items() if got[w] == t) for t in (0, 1)}
+    assert set(got.values()) == {0, 1} and cap[0] > 2 * cap[1]
+    # equal speeds: the request shares, workers staying where they are
+    assert by_capacity({0: 4, 1: 12}, dict.fromkeys(range(4), 1.0), {0: 0, 1: 1, 2: 1, 3: 1}) == {
+        0: 0,
+        1: 1,
+        2: 1,
+        3: 1,
+    }

@@ -19,9 +19,9 @@ import torch
 from adloco import analysis
 from adloco.algorithms import batching
 from adloco.config import BatchConfig
-from adloco.engine.flat import FlatModule
 from adloco.errors import UserError
 from adloco.evaluation import evaluate, spread
+from adloco.flat import FlatModule
 from tests.helpers import build_fn, synthetic_data, tiny_config
 
 TRAIN = {
@@ -123,7 +123,7 @@ def test_loads_the_trainers_theta(run_dir: Path) -> None:
     cfg, data, flat = analysis.load_model(ck, 1, torch.device("cpu"), lambda s: None)
     idx = spread(data.n_val, cfg.eval.max_examples)
     res = evaluate(flat.module, data.val_batch, idx, cfg.eval.batch_size)
-    assert res.loss == pytest.approx(ck.meta["last_eval"]["1"], rel=1e-5)
+    assert res.loss == pytest.approx(ck.meta["driver"]["last_eval"]["1"], rel=1e-5)
 
 
 @pytest.mark.parametrize(

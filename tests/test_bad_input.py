@@ -1,5 +1,10 @@
 """Bad input, as a table: one line naming the field or file, the value and what is allowed; exit code 2;
-no run directory left behind (and, for --resume, the run directory untouched)."""
+no run directory left behind (and, for --resume, the run directory untouched).
+
+Classes of mistakes: a field's type or range, a name that does not exist, a config file's syntax and
+shape, a data file that cannot be parsed or is not text, a size this machine cannot hold (measured
+against a fixed 16 GiB here), a checkpoint that does not fit its tokenizer, a command line argparse
+refuses, a run directory --resume cannot use."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from adloco import sizing
 from adloco.cli import main
 
 TINY = [
@@ -75,7 +81,29 @@ def world(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> dict[s
         )
     )
     (custom / "own.py").write_text(f"open({str(tmp / 'RAN')!r}, 'w').write('code ran')\n")
+    # broken files of every kind a data.source can name, and config files of the wrong shape
+    rows = [json.dumps({"text": f"row {i}"}) for i in range(6)]
+    (tmp / "broken.jsonl").write_text("\n".join(rows[:3] + ['{"text": "row 3",'] + rows[4:]) + "\n")
+    (tmp / "scalar.jsonl").write_text("\n".join(rows[:2] + ["", "[1, 2]"]) + "\n")
+    (tmp / "bad.parquet").write_bytes(b"PAR1" + bytes(range(256)) * 4)
+    (tmp / "ragged.csv").write_text('text,label\n"a, quoted comma",1\nb,0\nc,1,extra\n')
+    (tmp / "headless.csv").write_text("")
+    (tmp / "latin1.txt").write_bytes("caf\u00e9 au lait\n\nna\u00efve\n".encode("latin-1"))
+    (tmp / "mixed").mkdir()
+    (tmp / "mixed" / "a.txt").write_text("plain text " * 50)
+    (tmp / "mixed" / "b.md").write_text("more text " * 50)
+    (tmp / "mixed" / "c.txt").write_bytes(b"GIF89a\x01\x00\x01\x00\x00\xff")  # a binary named .txt
+    (tmp / "section5.yaml").write_text("algorithm: 5\n")
+    (tmp / "list.yaml").write_text("- model\n- data\n")
+    (tmp / "latin1.yaml").write_bytes("logging:\n  name: caf\u00e9\n".encode("latin-1"))
     return {"tmp": tmp, "corpus": text_corpus, "ckpt": tmp / "ckpt", "run": run_ok, "nock": nock}
+
+
+@pytest.fixture(autouse=True)
+def sixteen_gib(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sizes are judged against a fixed machine: 16 GiB of memory, no GPU."""
+    monkeypatch.setattr(sizing, "physical_memory", lambda: 16 * 2**30)
+    monkeypatch.setattr(sizing, "cuda_memory", lambda: None)
 
 
 # (case, arguments after `adloco`, the exact line) with {tmp}, {ckpt}, {run}, {nock}, {corpus} filled in.
@@ -158,12 +186,12 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "unknown-key",
         ["train", *S("logging.out_dir={tmp}/runs", "batch.etaa=0.5")],
-        "config: unknown key 'batch.etaa'; did you mean 'eta'? (allowed: test, initial, max, eta, vartheta, nu, estimator, probe_chunks, statistics, exact_mean)",
+        "config: unknown key 'batch.etaa'; did you mean 'eta'? (allowed: test, initial, max, eta, vartheta, nu, estimator, probe_chunks, statistics, exact_mean, formula)",
     ),
     (
         "unknown-section",
         ["train", *S("logging.out_dir={tmp}/runs", "bach.eta=0.5")],
-        "config: unknown section 'bach'; did you mean 'batch'? (allowed: model, data, algorithm, inner, outer, batch, merge, switch, eval, runtime, comm, network, checkpoint, faults, logging)",
+        "config: unknown section 'bach'; did you mean 'batch'? (allowed: model, data, algorithm, inner, outer, batch, merge, switch, eval, runtime, comm, network, checkpoint, elastic, faults, logging)",
     ),
     (
         "unknown-method",
@@ -260,7 +288,21 @@ CASES: list[tuple[str, list[str], str]] = [
                 "data.tokenizer=bpe:400",
             ),
         ],
-        "config: data.tokenizer: its vocabulary (400 tokens) is larger than model.name = '{ckpt}''s embedding (300 rows); use the model's own tokenizer",
+        "config: data.tokenizer: its vocabulary (400 tokens) does not match model.name = '{ckpt}''s embedding (300 rows); use the model's own tokenizer (leave data.tokenizer unset)",
+    ),
+    (
+        "tokenizer-under-embedding",
+        [
+            "train",
+            *S(
+                "logging.out_dir={tmp}/runs",
+                "data.source={corpus}",
+                "data.seq_len=16",
+                "model.name={ckpt}",
+                "data.tokenizer=bpe:260",
+            ),
+        ],
+        "config: data.tokenizer: its vocabulary (260 tokens) does not match model.name = '{ckpt}''s embedding (300 rows); use the model's own tokenizer (leave data.tokenizer unset)",
     ),
     (
         "remote-code-not-trusted",
@@ -288,6 +330,152 @@ CASES: list[tuple[str, list[str], str]] = [
     ),
     ("nproc-zero", ["train", *S("logging.out_dir={tmp}/runs"), "--nproc", "0"], "--nproc 0: must be >= 1"),
     (
+        "jsonl-broken-line",
+        ["train", *S("logging.out_dir={tmp}/runs", "data.source={tmp}/broken.jsonl")],
+        "data file 'broken.jsonl': line 4 is not valid JSON (Expecting property name enclosed in double quotes, column 18); JSON Lines holds one object a line",
+    ),
+    (
+        "jsonl-line-not-an-object",
+        ["train", *S("logging.out_dir={tmp}/runs", "data.source={tmp}/scalar.jsonl")],
+        "data file 'scalar.jsonl': line 4 is a list, not an object of fields; JSON Lines holds one object a line",
+    ),
+    (
+        "parquet-corrupt",
+        ["train", *S("logging.out_dir={tmp}/runs", "data.source={tmp}/bad.parquet")],
+        "data file 'bad.parquet': not a readable Parquet file (Parquet magic bytes not found in footer. Either the file is corrupted or this is not a parquet file.)",
+    ),
+    (
+        "csv-ragged",
+        ["train", *S("logging.out_dir={tmp}/runs", "data.source={tmp}/ragged.csv")],
+        "data file 'ragged.csv': line 4 has 3 field(s), the header 2 (text, label); quote fields that hold commas",
+    ),
+    (
+        "csv-no-header",
+        ["train", *S("logging.out_dir={tmp}/runs", "data.source={tmp}/headless.csv")],
+        "data file 'headless.csv': no header line (CSV needs one naming the fields)",
+    ),
+    (
+        "text-not-utf8",
+        ["train", *S("logging.out_dir={tmp}/runs", "data.source={tmp}/latin1.txt")],
+        "data file 'latin1.txt': not UTF-8 text (byte 0xe9 on line 1); convert it to UTF-8 or leave it out of data.source",
+    ),
+    (
+        "binary-in-a-text-folder",
+        ["train", *S("logging.out_dir={tmp}/runs", "data.source={tmp}/mixed")],
+        "data file 'c.txt': binary, not text (a NUL byte on line 1); leave it out of data.source",
+    ),
+    (
+        "yaml-section-not-a-mapping",
+        ["train", "--config", "{tmp}/section5.yaml", *S("logging.out_dir={tmp}/runs")],
+        "config file '{tmp}/section5.yaml': algorithm = 5: a section must be a mapping of its keys, e.g. 'algorithm: {method: adloco}'",
+    ),
+    (
+        "yaml-top-level-not-a-mapping",
+        ["train", "--config", "{tmp}/list.yaml", *S("logging.out_dir={tmp}/runs")],
+        "config file '{tmp}/list.yaml': the top level must be a mapping of sections (model, data, algorithm, inner, outer, batch, merge, switch, eval, runtime, comm, network, checkpoint, elastic, faults, logging), got a list",
+    ),
+    (
+        "yaml-not-utf8",
+        ["train", "--config", "{tmp}/latin1.yaml", *S("logging.out_dir={tmp}/runs")],
+        "config file '{tmp}/latin1.yaml': not UTF-8 text",
+    ),
+    (
+        "config-file-is-a-folder",
+        ["train", "--config", "{tmp}/empty", *S("logging.out_dir={tmp}/runs")],
+        "config file '{tmp}/empty': a folder, not a file",
+    ),
+    (
+        "set-a-section",
+        ["train", *S("logging.out_dir={tmp}/runs", "algorithm=5")],
+        "--set 'algorithm=5': 'algorithm' is a section; set one of its keys, e.g. --set algorithm.method=adloco",
+    ),
+    (
+        "set-a-section-without-value",
+        ["train", *S("logging.out_dir={tmp}/runs"), "--set", "inner"],
+        "--set 'inner': 'inner' is a section; set one of its keys, e.g. --set inner.optimizer=adamw",
+    ),
+    (
+        "set-too-deep",
+        ["train", *S("logging.out_dir={tmp}/runs", "batch.eta.x=1")],
+        "--set 'batch.eta.x=1': the key must be section.key, e.g. batch.eta=0.5",
+    ),
+    (
+        "set-bench",
+        ["train", *S("logging.out_dir={tmp}/runs", "bench.budget=100")],
+        "--set 'bench.budget=100': the bench section is read by `adloco bench` only, from its config file (or its --budget and --target options)",
+    ),
+    (
+        "workers-absurd",
+        ["train", *S("logging.out_dir={tmp}/runs", "algorithm.workers=1000000")],
+        "config: algorithm.workers = 1000000: 1,000,000 replicas of llama-tiny (1.4M parameters) need ~20,830 GiB of parameters, gradients and optimizer state; this machine has 16.0 GiB of memory",
+    ),
+    (
+        "replicas-over-memory",
+        ["train", *S("logging.out_dir={tmp}/runs", "model.name=microllama-300m", "data.tokenizer=bpe:32000")],
+        "config: algorithm.workers = 4: 4 replicas of microllama-300m (305M parameters) need ~22.7 GiB of parameters, gradients and optimizer state; this machine has 16.0 GiB of memory",
+    ),
+    (
+        "seq-len-absurd",
+        ["train", *S("logging.out_dir={tmp}/runs", "data.seq_len=10000000")],
+        "config: data.seq_len = 10000000: a micro-batch of 1 x 10,000,000 tokens through llama-tiny needs ~560 GiB on top of ~0.1 GiB for the replicas; this machine has 16.0 GiB of memory",
+    ),
+    (
+        "micro-batch-absurd",
+        ["train", *S("logging.out_dir={tmp}/runs", "batch.max=1048576", "switch.b_max=1048576")],
+        "config: batch.max = 1048576: a micro-batch of 1,048,576 x 128 tokens through llama-tiny needs ~7,489 GiB on top of ~0.1 GiB for the replicas; this machine has 16.0 GiB of memory",
+    ),
+    (
+        "eval-batch-absurd",
+        [
+            "train",
+            *S("logging.out_dir={tmp}/runs", "eval.batch_size=1000000", "eval.max_examples=null"),
+        ],
+        "config: eval.batch_size = 1000000: a validation batch of 1,000,000 x 128 tokens through llama-tiny needs ~3,906 GiB on top of ~0.1 GiB for the replicas; this machine has 16.0 GiB of memory",
+    ),
+    (
+        "probe-chunks-absurd",
+        [
+            "train",
+            *S(
+                "logging.out_dir={tmp}/runs",
+                "batch.test=inner_product",
+                "batch.max=1048576",
+                "batch.probe_chunks=100000",
+            ),
+        ],
+        "config: batch.probe_chunks = 100000: 4 replicas of llama-tiny (1.4M parameters) need ~2,053 GiB of parameters, gradients and optimizer state (100,000 probe gradients kept by each); this machine has 16.0 GiB of memory",
+    ),
+    (
+        "argparse-unknown-option",
+        ["train", "--bogus"],
+        "unrecognized arguments: --bogus (see adloco train --help)",
+    ),
+    (
+        "argparse-missing-argument",
+        ["train", "--config"],
+        "argument --config/-c: expected one argument (see adloco train --help)",
+    ),
+    (
+        "argparse-not-an-int",
+        ["train", "--nproc", "two"],
+        "argument --nproc: invalid int value: 'two' (see adloco train --help)",
+    ),
+    (
+        "argparse-missing-positional",
+        ["report"],
+        "the following arguments are required: RUN_DIR (see adloco report --help)",
+    ),
+    (
+        "argparse-unknown-command",
+        ["trian"],
+        "unknown command 'trian' (commands: train, bench, analyze-gradients, report, config)",
+    ),
+    (
+        "config-unknown-section",
+        ["config", "batches"],
+        "config: unknown section 'batches'; did you mean 'batch'? (allowed: model, data, algorithm, inner, outer, batch, merge, switch, eval, runtime, comm, network, checkpoint, elastic, faults, logging)",
+    ),
+    (
         "resume-missing",
         ["train", "--resume", "{tmp}/no-such-run"],
         "--resume '{tmp}/no-such-run': no such directory",
@@ -305,7 +493,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "resume-other-model",
         ["train", "--resume", "{run}", *S("model.name=llama-tiny")],
-        "--resume: model.name = 'llama-tiny' differs from the checkpoint's 'llama-micro': a resumed run keeps its model, data and method (only rounds, learning rates, clipping, eval, checkpoint, faults, logging and runtime settings may change)",
+        "--resume: model.name = 'llama-tiny' differs from the checkpoint's 'llama-micro': a resumed run keeps its model, data and method (only algorithm.rounds, algorithm.budget, algorithm.workers, inner.lr, inner.clip, outer.lr, data.cache_dir and the eval, checkpoint, elastic, faults, network, logging and runtime sections may change)",
     ),
     (
         "resume-with-config",

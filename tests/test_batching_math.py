@@ -1,7 +1,7 @@
-"""Adaptive batch statistics (spec §2) against brute force from explicit gradient-sample vectors.
+"""Adaptive batch statistics (ALGORITHM.md §2) against brute force from explicit gradient-sample vectors.
 
 Every statistic that :func:`adloco.algorithms.batching.pool` computes from per-worker scalars is checked
-against the same quantity written out from the P-vectors g_j, and the targets T against the spec's
+against the same quantity written out from the P-vectors g_j, and the targets T against ALGORITHM.md's
 formulas. A Monte Carlo test on a problem with known per-example variance checks that the pooled
 estimators are unbiased.
 """
@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 
+from adloco.algorithms import batching
 from adloco.algorithms.batching import (
     TrainerStats,
     WorkerStats,
@@ -57,7 +58,7 @@ def shared() -> dict:
     n = allg.shape[0]
     gbar = allg.mean(axis=0)
     gbar_sq = float(gbar @ gbar)
-    # brute force, straight from the definitions in spec §2
+    # brute force, straight from the definitions in ALGORITHM.md §2
     sigma2 = c * sum(float((gj - gbar) @ (gj - gbar)) for gj in allg) / (n - 1)
     pj = np.array([float(gj @ gbar) for gj in allg])
     var_p = float(np.var(pj, ddof=1))
@@ -381,3 +382,38 @@ def test_probe_layout_fits_smallest_batch() -> None:
 )
 def test_needs_shared_mean(test: str, estimator: str, exact: bool, expected: bool) -> None:
     assert needs_shared_mean(test, estimator, exact) is expected
+
+
+def test_the_reference_formula_reproduces_the_reference_arithmetic() -> None:
+    """ALGORITHM.md §9.1, computed the reference's way on explicit vectors: Var(p) with M − 1, one unbiased
+    variance over every entry of the stacked orthogonal parts, ν in both, no c and no 1/M."""
+    rng = np.random.default_rng(7)
+    M, P = 3, 50
+    g = rng.normal(0.3, 1.0, size=(M, P))  # each worker's last gradient (the paper estimator: k = 1)
+    nu = 0.3
+    gbar = g.mean(0)
+    g2 = float(gbar @ gbar)
+    p = g @ gbar
+    orth = g - (p / g2)[:, None] * gbar
+    t_ip = np.var(p, ddof=1) / (nu**2 * g2**2)
+    t_orth = np.var(orth.reshape(-1), ddof=1) / (nu**2 * g2)
+    expected = max(t_ip, t_orth)
+    stats = [
+        batching.WorkerStats(
+            1, 16, float(g[m] @ g[m]), float(g[m] @ g[m]), float(p[m]), float(p[m] ** 2), float(g[m].sum())
+        )
+        for m in range(M)
+    ]
+    st = batching.pool(stats, g2, n_params=P)
+    assert st is not None
+    assert st.entry_var == pytest.approx(np.var(orth.reshape(-1), ddof=1), rel=1e-9)
+    got = batching.target("augmented_inner_product", st, 0.65, 0.01, nu, formula="reference")
+    assert got == pytest.approx(expected, rel=1e-9)
+    assert batching.target("inner_product", st, 0.65, 0.01, nu, formula="reference") == pytest.approx(t_ip)
+    # ALGORITHM.md §2.2's own form multiplies by c and divides by M and ϑ² (ϑ = 0.01: 10⁴ times the reference's)
+    spec = batching.target("inner_product", st, 0.65, 0.01, nu)
+    assert spec == pytest.approx(16 * np.var(p, ddof=1) / (M * 0.01**2 * g2**2))
+    dec = batching.decide(
+        4, "augmented_inner_product", st, cap=10**9, eta=0.65, vartheta=0.01, nu=nu, formula="reference"
+    )
+    assert dec.request == max(4, int(np.ceil(expected)))

@@ -66,7 +66,7 @@ def test_bert_classification_end_to_end(tmp_path: Path, reviews: Path, bert: Pat
         "data.val_fraction": "0.25",
         "algorithm.rounds": "4",
         "algorithm.inner_steps": "40",
-        "merge.every": "2",
+        "algorithm.trainers": "1",  # the run reports trainer 0: one model, four workers
         "batch.initial": "4",
         "switch.b_max": "8",
         # lr 3e-3 collapsed to one class for 1 head init in 6; 1e-3 over 40 steps learned all 8 tried

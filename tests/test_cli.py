@@ -87,6 +87,23 @@ def test_train_end_to_end(tmp_path: Path, text_corpus: Path) -> None:
     assert ids.shape[1] > 1 and int(ids.max()) < model.config.vocab_size
     last = [e for e in events if e["event"] == "eval" and e["round"] == 3]
     assert math.isclose(min(e["val_loss"] for e in last), summary["final_val_loss"], rel_tol=1e-9)
+    # every event and the summary read back into the typed schema with no key left over
+    from adloco import events as schema
+
+    typed = schema.read(run / "metrics.jsonl")
+    assert len(typed) == len(events)
+    for raw, ev in zip(events, typed, strict=True):
+        assert ev.to_dict() == raw, raw["event"]
+    assert schema.summary_from_dict(summary).to_dict() == summary
+    # TensorBoard scalars (the package is installed with the dev extras: logging.tensorboard auto)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/loss", "val/val_ppl", "run/bytes_total", "request/trainer_0"} <= tags
+    assert [s.step for s in acc.Scalars("train/loss")] == [1, 2, 3]
+    assert acc.Scalars("val/val_ppl")[-1].value == pytest.approx(summary["final_val_ppl"], rel=1e-5)
 
 
 def test_config_prints_every_field_with_its_doc() -> None:
@@ -95,6 +112,64 @@ def test_config_prints_every_field_with_its_doc() -> None:
     assert "inner_steps: 12" in p.stdout and "# H: inner OPTIMIZER steps" in p.stdout
     p = adloco("config", "--set", "algorithm.method=diloco", "--plain")
     assert "optimizer: nesterov" in p.stdout and "policy: none" in p.stdout
+
+
+def test_version_is_the_package_version() -> None:
+    import importlib.metadata
+
+    import adloco as package
+
+    p = adloco("--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"adloco {package.__version__}"
+    assert importlib.metadata.version("adloco") == package.__version__  # pyproject reads it from there
+
+
+def test_help_names_every_method_and_no_command_prints_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from adloco.cli import main
+
+    assert main([]) == 2
+    out = capsys.readouterr().out
+    assert "usage: adloco" in out and all(m in out for m in ("AdLoCo", "DiLoCo", "LocalSGD", "DDP"))
+
+
+def test_config_lists_the_allowed_values_of_every_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    from adloco.cli import main
+
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split(":")[0].strip(): line for line in out.splitlines() if line.startswith("  ")}
+    assert "# (norm | inner_product | augmented_inner_product | none) " in lines["test"]
+    assert "(smallest | largest_with_smallest | none)" in lines["policy"]
+    assert "(requests | demand)" in lines["allocation"]
+    assert "(adloco | diloco | localsgd | ddp)" in lines["method"]
+
+
+def test_config_prints_one_section(capsys: pytest.CaptureFixture[str]) -> None:
+    from adloco.cli import main
+
+    assert main(["config", "merge", "--set", "algorithm.method=diloco", "--plain"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "merge:" and "policy: none" in out and "\nbatch:" not in out
+    assert main(["config", "batch"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("batch:\n  test: norm") and "# adaptive" not in out.splitlines()[0]
+    assert len([line for line in out.splitlines() if not line.startswith("  ")]) == 1
+
+
+def test_a_bench_section_is_ignored_by_train_and_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from adloco.cli import main
+    from adloco.config import dump_yaml, resolve
+
+    f = tmp_path / "with-bench.yaml"
+    f.write_text("algorithm:\n  rounds: 3\nbench:\n  budget: 100\n  methods: {diloco: {outer.lr: 0.5}}\n")
+    assert main(["config", "--config", str(f), "--plain"]) == 0
+    out = capsys.readouterr().out
+    assert "rounds: 3" in out and "bench" not in out and "budget: null" in out
+    assert dump_yaml(resolve(f)) == dump_yaml(resolve(None, ["algorithm.rounds=3"]))
+    assert main(["config", "bench"]) == 2
+    assert "`adloco bench`'s own section" in capsys.readouterr().err
 
 
 BAD = [

@@ -202,3 +202,72 @@ def _without_labels(tmp_path: Path) -> Path:
     f = tmp_path / "unlabelled.jsonl"
     f.write_text("\n".join(json.dumps({"text": t}) for t in TEXTS))
     return f
+
+
+def test_files_that_read_are_not_refused(tmp_path: Path) -> None:
+    """The checks refuse broken files only: quoted commas and newlines, long fields, blank lines, a JSON
+    array, a multi-byte character across the checker's read boundary all pass and read."""
+    long = "word " * 40_000  # 200k characters: past the csv module's default field limit
+    f = tmp_path / "rows.csv"
+    f.write_text(
+        "text,label\n"
+        + "".join(f'"{t}, with a comma\nand a newline",{i % 2}\n' for i, t in enumerate(TEXTS))
+        + f"{long},0\n\n"
+    )
+    data = prepare(cfg(tmp_path, f), log=quiet)
+    assert sum(data.n_documents) == 31
+    j = tmp_path / "rows.jsonl"
+    j.write_text("\n\n".join(json.dumps({"text": t}) for t in TEXTS) + "\n\n")
+    assert sum(prepare(cfg(tmp_path, j), log=quiet).n_documents) == 30
+    a = tmp_path / "rows.json"
+    a.write_text(json.dumps([{"text": t} for t in TEXTS], indent=2))
+    assert sum(prepare(cfg(tmp_path, a), log=quiet).n_documents) == 30
+    t = tmp_path / "straddle.txt"
+    body = b"x" * ((1 << 20) - 1) + "\u00e9".encode()  # é's two bytes on both sides of 1 MiB
+    t.write_bytes(body + b"\n\n" + "caf\u00e9\n".encode())
+    sources.check_file(t, "straddle.txt", "text")
+
+
+def test_a_bad_byte_is_placed_on_its_line_past_the_first_read(tmp_path: Path) -> None:
+    t = tmp_path / "late.txt"
+    t.write_bytes(("line\n" * 300_000).encode() + b"bad \xff here\n")  # 1.5 MB: the second read
+    with pytest.raises(
+        UserError, match=r"^data file 'late.txt': not UTF-8 text \(byte 0xff on line 300001\)"
+    ):
+        sources.check_file(t, "late.txt", "text")
+    u = tmp_path / "cut.txt"
+    u.write_bytes(b"ends inside a character \xc3")
+    with pytest.raises(UserError, match="it ends inside a character"):
+        sources.check_file(u, "cut.txt", "text")
+
+
+def test_a_parquet_file_cut_short_is_named(tmp_path: Path) -> None:
+    f = tmp_path / "cut.parquet"
+    pq.write_table(pa.table({"text": TEXTS}), f)
+    f.write_bytes(f.read_bytes()[:-100])
+    with pytest.raises(UserError, match=r"^data file 'cut.parquet': not a readable Parquet file \("):
+        prepare(cfg(tmp_path, f), log=quiet)
+
+
+def test_a_damaged_cache_or_an_unreadable_file_is_one_line(
+    tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = cfg(tmp_path, folder)
+    prepare(c, log=quiet)
+    (meta,) = list((tmp_path / "cache").glob("data/*/meta.json"))
+    meta.write_text('{"task": "causal_lm"')  # cut short
+    with pytest.raises(
+        UserError, match=r"^cache folder '.*': damaged \(JSONDecodeError: .*\); delete it and run"
+    ):
+        prepare(c, log=quiet)
+    (meta.parent / "train.npy").write_bytes(b"\x93NUMPY")
+    meta.write_text("{}")
+    with pytest.raises(UserError, match=r"^cache folder '.*': damaged"):
+        prepare(c, log=quiet)
+
+    def refuse(*a: object, **k: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "open", refuse)
+    with pytest.raises(UserError, match=r"^data file 'doc00.txt': cannot be read \(Permission denied\)$"):
+        sources.check_file(folder / "doc00.txt", "doc00.txt", "text")

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from adloco.algorithms import allocation
-from adloco.engine.comm import wire_bytes
-from tests.helpers import coordinator, synthetic_data, tiny_config
+from adloco.comm.base import wire_bytes
+from tests.helpers import driver, run_round, synthetic_data, tiny_config
 
 
 def set_requests(c, requests: dict[int, int]) -> None:  # type: ignore[no-untyped-def]
     for t, b in requests.items():
-        c.trainers[t].request = b
+        c.algo.trainers[t].request = b
 
 
 class Recording:
@@ -36,11 +36,11 @@ def test_delta_all_reduce_per_trainer_and_bytes() -> None:
     cfg = tiny_config(
         **{"merge": {"policy": "none"}, "algorithm": {"trainers": 2, "workers": 4, "rounds": 2}}
     )
-    c = coordinator(cfg)
+    c = driver(cfg)
     rec = Recording(c.comm)
     P = c.n_params
     for _ in range(2):
-        c.run_round()
+        run_round(c)
     for recs in rec.rounds:
         deltas = [r for r in recs if r.kind == "delta"]
         assert len(deltas) == 2  # one all-reduce of Δ per trainer
@@ -48,14 +48,14 @@ def test_delta_all_reduce_per_trainer_and_bytes() -> None:
             assert r.op == "all_reduce" and r.workers == 2 and r.payload == 4 * P
             assert r.wire == 2 * (2 - 1) * 4 * P
         assert not [r for r in recs if r.kind in ("merge", "move")]
-    assert c.totals.bytes == sum(r.wire for recs in rec.rounds for r in recs)
+    assert c.algo.totals.bytes == sum(r.wire for recs in rec.rounds for r in recs)
 
 
 def test_single_worker_trainers_communicate_no_parameters() -> None:
     cfg = tiny_config(**{"merge": {"policy": "none"}, "algorithm": {"rounds": 1}})
-    c = coordinator(cfg)
+    c = driver(cfg)
     rec = Recording(c.comm)
-    c.run_round()
+    run_round(c)
     (recs,) = rec.rounds
     deltas = [r for r in recs if r.kind == "delta"]
     assert len(deltas) == 4 and all(r.wire == 0 and r.workers == 1 for r in deltas)
@@ -63,17 +63,17 @@ def test_single_worker_trainers_communicate_no_parameters() -> None:
 
 def test_merges_every_f_rounds_down_to_one_trainer() -> None:
     cfg = tiny_config(**{"algorithm": {"rounds": 4, "trainers": 4, "workers": 4}, "merge": {"every": 1}})
-    c = coordinator(cfg)
+    c = driver(cfg)
     alive = []
     for _ in range(4):
-        out = c.run_round()
+        out = run_round(c)
         merges = [e for e in out["events"] if e["event"] == "merge"]
-        alive.append(len(c.alive))
+        alive.append(len(c.algo.alive))
         # allocation invariants after every round
-        members = allocation.members(c.allocation)
-        assert set(members) == set(c.alive)
+        members = allocation.members(c.algo.allocation)
+        assert set(members) == set(c.algo.alive)
         assert all(len(ws) >= 1 for ws in members.values())
-        assert sorted(c.allocation) == list(range(4))
+        assert sorted(c.algo.allocation) == list(range(4))
         if len(alive) <= 3:
             assert len(merges) == 1
     assert alive == [3, 2, 1, 1]
@@ -88,32 +88,32 @@ def test_merge_is_batch_weighted_and_moves_workers() -> None:
             "outer": {"optimizer": "sgd", "lr": 0.5},
         }
     )
-    c = coordinator(cfg)
+    c = driver(cfg)
     rec = Recording(c.comm)
     set_requests(c, {0: 2, 1: 6})
     # θ after the outer step is needed to check the merge: capture it inside the round
     captured = {}
-    orig = c._maybe_merge
+    orig = c.algo._maybe_merge
 
     def spy(r, members):  # type: ignore[no-untyped-def]
-        captured.update({t: tr.theta.clone() for t, tr in c.trainers.items()})
-        captured["req"] = dict(c.requests)
+        captured.update({t: tr.theta.clone() for t, tr in c.algo.trainers.items()})
+        captured["req"] = dict(c.algo.requests)
         return orig(r, members)
 
-    c._maybe_merge = spy
-    out = c.run_round()
+    c.algo._maybe_merge = spy
+    out = run_round(c)
     merge = next(e for e in out["events"] if e["event"] == "merge")
     assert merge["merged"] == [0, 1] and merge["survivor"] == 0
     b0, b1 = captured["req"][0], captured["req"][1]
     expected = (b0 * captured[0] + b1 * captured[1]) / (b0 + b1)
-    torch.testing.assert_close(c.theta(0), expected)
-    assert c.requests == {0: max(b0, b1)}
+    torch.testing.assert_close(c.algo.theta(0), expected)
+    assert c.algo.requests == {0: max(b0, b1)}
     (recs,) = rec.rounds
     merges = [r for r in recs if r.kind == "merge"]
     assert len(merges) == 1 and merges[0].workers == 3  # θ only: sgd keeps no momentum
     # every worker now holds the survivor's θ
-    for w in c.workers.values():
-        torch.testing.assert_close(w.flat.param, c.theta(0))
+    for w in c.algo.replicas.values():
+        torch.testing.assert_close(w.flat.param, c.algo.theta(0))
 
 
 def test_nesterov_momentum_is_merged_too() -> None:
@@ -125,12 +125,12 @@ def test_nesterov_momentum_is_merged_too() -> None:
             "outer": {"optimizer": "nesterov"},
         }
     )
-    c = coordinator(cfg)
+    c = driver(cfg)
     rec = Recording(c.comm)
-    c.run_round()
+    run_round(c)
     merges = [r for r in rec.rounds[0] if r.kind == "merge"]
     assert len(merges) == 2  # θ and momentum
-    assert c.trainers[0].outer.v is not None and torch.isfinite(c.trainers[0].outer.v).all()
+    assert c.algo.trainers[0].outer.v is not None and torch.isfinite(c.algo.trainers[0].outer.v).all()
 
 
 def test_moved_worker_gets_theta_and_fresh_optimizer() -> None:
@@ -143,19 +143,19 @@ def test_moved_worker_gets_theta_and_fresh_optimizer() -> None:
             "outer": {"optimizer": "sgd"},
         }
     )
-    c = coordinator(cfg)
+    c = driver(cfg)
     rec = Recording(c.comm)
     set_requests(c, {0: 2, 1: 2, 2: 12})
-    out = c.run_round()
+    out = run_round(c)
     alloc_ev = next(e for e in out["events"] if e["event"] == "allocation")
-    counts = {t: len(ws) for t, ws in allocation.members(c.allocation).items()}
+    counts = {t: len(ws) for t, ws in allocation.members(c.algo.allocation).items()}
     assert counts == allocation.shares({0: 2, 2: 12}, 5)
     moves = [r for r in rec.rounds[0] if r.kind == "move"]
     assert len(moves) == len(alloc_ev["moved"]) >= 1
     for x in alloc_ev["reset"]:
-        assert len(c.workers[x].optimizer.state) == 0
-    for w, t in c.allocation.items():
-        torch.testing.assert_close(c.workers[w].flat.param, c.theta(t))
+        assert len(c.algo.replicas[x].optimizer.state) == 0
+    for w, t in c.algo.allocation.items():
+        torch.testing.assert_close(c.algo.replicas[w].flat.param, c.algo.theta(t))
 
 
 def test_outer_step_average_equals_mean_of_workers() -> None:
@@ -166,18 +166,18 @@ def test_outer_step_average_equals_mean_of_workers() -> None:
             "merge": {"policy": "none"},
         }
     )
-    c = coordinator(cfg)
+    c = driver(cfg)
     captured = {}
     orig = c.comm.all_reduce
 
     def spy(tensor, workers, kind, dtype=None):  # type: ignore[no-untyped-def]
         if kind == "delta":
-            captured["mean"] = torch.stack([c.workers[w].flat.param.clone() for w in workers]).mean(0)
+            captured["mean"] = torch.stack([c.algo.replicas[w].flat.param.clone() for w in workers]).mean(0)
         return orig(tensor, workers, kind, dtype)
 
     c.comm.all_reduce = spy
-    c.run_round()
-    torch.testing.assert_close(c.theta(0), captured["mean"], rtol=1e-6, atol=1e-7)
+    run_round(c)
+    torch.testing.assert_close(c.algo.theta(0), captured["mean"], rtol=1e-6, atol=1e-7)
 
 
 def test_requests_grow_only_and_examples_counted() -> None:
@@ -188,17 +188,17 @@ def test_requests_grow_only_and_examples_counted() -> None:
             "batch": {"eta": 0.3},
         }
     )
-    c = coordinator(cfg)
-    prev = dict(c.requests)
+    c = driver(cfg)
+    prev = dict(c.algo.requests)
     total = 0
     for _ in range(3):
-        out = c.run_round()
-        for t, b in c.requests.items():
+        out = run_round(c)
+        for t, b in c.algo.requests.items():
             assert b >= prev[t]
-        prev = dict(c.requests)
+        prev = dict(c.algo.requests)
         total += sum(e["examples"] for e in out["events"] if e["event"] == "worker")
-    assert c.totals.examples == total
-    assert max(c.requests.values()) > 2  # with η = 0.3 the tiny model's noisy gradients ask for more
+    assert c.algo.totals.examples == total
+    assert max(c.algo.requests.values()) > 2  # with η = 0.3 the tiny model's noisy gradients ask for more
 
 
 @pytest.mark.parametrize("test", ["inner_product", "augmented_inner_product"])
@@ -210,9 +210,9 @@ def test_inner_product_tests_share_the_mean_probe_gradient(test: str) -> None:
             "batch": {"test": test},
         }
     )
-    c = coordinator(cfg)
+    c = driver(cfg)
     rec = Recording(c.comm)
-    out = c.run_round()
+    out = run_round(c)
     probes = [r for r in rec.rounds[0] if r.kind == "probe"]
     assert len(probes) == 1 and probes[0].payload == 4 * c.n_params
     ev = next(e for e in out["events"] if e["event"] == "trainer")
@@ -223,9 +223,9 @@ def test_norm_test_default_sends_no_gradient() -> None:
     cfg = tiny_config(
         **{"algorithm": {"rounds": 1, "trainers": 1, "workers": 2}, "merge": {"policy": "none"}}
     )
-    c = coordinator(cfg)
+    c = driver(cfg)
     rec = Recording(c.comm)
-    c.run_round()
+    run_round(c)
     assert not [r for r in rec.rounds[0] if r.kind == "probe"]
 
 
@@ -237,8 +237,8 @@ def test_paper_estimator_needs_two_workers() -> None:
             "batch": {"estimator": "paper", "eta": 0.1},
         }
     )
-    c = coordinator(cfg)
-    out = c.run_round()
+    c = driver(cfg)
+    out = run_round(c)
     reasons = {
         e["trainer"]: (e["reason"], len(e["workers"])) for e in out["events"] if e["event"] == "trainer"
     }
@@ -251,10 +251,10 @@ def test_inner_state_persists_across_rounds_unless_reset() -> None:
     cfg = tiny_config(
         **{"algorithm": {"rounds": 2, "trainers": 1, "workers": 1}, "merge": {"policy": "none"}}
     )
-    c = coordinator(cfg)
-    c.run_round()
-    c.run_round()
-    opt = c.workers[0].optimizer
+    c = driver(cfg)
+    run_round(c)
+    run_round(c)
+    opt = c.algo.replicas[0].optimizer
     steps = [s["step"] for s in opt.state.values()]
     assert all(float(s) == 4 for s in steps)  # 2 rounds x H = 2
     cfg = tiny_config(
@@ -264,31 +264,31 @@ def test_inner_state_persists_across_rounds_unless_reset() -> None:
             "inner": {"state": "reset"},
         }
     )
-    c = coordinator(cfg)
-    c.run_round()
-    c.run_round()
-    assert all(float(s["step"]) == 2 for s in c.workers[0].optimizer.state.values())
+    c = driver(cfg)
+    run_round(c)
+    run_round(c)
+    assert all(float(s["step"]) == 2 for s in c.algo.replicas[0].optimizer.state.values())
 
 
 def test_worker_models_are_never_recreated() -> None:
     cfg = tiny_config(**{"algorithm": {"rounds": 3, "trainers": 4, "workers": 4}})
-    c = coordinator(cfg)
-    ids = {w: (id(x.model), x.flat.param.data_ptr()) for w, x in c.workers.items()}
+    c = driver(cfg)
+    ids = {w: (id(x.model), x.flat.param.data_ptr()) for w, x in c.algo.replicas.items()}
     for _ in range(3):
-        c.run_round()
-    assert ids == {w: (id(x.model), x.flat.param.data_ptr()) for w, x in c.workers.items()}
+        run_round(c)
+    assert ids == {w: (id(x.model), x.flat.param.data_ptr()) for w, x in c.algo.replicas.items()}
 
 
 def test_same_seed_same_trajectory() -> None:
     cfg = tiny_config(**{"algorithm": {"rounds": 2}})
     data = synthetic_data()
-    a, b = coordinator(cfg, data), coordinator(cfg, data)
+    a, b = driver(cfg, data), driver(cfg, data)
     for _ in range(2):
-        a.run_round()
-        b.run_round()
-    assert a.requests == b.requests and a.allocation == b.allocation
-    for t in a.trainers:
-        assert torch.equal(a.theta(t), b.theta(t))
+        run_round(a)
+        run_round(b)
+    assert a.algo.requests == b.algo.requests and a.algo.allocation == b.algo.allocation
+    for t in a.algo.trainers:
+        assert torch.equal(a.algo.theta(t), b.algo.theta(t))
 
 
 def test_wire_model() -> None:
@@ -296,3 +296,60 @@ def test_wire_model() -> None:
     assert wire_bytes("all_reduce", 4, 100) == 600
     assert wire_bytes("broadcast", 3, 100) == 200
     assert wire_bytes("all_gather", 3, 8) == 48
+
+
+def test_your_own_loop_gives_adloco_trains_parameters_bit_for_bit() -> None:
+    """The same config through the public API in a loop written here (data shards, schedule and all)
+    and through the driver of `adloco train`: the same parameters, bit for bit, in one process."""
+    import copy
+
+    from adloco import AdaptiveBatch, AdLoCo, Merging, Outer, Switch
+    from adloco.data.sampling import ShardStream, trainer_subset
+    from adloco.engine.inner import lr_at, make_optimizer
+    from adloco.flat import flatten
+    from tests.helpers import build_fn
+
+    cfg = tiny_config(
+        **{
+            "algorithm": {"rounds": 3, "trainers": 2, "workers": 3},
+            "merge": {"every": 2},
+            "batch": {"eta": 0.3},
+        }
+    )
+    data = synthetic_data()
+    d = driver(cfg, data)
+    for _ in range(3):
+        run_round(d)
+
+    a, b, i = cfg.algorithm, cfg.batch, cfg.inner
+    proto = build_fn(data, cfg).build(a.seed)
+    models = [copy.deepcopy(proto) for _ in range(a.workers)]
+    algo = AdLoCo(
+        models,
+        [make_optimizer(flatten(m), i) for m in models],
+        inner_steps=a.inner_steps,
+        trainers=a.trainers,
+        outer=Outer(cfg.outer.optimizer, cfg.outer.lr, cfg.outer.momentum),
+        batch=AdaptiveBatch(b.test, b.initial, b.max, b.eta, b.vartheta, b.nu, b.estimator, b.probe_chunks),
+        merge=Merging(cfg.merge.policy, cfg.merge.every),
+        switch=Switch(cfg.switch.mode, cfg.switch.kappa),
+        b_max=cfg.switch.b_max,
+        clip=i.clip,
+    )
+    subsets = {t: trainer_subset(data.n_train, 1.0, a.seed, t) for t in range(a.trainers)}
+    for r in range(3):
+        streams = {
+            w: ShardStream(subsets[p.trainer], a.seed, p.trainer, r, p.index, p.of)
+            for w, p in algo.plans.items()
+        }
+        for h in range(a.inner_steps):
+            for m in algo.replicas.values():
+                for g in m.optimizer.param_groups:
+                    g["lr"] = lr_at(r * a.inner_steps + h, a.rounds * a.inner_steps, i)
+            algo.step_all({w: data.train_batch(streams[w].take(algo.batch_size(w))) for w in streams})
+    assert algo.requests == d.algo.requests and algo.allocation == d.algo.allocation
+    for t in algo.alive:
+        assert torch.equal(algo.theta(t), d.algo.theta(t))
+    assert (
+        algo.totals.bytes == d.algo.totals.bytes + algo.totals.by_kind["init"]
+    )  # the library syncs θ at start

@@ -1,4 +1,4 @@
-"""b_max search (spec §5) and the local launcher's network exposure."""
+"""b_max search (ALGORITHM.md §5) and the local launcher's network exposure."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Trainer merging (spec §3): the set S, the batch weights, the survivor and the weighted merge."""
+"""Trainer merging (ALGORITHM.md §3): the set S, the batch weights, the survivor and the weighted merge."""
 
 from __future__ import annotations
 

@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from adloco import models
-from adloco.algorithms.switch import Plan
 from adloco.config import DataConfig, InnerConfig, ModelConfig
 from adloco.data.tokens import prepare
-from adloco.engine.worker import ProbeSpec, Worker
+from adloco.engine.inner import make_optimizer
 from adloco.errors import UserError
-from tests.helpers import coordinator, synthetic_data, tiny_config
+from adloco.flat import flatten
+from adloco.replica import Probe, Replica
+from tests.helpers import driver, synthetic_data, tiny_config
 
 TINY = [
     "--set",
@@ -82,14 +83,13 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> P
 
 
 def test_checkpoint_by_path_end_to_end(tmp_path: Path, text_corpus: Path, checkpoint: Path) -> None:
+    """data.tokenizer left unset: the checkpoint's own tokenizer, not one trained anew."""
     out = tmp_path / "runs"
     p = adloco(
         "train",
         *TINY,
         "--set",
         f"model.name={checkpoint}",
-        "--set",
-        f"data.tokenizer={checkpoint}",
         "--set",
         f"data.source={text_corpus}",
         "--set",
@@ -101,10 +101,14 @@ def test_checkpoint_by_path_end_to_end(tmp_path: Path, text_corpus: Path, checkp
     )
     assert p.returncode == 0, p.stderr
     (run,) = list(out.iterdir())
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     loaded = AutoModelForCausalLM.from_pretrained(run / "model")
     assert loaded.config.hidden_size == 32  # the checkpoint's shape, not a preset's
+    assert f"tokenizer: {checkpoint}\n" in (run / "config.yaml").read_text()
+    own, saved = AutoTokenizer.from_pretrained(checkpoint), AutoTokenizer.from_pretrained(run / "model")
+    text = "def f(x):\n    return x + 1\n"
+    assert own(text).input_ids == saved(text).input_ids and len(saved) == loaded.config.vocab_size == 300
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_val_ppl"] < summary["initial_val_ppl"]
 
@@ -118,6 +122,59 @@ def test_loaded_weights_are_the_checkpoints(checkpoint: Path) -> None:
     for (n, p), (_, q) in zip(a.named_parameters(), ref.named_parameters(), strict=True):
         assert torch.equal(p, q), n
     assert f.build(1) is not a and torch.equal(next(f.build(1).parameters()), next(a.parameters()))
+
+
+def test_the_tokenizer_follows_a_checkpoint_unless_set(tmp_path: Path, checkpoint: Path) -> None:
+    from adloco.config import resolve
+
+    assert resolve(None, [f"model.name={checkpoint}"]).data.tokenizer == str(checkpoint)
+    assert resolve(None, ["model.name=org/model"]).data.tokenizer == "org/model"
+    assert resolve(None, ["model.name=llama-micro"]).data.tokenizer == "bpe:4096"  # a preset: trained anew
+    f = tmp_path / "c.yaml"
+    f.write_text(f"model:\n  name: {checkpoint}\ndata:\n  tokenizer: bpe:300\n")
+    assert resolve(f).data.tokenizer == "bpe:300"  # set explicitly: kept (and checked once loaded)
+    explicit = resolve(None, [f"model.name={checkpoint}", "data.tokenizer=other/tokenizer"])
+    assert explicit.data.tokenizer == "other/tokenizer"
+
+
+def test_a_padded_embedding_takes_its_own_smaller_tokenizer_only(tmp_path: Path, checkpoint: Path) -> None:
+    """Embeddings are often padded past the tokenizer: the checkpoint's own tokenizer may be smaller than
+    the embedding; a foreign one must match it."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    padded = tmp_path / "padded"
+    shape = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
+    LlamaForCausalLM(LlamaConfig(vocab_size=320, intermediate_size=32, **shape)).save_pretrained(padded)
+    AutoTokenizer.from_pretrained(checkpoint).save_pretrained(padded)  # 300 tokens, 320 rows
+    models.ModelFactory(ModelConfig(name=str(padded)), 300, 16, 0, 0)
+    with pytest.raises(UserError, match=r"its vocabulary \(260 tokens\) does not match .* \(320 rows\)"):
+        models.ModelFactory(ModelConfig(name=str(padded)), 260, 16, 0, 0)
+    with pytest.raises(UserError, match=r"its vocabulary \(64 tokens\) does not match .* \(300 rows\)"):
+        models.ModelFactory(ModelConfig(name=str(checkpoint)), 64, 16, 0, 0)
+
+
+def test_a_checkpoint_without_a_tokenizer_says_so(tmp_path: Path, text_corpus: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    bare = tmp_path / "bare"
+    shape = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
+    LlamaForCausalLM(LlamaConfig(vocab_size=300, intermediate_size=32, **shape)).save_pretrained(bare)
+    p = adloco(
+        "train",
+        *TINY,
+        "--set",
+        f"model.name={bare}",
+        "--set",
+        f"data.source={text_corpus}",
+        "--set",
+        f"logging.out_dir={tmp_path / 'runs'}",
+    )
+    assert p.returncode == 2 and not (tmp_path / "runs").exists()
+    assert p.stderr.strip().splitlines() == [
+        f"adloco: error: config: data.tokenizer = '{bare}': the folder holds no tokenizer (tokenizer.json, "
+        "tokenizer_config.json, ...); a checkpoint saved without one needs data.tokenizer set to the tokenizer "
+        "it was trained with"
+    ]
 
 
 def test_tokenizer_larger_than_the_embedding(tmp_path: Path, text_corpus: Path, checkpoint: Path) -> None:
@@ -136,8 +193,8 @@ def test_tokenizer_larger_than_the_embedding(tmp_path: Path, text_corpus: Path, 
     assert p.returncode == 2
     rows = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
     assert p.stderr.strip().splitlines() == [
-        f"adloco: error: config: data.tokenizer: its vocabulary (400 tokens) is larger than model.name = "
-        f"'{checkpoint}''s embedding ({rows} rows); use the model's own tokenizer"
+        f"adloco: error: config: data.tokenizer: its vocabulary (400 tokens) does not match model.name = "
+        f"'{checkpoint}''s embedding ({rows} rows); use the model's own tokenizer (leave data.tokenizer unset)"
     ]
     assert not (tmp_path / "runs").exists()
 
@@ -163,16 +220,25 @@ def test_seq_len_beyond_the_positions(tmp_path: Path, text_corpus: Path, checkpo
 
 
 @pytest.mark.parametrize(
-    ("field", "value"),
-    [("model.name", "keeeeenw/MicroLlama"), ("data.tokenizer", "TinyLlama/TinyLlama-1.1B-step-50K-105b")],
+    ("sets", "field", "value"),
+    [
+        (["model.name=keeeeenw/MicroLlama", "data.tokenizer=bpe:300"], "model.name", "keeeeenw/MicroLlama"),
+        (["model.name=keeeeenw/MicroLlama"], "data.tokenizer", "keeeeenw/MicroLlama"),  # the model's own
+        (
+            ["data.tokenizer=TinyLlama/TinyLlama-1.1B-step-50K-105b"],
+            "data.tokenizer",
+            "TinyLlama/TinyLlama-1.1B-step-50K-105b",
+        ),
+    ],
 )
-def test_hub_names_offline_fail_at_once(tmp_path: Path, text_corpus: Path, field: str, value: str) -> None:
+def test_hub_names_offline_fail_at_once(
+    tmp_path: Path, text_corpus: Path, sets: list[str], field: str, value: str
+) -> None:
     t0 = time.monotonic()
     p = adloco(
         "train",
         *TINY,
-        "--set",
-        f"{field}={value}",
+        *[a for s in sets for a in ("--set", s)],
         "--set",
         f"data.source={text_corpus}",
         "--set",
@@ -216,14 +282,16 @@ def test_reinit_output_per_trainer(checkpoint: Path) -> None:
                 "algorithm": {"trainers": 2, "workers": 2},
             }
         )
-        c = coordinator(cfg)
-        names = [n for n, _ in c.workers[0].model.named_parameters()]
+        data = synthetic_data(seq_len=8)
+        data.vocab_size = 300  # the checkpoint's tokenizer (its ids: the synthetic ones, all < 64)
+        c = driver(cfg, data)
+        names = [n for n, _ in c.algo.replicas[0].model.named_parameters()]
         views = {}
         for t in (0, 1):
-            c.workers[0].load(c.theta(t))
-            views[t] = {n: p.detach().clone() for n, p in c.workers[0].model.named_parameters()}
+            c.algo.replicas[0].load(c.algo.theta(t))
+            views[t] = {n: p.detach().clone() for n, p in c.algo.replicas[0].model.named_parameters()}
         ref = dict(
-            models.ModelFactory(ModelConfig(name=str(checkpoint)), 64, 8, 0, 0).build(0).named_parameters()
+            models.ModelFactory(ModelConfig(name=str(checkpoint)), 300, 8, 0, 0).build(0).named_parameters()
         )
         for n in names:
             if "lm_head" in n:
@@ -236,59 +304,49 @@ def test_reinit_output_per_trainer(checkpoint: Path) -> None:
 def test_reinit_output_refuses_tied_embeddings() -> None:
     cfg = tiny_config(**{"model": {"reinit_output": True}})  # llama-micro ties its embeddings
     with pytest.raises(UserError, match="ties its output layer to the input embeddings"):
-        coordinator(cfg)
+        driver(cfg)
 
 
-def _worker(precision: str, clip: float = 0.0) -> Worker:
+def _worker(precision: str, clip: float = 0.0) -> Replica:
     model = models.ModelFactory(ModelConfig(name="llama-micro"), 64, 8, 0, 0).build(3)
-    return Worker(0, model, InnerConfig(clip=clip, lr=1e-3), b_max=4, precision=precision)
+    opt = make_optimizer(flatten(model), InnerConfig(clip=clip, lr=1e-3))
+    return Replica(model, opt, clip=clip, b_max=4, precision=precision)
 
 
-class Stream:
-    def __init__(self) -> None:
-        self.pos = 0
-
-    def take(self, k: int) -> np.ndarray:
-        self.pos += k
-        return np.arange(self.pos - k, self.pos)
+def _step(rep: Replica, batch, probe: Probe | None = None):  # type: ignore[no-untyped-def]
+    """One inner step on ``batch``: (loss, statistics, skipped steps)."""
+    before = rep.skipped
+    loss, stats = rep.gradient(batch, 8, 8, probe, torch.zeros(rep.flat.numel))
+    rep.optimizer_step()
+    return loss, stats, rep.skipped - before
 
 
 def test_fp16_loss_scaling_skips_overflow_and_unscales_statistics() -> None:
     data = synthetic_data()
     w32, w16 = _worker("fp32"), _worker("fp16")
-    probe = ProbeSpec(4, 2, False, "sum")
-    r32 = w32.run_round(
-        Stream(), data.train_batch, Plan(8, 1, False), 1, lambda h: 1e-3, probe, torch.zeros(w32.flat.numel)
-    )
-    r16 = w16.run_round(
-        Stream(), data.train_batch, Plan(8, 1, False), 1, lambda h: 1e-3, probe, torch.zeros(w16.flat.numel)
-    )
-    assert r16.skipped == 0
+    probe = Probe(4, 2, False, "sum")
+    batch = data.train_batch(np.arange(8))
+    _, s32, _ = _step(w32, batch, probe)
+    _, s16, skipped = _step(w16, batch, probe)
+    assert skipped == 0
     # statistics come back in true units, not multiplied by the 2^16 loss scale
-    assert r16.stats.sum_sq == pytest.approx(r32.stats.sum_sq, rel=5e-2)
+    assert s16.sum_sq == pytest.approx(s32.sum_sq, rel=5e-2)
     torch.testing.assert_close(w16.sample_sum, w32.sample_sum, rtol=5e-2, atol=1e-4)
     # an overflow: the step is skipped, the scale halves, the parameters do not move
     before = w16.flat.param.clone()
     w16.loss_scale = 1e38
-    r = w16.run_round(
-        Stream(), data.train_batch, Plan(8, 1, False), 1, lambda h: 1e-3, None, torch.zeros(w16.flat.numel)
-    )
-    assert r.skipped == 1 and w16.loss_scale == 5e37 and torch.equal(w16.flat.param, before)
+    _, _, skipped = _step(w16, data.train_batch(np.arange(8, 16)))
+    assert skipped == 1 and w16.loss_scale == 5e37 and torch.equal(w16.flat.param, before)
 
 
 def test_bf16_autocast_runs_and_needs_no_scaling() -> None:
     w = _worker("bf16")
     assert w.loss_scale == 1.0
-    r = w.run_round(
-        Stream(),
-        synthetic_data().train_batch,
-        Plan(4, 1, False),
-        2,
-        lambda h: 1e-3,
-        None,
-        torch.zeros(w.flat.numel),
-    )
-    assert r.finite and r.skipped == 0
+    data = synthetic_data()
+    for h in range(2):
+        loss, _, skipped = _step(w, data.train_batch(np.arange(8 * h, 8 * h + 8)))
+        assert skipped == 0 and torch.isfinite(loss)
+    assert w.finite()
 
 
 def test_language_model_presets_learn_every_token() -> None:

@@ -1,4 +1,4 @@
-"""The network model of simulated wall time (spec §7), against hand computations."""
+"""The network model of simulated wall time (ALGORITHM.md §7), against hand computations."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Nothing lost: checkpoints, exact resume after SIGKILL or SIGTERM, numerical and memory faults.
 
-Faults are injected through the test-only ``ADLOCO_TEST_FAULT`` hook (``adloco.engine.faults``).
+Faults are injected into the subprocesses by ``tests/faultinject/sitecustomize.py`` (``with_faults``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from adloco import checkpoint
+from tests.helpers import with_faults
 
 TINY = {
     "model.name": "llama-micro",
@@ -31,14 +32,12 @@ TINY = {
     "checkpoint.every": "2",
     "logging.progress": "plain",
     "logging.plots": "false",
+    "runtime.balance": "equal",  # resumed runs must match bit for bit: shares must not follow timings
 }
 
 
 def adloco(*args: str, fault: str | None = None, **sets: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("ADLOCO_TEST_FAULT", None)
-    if fault:
-        env["ADLOCO_TEST_FAULT"] = fault
+    env = with_faults({**os.environ, "OMP_NUM_THREADS": "1"}, fault)
     flat = [a for k, v in sets.items() for a in ("--set", f"{k.replace('__', '.')}={v}")]
     return subprocess.run(
         [sys.executable, "-m", "adloco", *args, *flat], capture_output=True, text=True, env=env, timeout=300
@@ -79,19 +78,22 @@ def test_checkpoints_hold_the_full_state(reference: Path) -> None:
     kept = checkpoint.complete(reference)
     assert [p.name for p in kept] == ["round-000004", "round-000005"]  # every 2 rounds and the end; keep 2
     meta = json.loads((kept[-1] / "state.json").read_text())
-    assert meta["round"] == 5 and len(meta["trainers"]) == 2  # merged 4 -> 3 -> 2
+    algo = meta["algorithm"]
+    assert meta["format"] == 2
+    assert meta["round"] == algo["round"] == 5 and len(algo["requests"]) == 2  # merged 4 -> 3 -> 2
     files = sorted(f.name for f in kept[-1].iterdir())
     assert files == sorted(
         ["state.json", "rng.safetensors"]
         + [f"worker-{w}.safetensors" for w in range(4)]
-        + [f"trainer-{t}.safetensors" for t in meta["trainers"]]
+        + [f"trainer-{t}.safetensors" for t in algo["requests"]]
     )
     assert set(meta["files"]) == set(files) - {"state.json"}
-    assert all(meta["workers"][str(w)]["inner_state"] for w in range(4))
+    assert all(algo["replicas"][str(w)]["inner"] for w in range(4))
     from safetensors.torch import load_file
 
     w0 = load_file(kept[-1] / "worker-0.safetensors")
-    assert set(w0) == {"exp_avg", "exp_avg_sq"} and w0["exp_avg"].numel() == meta["parameters"]
+    assert set(w0) == {"exp_avg", "exp_avg_sq", "step"} and w0["exp_avg"].numel() == algo["parameters"]
+    assert w0["step"].tolist() == [15.0, 15.0]  # 5 rounds x H = 3, in each of the two parameter groups
     assert not list((reference / "checkpoints").glob(".tmp-*"))
 
 
@@ -117,7 +119,7 @@ def test_sigterm_mid_round_stops_with_a_checkpoint(
     tmp_path: Path, text_corpus: Path, reference: Path
 ) -> None:
     out = tmp_path / "runs"
-    p = train(out, text_corpus, fault="term@0:4:5")  # SIGTERM after the 5th of 12 inner steps of round 4
+    p = train(out, text_corpus, fault="term@0:4:2")  # SIGTERM after inner step 2 of 3 of round 4
     assert p.returncode == 143, p.stderr
     run = only_run(out)
     assert p.stderr.strip().splitlines()[-2:] == [
@@ -156,7 +158,7 @@ def test_a_killed_rank_resumes_bit_for_bit(tmp_path: Path, text_corpus: Path) ->
     assert weights(run) == weights(only_run(full))
     # SIGTERM to rank 0 alone, mid-round: rank 1 learns it from the round's gather, both stop and checkpoint
     stopped = tmp_path / "stopped"
-    p = train(stopped, text_corpus, "--nproc", "2", fault="term@0:4:3", **extra)
+    p = train(stopped, text_corpus, "--nproc", "2", fault="term@0:4:2", **extra)
     assert p.returncode == 143, p.stderr
     run = only_run(stopped)
     assert "adloco: stopped by SIGTERM in round 4: checkpoint round-000003 written" in p.stderr

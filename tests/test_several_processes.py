@@ -1,7 +1,7 @@
-"""The coordinator, written once, gives the same run when several processes each host some workers.
+"""The round, written once, gives the same run when several processes each host some workers.
 
-Processes are threads with a fake communicator (tests/threadcomm.py); real torch.distributed processes
-are tested with the distributed backend.
+Processes are threads with :class:`adloco.comm.ThreadComm`; real torch.distributed processes are tested
+with the distributed backend.
 """
 
 from __future__ import annotations
@@ -9,24 +9,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adloco.engine.backends.inprocess import InProcessComm
-from adloco.engine.coordinator import Coordinator
-from tests.helpers import build_fn, synthetic_data, tiny_config
-from tests.threadcomm import run_threaded
+from adloco.comm.inprocess import InProcessComm
+from adloco.engine.driver import Driver
+from tests.helpers import build_fn, run_threaded, synthetic_data, tiny_config
 
 
 def reference_and_threaded(cfg, owner, rounds):  # type: ignore[no-untyped-def]
     data = synthetic_data(seq_len=cfg.data.seq_len)
 
     def make(comm):  # type: ignore[no-untyped-def]
-        return Coordinator(cfg, comm, data, build_fn(data, cfg), torch.device("cpu"), log=lambda s: None)
+        return Driver(cfg, comm, data, build_fn(data, cfg), torch.device("cpu"), log=lambda s: None)
 
     ref = make(InProcessComm(cfg.algorithm.workers))
-    history = []
     for _ in range(rounds):
         ref.run_round()
-        history.append((ref.requests, dict(ref.allocation)))
-    return ref, run_threaded(make, owner, rounds)
+    return ref.algo, [d.algo for d in run_threaded(make, owner, rounds)]
 
 
 @pytest.mark.parametrize(
@@ -77,12 +74,12 @@ def test_merges_and_moves_across_processes() -> None:
         (t,) = c.trainers
         torch.testing.assert_close(c.theta(t), ref.theta(t), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(c.trainers[t].outer.v, ref.trainers[t].outer.v, rtol=1e-5, atol=1e-6)
-        for w, worker in c.workers.items():
-            torch.testing.assert_close(worker.flat.param, ref.workers[w].flat.param, rtol=1e-5, atol=1e-6)
+        for w, worker in c.replicas.items():
+            torch.testing.assert_close(worker.flat.param, ref.replicas[w].flat.param, rtol=1e-5, atol=1e-6)
 
 
 def test_processes_that_disagree_stop_the_run() -> None:
-    from adloco.engine.coordinator import DecisionMismatch
+    from adloco.method import DecisionMismatch
 
     cfg = tiny_config(
         **{"algorithm": {"workers": 2, "trainers": 2, "rounds": 2}, "merge": {"policy": "none"}}
@@ -90,10 +87,35 @@ def test_processes_that_disagree_stop_the_run() -> None:
     data = synthetic_data(seq_len=cfg.data.seq_len)
 
     def make(comm):  # type: ignore[no-untyped-def]
-        c = Coordinator(cfg, comm, data, build_fn(data, cfg), torch.device("cpu"), log=lambda s: None)
+        c = Driver(cfg, comm, data, build_fn(data, cfg), torch.device("cpu"), log=lambda s: None)
         if comm.rank == 1:  # a bug or non-deterministic arithmetic on one process
-            c.trainers[0].request += 10  # beyond what one round of the batch test reaches
+            c.algo.trainers[0].request += 10  # beyond what one round of the batch test reaches
         return c
 
     with pytest.raises(DecisionMismatch, match="round 1: processes disagree"):
         run_threaded(make, {0: 0, 1: 1}, 1)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "int8", "int4"])
+def test_compressed_wire_dtypes_give_the_same_bits_in_threads_and_in_process(dtype: str) -> None:
+    """Every worker is a participant of the compressed all-reduce, whichever process hosts it: two
+    threads hosting two workers each compute, bit for bit, what one process hosting all four does."""
+    cfg = tiny_config(
+        **{
+            "algorithm": {"workers": 4, "trainers": 2, "rounds": 3},
+            "batch": {"test": "augmented_inner_product", "vartheta": 0.05},
+            "merge": {"every": 2},
+            "outer": {"optimizer": "nesterov"},
+            "comm": {"dtype": dtype, "block": 64, "error_feedback": dtype.startswith("int")},
+        }
+    )
+    ref, coords = reference_and_threaded(cfg, {0: 0, 1: 1, 2: 0, 3: 1}, 3)
+    for c in coords:
+        assert c.requests == ref.requests and c.allocation == ref.allocation
+        assert c.totals.by_kind == ref.totals.by_kind
+        for t, tr in c.trainers.items():
+            if tr.hosted:
+                assert torch.equal(tr.theta, ref.theta(t))
+        if c.feedback is not None:
+            for w, fb in c.feedback.items():
+                assert fb.error is not None and torch.equal(fb.error, ref.feedback[w].error)

@@ -1,4 +1,4 @@
-"""Switch mode (spec §5): micro-batch, accumulation and cap from the request b and b_max."""
+"""Switch mode (ALGORITHM.md §5): micro-batch, accumulation and cap from the request b and b_max."""
 
 from __future__ import annotations
 

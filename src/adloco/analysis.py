@@ -7,7 +7,7 @@ as the population:
   example (memory: three P-vectors, N scalars);
 * for each batch size b, ‖g_B − G‖² of R minibatches drawn without replacement, against the
   finite-population theory E‖g_B − G‖² = σ²/b · (N − b)/N;
-* the estimators of spec §2.5 at the same θ, M emulated workers with disjoint batches of b examples:
+* the estimators of ALGORITHM.md §2.5 at the same θ, M emulated workers with disjoint batches of b examples:
   ``pooled`` (chunk gradients laid out by :func:`batching.probe_layout`) and ``paper`` (one gradient of b
   examples per worker; at a common θ, so without the drift of the reference's last inner step), each
   with the norm-test target T against the true σ² / (M η² ‖G‖²).
@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # torch and the model stack load only when the command runs
 
     from adloco.checkpoint import Checkpoint
     from adloco.data.tokens import Data
-    from adloco.engine.flat import FlatModule
+    from adloco.flat import FlatModule
 
     Batch = dict[str, torch.Tensor]
 
@@ -123,7 +123,7 @@ def load_model(
 ) -> tuple[Config, Data, FlatModule]:
     """The checkpoint's config and data, and its trainer's θ in a model rebuilt from that config."""
     from adloco.data.tokens import prepare
-    from adloco.engine.flat import FlatModule
+    from adloco.flat import FlatModule
     from adloco.models import ModelFactory
 
     saved = ck.meta.get("config")
@@ -407,8 +407,8 @@ def markdown(r: Result, where: str) -> str:
     lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
     lines += [
         "",
-        "pooled: the engine's chunk-gradient probe (spec §2.5); paper: one gradient of b examples per worker, "
-        "here at a common θ (no drift). T: the norm test's per-worker target (spec §2.1).",
+        "pooled: the engine's chunk-gradient probe (ALGORITHM.md §2.5); paper: one gradient of b examples per worker, "
+        "here at a common θ (no drift). T: the norm test's per-worker target (ALGORITHM.md §2.1).",
         "",
         "![deviations](deviations.png)",
         "",

@@ -1,7 +1,10 @@
 """Full-state checkpoints: written atomically, read without executing anything.
 
 A checkpoint is a folder ``<run>/checkpoints/round-NNNNNN/`` holding safetensors files (tensors) and
-``state.json`` (everything else, plus the size and SHA-256 of every tensor file). It is assembled in a
+``state.json`` (everything else, plus the size and SHA-256 of every tensor file). It is the driver's
+state dict laid out on disk (:func:`save` / :func:`load`): ``trainer-<t>.safetensors`` (θ, outer
+momentum), ``worker-<w>.safetensors`` (inner optimizer state), ``rng.safetensors`` (each rank's
+generators), and the rest in ``state.json``. It is assembled in a
 hidden temporary folder, every file fsynced, and renamed into place in one step, so a folder named
 ``round-*`` is always complete; the oldest are deleted only after a newer one is in place. Loading
 checks the manifest before anything is used: a truncated or altered file is refused, never half-read.
@@ -9,7 +12,6 @@ checks the manifest before anything is used: a truncated or altered file is refu
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -24,7 +26,7 @@ from safetensors.torch import save as st_save
 
 from adloco.errors import UserError
 
-FORMAT = 1
+FORMAT = 2
 STATE = "state.json"
 DIR = "checkpoints"
 
@@ -55,13 +57,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _disk_fault(round_: int) -> None:
-    """Test-only: ``ADLOCO_TEST_FAULT=diskfull@N`` makes the checkpoint of round N hit a full disk."""
-    spec = os.environ.get("ADLOCO_TEST_FAULT", "")
-    if f"diskfull@{round_}" in spec.split(","):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
 class Writer:
     """Assembles one checkpoint (on rank 0): ``tensors`` per file, then ``finish`` with the metadata."""
 
@@ -80,7 +75,6 @@ class Writer:
 
     def _write(self, filename: str, data: bytes) -> None:
         try:
-            _disk_fault(self.round)
             with (self.tmp / filename).open("wb") as f:
                 f.write(data)
                 f.flush()
@@ -143,12 +137,13 @@ class Checkpoint:
             raise UserError(f"{label}: no {STATE} (not a complete checkpoint)") from None
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise UserError(f"{label}: {STATE} is corrupt (not JSON)") from None
-        if (
-            not isinstance(meta, dict)
-            or meta.get("format") != FORMAT
-            or not isinstance(meta.get("files"), dict)
-        ):
+        if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict):
             raise UserError(f"{label}: unknown format (this adloco reads format {FORMAT})")
+        if meta.get("format") != FORMAT:
+            raise UserError(
+                f"{label}: written in checkpoint format {meta.get('format')} by an older adloco; this adloco "
+                f"reads format {FORMAT} (finish that run with the adloco that started it)"
+            )
         self.meta: dict[str, Any] = meta
         self._data: dict[str, bytes] = {}
         for filename, info in meta["files"].items():
@@ -194,3 +189,31 @@ def locate(path: Path) -> tuple[Path, Path]:
             "rounds and at the end)"
         )
     return p, found[-1]
+
+
+def save(writer: Writer, state: dict[str, Any], config: dict[str, Any], keep: int) -> Path:
+    """Lay the driver's state dict (:meth:`adloco.engine.driver.Driver.state_dict`) out as files."""
+    algo = dict(state["algorithm"])
+    for t, parts in sorted(algo.pop("trainers").items()):
+        writer.tensors(f"trainer-{t}.safetensors", parts)
+    replicas = {}
+    for w, rep in sorted(algo.pop("replicas").items()):
+        writer.tensors(f"worker-{w}.safetensors", rep["inner"])
+        replicas[str(w)] = {"scalars": rep["scalars"], "inner": sorted(rep["inner"])}
+    writer.tensors("rng.safetensors", state["rng"])
+    algo["replicas"] = replicas
+    return writer.finish({"algorithm": algo, "driver": state["driver"], "config": config}, keep)
+
+
+def load(ck: Checkpoint) -> dict[str, Any]:
+    """The driver's state dict back from a verified checkpoint."""
+    algo = dict(ck.meta["algorithm"])
+    algo["trainers"] = {int(t): ck.tensors(f"trainer-{t}.safetensors") for t in algo["requests"]}
+    algo["replicas"] = {
+        int(w): {
+            "scalars": info["scalars"],
+            "inner": ck.tensors(f"worker-{w}.safetensors") if info["inner"] else {},
+        }
+        for w, info in algo["replicas"].items()
+    }
+    return {"algorithm": algo, "rng": ck.tensors("rng.safetensors"), "driver": ck.meta["driver"]}

@@ -1,4 +1,5 @@
-"""``adloco``: train | bench | report | analyze-gradients | config. Bad input ends with one line on stderr and exit code 2.
+"""``adloco``: train | bench | report | analyze-gradients | config. Bad input (a config field, a file, a command
+line argparse refuses) ends with one line on stderr and exit code 2.
 
 Exit codes: 0 done, 2 bad input (or a disk that refused a checkpoint), 3 a distributed run lost a rank
 (or ranks disagreed), 4 training failed on numerical faults (a checkpoint was written), 130 / 143 stopped
@@ -11,8 +12,10 @@ import argparse
 import os
 import sys
 import time
+import typing
 from collections.abc import Sequence
 
+from adloco import __version__
 from adloco.errors import UserError
 
 EXIT_BAD_INPUT = 2
@@ -20,8 +23,29 @@ EXIT_DISTRIBUTED = 3
 EXIT_FAILED = 4
 
 
+class UsageError(Exception):
+    """A command line argparse refused; ``prog`` is the (sub)command whose options it was parsing."""
+
+    def __init__(self, message: str, prog: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is raised (and reported as one line) instead of printed with usage."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise UsageError(message, self.prog)
+
+
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", metavar="FILE", help="YAML config (sections as in `adloco config`)")
+    p.add_argument(
+        "--config",
+        "-c",
+        metavar="FILE",
+        help="YAML config (sections as in `adloco config`; a `bench` section is read by `adloco bench` only, "
+        "and ignored here)",
+    )
     p.add_argument(
         "--set",
         "-s",
@@ -35,10 +59,14 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="adloco",
-        description="Low-communication distributed training: AdLoCo, DiLoCo and LocalSGD in one engine.",
+        description="Low-communication distributed training of language models: AdLoCo, DiLoCo, LocalSGD "
+        "and DDP (synchronous data parallel) in one engine.",
+        epilog="Every field of a config, its default, its allowed values and its doc: adloco config. "
+        "Exit codes: 0 done, 2 bad input, 3 a distributed rank lost, 4 numerical faults, 130/143 stopped.",
     )
+    parser.add_argument("--version", action="version", version=f"adloco {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     t = sub.add_parser("train", help="train (with no arguments: AdLoCo on the embedded default)")
     _config_args(t)
@@ -50,10 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
         "for several machines use torchrun directly",
     )
     t.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="R",
+        help="with --nproc: restart the processes up to R times when one fails (torch's elastic agent); "
+        "each restart continues from the run's newest checkpoint",
+    )
+    from adloco.config import RESUMABLE_TEXT
+
+    t.add_argument(
         "--resume",
         metavar="RUN_DIR",
-        help="continue a run from its newest checkpoint (or from RUN_DIR/checkpoints/round-N); "
-        "--set may change rounds, learning rates, eval, checkpoint, logging and runtime settings",
+        help="continue a run from its newest checkpoint (or from RUN_DIR/checkpoints/round-N) with its own "
+        f"config.yaml: --config is refused, and --set may change only {RESUMABLE_TEXT}",
     )
     from adloco import analysis, bench
 
@@ -67,11 +105,33 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--target", type=float, help="perplexity to reach (default: the highest final one)")
     r.add_argument("--bandwidth", type=float, help="simulated network: bytes per second (default: the runs')")
     r.add_argument("--latency", type=float, help="simulated network: seconds per hop (default: the runs')")
+    from adloco import reporting
+
+    reporting.add_compute_options(r, "measured")
     r.add_argument("--debug", action="store_true", help="show tracebacks")
-    c = sub.add_parser("config", help="print the resolved config, every field with its one-line doc")
+    c = sub.add_parser(
+        "config",
+        help="print the resolved config: every field with its allowed values and its one-line doc",
+        description="Print the config `adloco train` would run with the same --config and --set: every field "
+        "with its value, its allowed values (for a choice) and its doc. A `bench` section in the file is "
+        "`adloco bench`'s and is left out.",
+    )
+    c.add_argument("section", nargs="?", metavar="SECTION", help="print only this section (e.g. batch)")
     _config_args(c)
     c.add_argument("--plain", action="store_true", help="YAML only, without the docs")
     return parser
+
+
+def args_command(argv: Sequence[str]) -> str | None:
+    """The command word of a command line: its first argument that is not an option."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _commands(parser: argparse.ArgumentParser) -> list[str]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return list(action.choices)
+    return []
 
 
 def _fmt(x: float | None) -> str:
@@ -79,24 +139,38 @@ def _fmt(x: float | None) -> str:
     return f"{x:.2f}" if x is not None else "inf"
 
 
-def _launch(nproc: int, argv: Sequence[str]) -> int:
-    """Re-run this command under torchrun with ``nproc`` local processes; returns torchrun's exit code."""
+def _launch(nproc: int, max_restarts: int, argv: Sequence[str]) -> int:
+    """Re-run this command as ``nproc`` local torch.distributed processes; returns their exit code."""
     rest: list[str] = []
     it = iter(argv)
     for a in it:
-        if a == "--nproc":
+        if a in ("--nproc", "--max-restarts"):
             next(it, None)  # and its value
-        elif not a.startswith("--nproc="):
+        elif not a.startswith(("--nproc=", "--max-restarts=")):
             rest.append(a)
-    from adloco.launch import run_local
+    from adloco import launch
 
-    return run_local(nproc, [*rest, "--set", "runtime.backend=torchdist"])
+    if max_restarts > 0:
+        return launch.run_elastic(nproc, max_restarts, [*rest, "--set", "runtime.backend=torchdist"])
+    return launch.run_local(nproc, [*rest, "--set", "runtime.backend=torchdist"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        prog = exc.prog
+        if prog == "adloco":  # options after the command are checked by the top parser: name the command
+            command = args_command(argv)
+            if command in _commands(parser):
+                prog = f"adloco {command}"
+        line = f"{exc} (see {prog} --help)"
+        if str(exc).startswith("argument COMMAND: invalid choice"):
+            line = f"unknown command {args_command(argv)!r} (commands: {', '.join(_commands(parser))})"
+        print(f"adloco: error: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.command is None:
         parser.print_help()
         return EXIT_BAD_INPUT
@@ -126,24 +200,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "--config: not with --resume (a run resumes with its own config.yaml; change fields with --set)"
                 )
             resume = locate(Path(args.resume))
-            cfg = resolve(resume[0] / "config.yaml", args.overrides)
+            cfg = resolve(resume[0] / "config.yaml", args.overrides, resuming=True)
         else:
             cfg = resolve(args.config, args.overrides)
         if args.command == "config":
-            sys.stdout.write(dump_yaml(cfg, with_docs=not args.plain))
+            sys.stdout.write(dump_yaml(cfg, with_docs=not args.plain, section=args.section))
             return 0
+        if getattr(args, "max_restarts", 0) and args.nproc is None:
+            raise UserError("--max-restarts: needs --nproc (under torchrun, give torchrun --max-restarts)")
+        if getattr(args, "max_restarts", 0) < 0:
+            raise UserError(f"--max-restarts {args.max_restarts}: must be >= 0")
         if args.nproc is not None:
             if args.nproc < 1:
                 raise UserError(f"--nproc {args.nproc}: must be >= 1")
             if distributed:
                 raise UserError("--nproc: already running under torchrun; drop --nproc")
             wpp = cfg.runtime.workers_per_process
-            if cfg.algorithm.workers != args.nproc * wpp:
+            flexible = resume is not None or args.max_restarts > 0  # workers follow the processes
+            if cfg.algorithm.workers != args.nproc * wpp and not flexible:
                 raise UserError(
                     f"config: algorithm.workers = {cfg.algorithm.workers}: must equal processes ({args.nproc}) x "
                     f"runtime.workers_per_process ({wpp})"
                 )
-            return _launch(args.nproc, argv)
+            return _launch(args.nproc, args.max_restarts, argv)
         from adloco.train import DistributedFailure, Stopped, TrainingFailed, train
 
         try:
@@ -189,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         if args.debug:
             raise
-        from adloco.engine.backends.torchdist import PeerFailed
+        from adloco.engine.distributed import PeerFailed
 
         if not isinstance(exc, PeerFailed) and (rank == 0 or _after_start(exc)):
             prefix = f"rank {rank}: " if distributed and rank != 0 else ""
@@ -208,23 +287,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from adloco import compare
-    from adloco.report import plot_run
+    from adloco import reporting
 
     if args.bandwidth is not None and args.bandwidth <= 0:
         raise UserError(f"--bandwidth {args.bandwidth}: must be > 0 (bytes per second)")
     if args.latency is not None and args.latency < 0:
         raise UserError(f"--latency {args.latency}: must be >= 0 (seconds)")
     paths = [Path(p) for p in args.runs]
-    runs = [compare.load(p, args.bandwidth, args.latency) for p in paths]
-    if len(paths) == 1:
-        plot_run(paths[0])
+    runs = reporting.load_all(paths, args.bandwidth, args.latency, args.compute, args.seconds_per_example)
     out = (
         Path(args.out)
         if args.out
         else (paths[0] if len(paths) == 1 else Path(f"report-{time.strftime('%Y%m%d-%H%M%S')}"))
     )
-    report = compare.write(runs, out, args.target, command="adloco " + " ".join(sys.argv[1:]))
+    report = reporting.write(runs, out, args.target, command="adloco " + " ".join(sys.argv[1:]))
     print(f"report: {report}")
     return 0
 

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import yaml
 
+from adloco import sizing
 from adloco.errors import UserError
 
 
@@ -36,13 +37,13 @@ def F(default: Any, doc: str) -> Any:  # noqa: N802 - reads like a declaration
 class ModelConfig:
     name: str = F(
         "llama-tiny",
-        "a preset (llama-tiny, llama-10m, llama-30m, microllama-300m, llama-micro), a hub name or a local path",
+        f"a preset ({', '.join(sizing.PRESETS)}), a hub name or a local path (a checkpoint)",
     )
     task: Literal["causal_lm", "classification"] = F(
-        "causal_lm", "causal_lm (perplexity) or classification (accuracy; a labelled data set)"
+        "causal_lm", "language modelling (perplexity) or classification (accuracy; a labelled data set)"
     )
     init: Literal["same", "independent"] = F(
-        "same", "trainer initialization: one seed for all trainers, or one seed per trainer (spec §3)"
+        "same", "trainer initialization: one seed for all trainers, or one seed per trainer (ALGORITHM.md §3)"
     )
     reinit_output: bool = F(
         False, "re-initialize the output layer of each trainer (the paper, on a checkpoint)"
@@ -67,22 +68,25 @@ class DataConfig:
     text_field: str = F("text", "field holding the text in jsonl, csv, parquet and hub rows")
     label_field: str = F("label", "field holding the label (model.task: classification)")
     tokenizer: str = F(
-        "bpe:4096", "'bpe:<vocab size>' trained on the train split, a hub name or a local path"
+        "bpe:4096",
+        "'bpe:<vocab size>' trained on the train split, a hub name or a local path; "
+        "unset with a checkpoint model.name: the checkpoint's own",
     )
     seq_len: int = F(128, "tokens per example (LM: documents packed with EOS between; classification: cut)")
     val_fraction: float = F(
         0.05, "share of documents held out for validation, chosen by a hash of their name"
     )
     max_examples: int | None = F(None, "read at most this many documents (the paper's data_sample_size)")
-    subset_fraction: float = F(1.0, "share of the training examples each trainer draws from (spec §3)")
+    subset_fraction: float = F(
+        1.0, "share of the training examples each trainer draws from (ALGORITHM.md §3)"
+    )
     cache_dir: str | None = F(None, "tokenizer and token cache (default: $ADLOCO_CACHE or ~/.cache/adloco)")
 
 
 @dataclass
 class AlgorithmConfig:
     method: Literal["adloco", "diloco", "localsgd", "ddp"] = F(
-        "adloco",
-        "adloco | diloco | localsgd | ddp (gradients averaged every step); sets the other sections' defaults",
+        "adloco", "the method (ddp: gradients averaged every step); sets the other sections' defaults"
     )
     rounds: int = F(12, "outer rounds (every worker runs H inner steps, then every trainer steps)")
     inner_steps: int = F(12, "H: inner OPTIMIZER steps per round (never micro-batches)")
@@ -113,7 +117,7 @@ class InnerConfig:
 @dataclass
 class OuterConfig:
     optimizer: Literal["average", "sgd", "nesterov"] = F(
-        "average", "outer step on the pseudo-gradient: average | sgd | nesterov (spec §1)"
+        "average", "outer step on the pseudo-gradient (ALGORITHM.md §1)"
     )
     lr: float = F(0.7, "outer learning rate (sgd, nesterov)")
     momentum: float = F(0.9, "outer Nesterov momentum")
@@ -122,18 +126,21 @@ class OuterConfig:
 @dataclass
 class BatchConfig:
     test: Literal["norm", "inner_product", "augmented_inner_product", "none"] = F(
-        "norm", "adaptive batch test (spec §2); none keeps the request constant but logs statistics"
+        "norm", "adaptive batch test (ALGORITHM.md §2); none keeps the request constant but logs statistics"
     )
     initial: int = F(4, "initial request b (per-worker batch size)")
     max: int = F(32, "cap on any request")
-    eta: float = F(0.65, "norm test parameter η (spec §2.1; the paper uses 0.8)")
-    vartheta: float = F(0.01, "inner-product test parameter (spec §2.2)")
-    nu: float = F(0.3, "orthogonality test parameter (spec §2.3)")
+    eta: float = F(0.65, "norm test parameter η (ALGORITHM.md §2.1; the paper uses 0.8)")
+    vartheta: float = F(0.01, "inner-product test parameter (ALGORITHM.md §2.2)")
+    nu: float = F(0.3, "orthogonality test parameter (ALGORITHM.md §2.3)")
     estimator: Literal["pooled", "paper"] = F(
         "pooled",
-        "gradient samples: pooled chunks at the round's common point, or each worker's last gradient (spec §2.5)",
+        "gradient samples: pooled chunks at the round's common point, or each worker's last gradient (ALGORITHM.md §2.5)",
     )
-    probe_chunks: int = F(8, "pooled estimator: chunks per worker batch (k = min(b, probe_chunks))")
+    probe_chunks: int = F(
+        8,
+        "pooled estimator: chunks per step batch (k = min(e, probe_chunks), e the trainer's smallest; ALGORITHM.md §2.5)",
+    )
     statistics: bool = F(
         True,
         "probe gradient statistics every round even when test is none (k small backward passes at step 1)",
@@ -142,12 +149,17 @@ class BatchConfig:
         False,
         "norm test: all-reduce the trainer's mean probe gradient (P values) instead of scalars only",
     )
+    formula: Literal["spec", "reference"] = F(
+        "spec",
+        "spec: the inner-product tests as ALGORITHM.md §2.2–2.4 writes them; reference: the reference "
+        "implementation's (ν in both, no c or 1/M, per-entry variance; ALGORITHM.md §9.1)",
+    )
 
 
 @dataclass
 class MergeConfig:
     policy: Literal["smallest", "largest_with_smallest", "none"] = F(
-        "smallest", "which trainers merge (spec §3); none disables merging"
+        "smallest", "which trainers merge (ALGORITHM.md §3); none disables merging"
     )
     every: int = F(2, "merge every f rounds while more than one trainer is alive")
     size: int = F(2, "|S|: trainers merged into one at each merge")
@@ -155,13 +167,16 @@ class MergeConfig:
         "max", "request of the merged trainer: max over the merged, or the survivor's own"
     )
     allocation: Literal["requests", "demand"] = F(
-        "requests", "workers shared in proportion to requests, or to workers x request (reference; spec §4)"
+        "requests",
+        "workers shared in proportion to requests, or to workers x request (reference; ALGORITHM.md §4)",
     )
 
 
 @dataclass
 class SwitchConfig:
-    mode: Literal["threshold", "accumulate", "cap"] = F("threshold", "gradient accumulation policy (spec §5)")
+    mode: Literal["threshold", "accumulate", "cap"] = F(
+        "threshold", "gradient accumulation policy (ALGORITHM.md §5)"
+    )
     kappa: float = F(2.0, "threshold mode: accumulate only when b > kappa * b_max")
     schedule: Literal["fixed", "reference"] = F(
         "fixed", "fixed: always `mode`; reference: accumulate while >1 trainer lives, then threshold"
@@ -171,7 +186,9 @@ class SwitchConfig:
         "largest micro-batch of one worker; null: on CUDA searched under memory_fraction of free memory, on CPU 8",
     )
     memory_fraction: float = F(
-        0.85, "CUDA b_max search: share of the free memory (split between the workers of a device) to fill"
+        0.85,
+        "CUDA b_max search: share of the free memory that one micro-batch's step and every local worker's "
+        "optimizer and batch-test state may fill (ALGORITHM.md §5)",
     )
 
 
@@ -191,6 +208,10 @@ class RuntimeConfig:
         "inprocess: every worker in this process; torchdist: torch.distributed (auto: when launched by torchrun)",
     )
     workers_per_process: int = F(1, "torchdist: workers hosted by each process (they share its device)")
+    dist_backend: Literal["auto", "nccl", "gloo"] = F(
+        "auto",
+        "torchdist: NCCL on CUDA, gloo on CPU (auto: gloo also when processes share a GPU, which NCCL refuses)",
+    )
     device: Literal["auto", "cpu", "cuda"] = F("auto", "auto picks cuda when available")
     threads: int = F(
         0,
@@ -199,16 +220,27 @@ class RuntimeConfig:
     timeout: float = F(
         600.0, "torchdist: seconds a collective may wait before the run stops naming the silent rank"
     )
-    worker_speeds: list[float] = F(
-        [], "simulated time: worker w computes speeds[w] times as fast as measured (empty: all 1)"
+    balance: Literal["speed", "equal"] = F(
+        "speed",
+        "share each trainer's examples per step among its workers by measured speed (and workers among "
+        "trainers by capacity; ALGORITHM.md §9.3), or equally",
+    )
+    emulate_speed: list[float] = F(
+        [],
+        "emulation of heterogeneous devices: worker w takes 1/s_w as long per step by sleeping (empty: none)",
     )
 
 
 @dataclass
 class CommConfig:
-    dtype: Literal["float32", "bfloat16", "float16"] = F(
+    dtype: Literal["float32", "bfloat16", "float16", "int8", "int4"] = F(
         "float32",
-        "precision of what is all-reduced each round (Δ, probe gradients); θ always travels in float32",
+        "what is all-reduced each round (Δ, probe and DDP gradients) travels as; θ always in float32 (ALGORITHM.md §9.4)",
+    )
+    block: int = F(256, "int8/int4: values per absmax scale (a 4-byte scale per block)")
+    error_feedback: bool = F(
+        False,
+        "each worker adds what quantization dropped from its Δ to its next round's Δ (ALGORITHM.md §9.4)",
     )
 
 
@@ -223,6 +255,23 @@ class CheckpointConfig:
     every: int = F(2, "write a full-state checkpoint every this many rounds (0: only at the end)")
     keep: int = F(
         2, "checkpoints kept, newest first; an older one is deleted only once a newer one is complete"
+    )
+
+
+@dataclass
+class ElasticConfig:
+    batch: Literal["per_trainer", "per_worker"] = F(
+        "per_trainer",
+        "when the number of workers changes: keep each trainer's examples per step (M·b) or each worker's b",
+    )
+    checkpoint_every: int = F(
+        1,
+        "in elastic runs (torchrun or adloco train --nproc with --max-restarts): checkpoint every this many rounds",
+    )
+    timeout: float = F(
+        60.0,
+        "in elastic runs: seconds a collective may wait for a silent peer before the processes exit to be "
+        "restarted (runtime.timeout still bounds start-up)",
     )
 
 
@@ -242,6 +291,9 @@ class LoggingConfig:
         "auto", "live progress: rich on a terminal, one line a round otherwise"
     )
     plots: bool = F(True, "draw PNG plots into the run directory at the end")
+    tensorboard: Literal["auto", "on", "off"] = F(
+        "auto", "TensorBoard scalars in <run>/tensorboard: auto when the tensorboard package is installed"
+    )
     save_model: bool = F(True, "save the final model and tokenizer (Hugging Face format)")
 
 
@@ -260,6 +312,7 @@ class Config:
     comm: CommConfig = field(default_factory=CommConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -268,8 +321,39 @@ class Config:
 
 
 SECTIONS: list[str] = [f.name for f in dataclasses.fields(Config)]
+BENCH = "bench"  # `adloco bench`'s own section of a config file; every other command ignores it
 
-# Method presets (spec §6). They fill only the keys the user leaves unset.
+# What ``adloco train --resume`` may change with ``--set``: how long the run goes, learning rates and
+# clipping, the number of workers (ALGORITHM.md §9.2), the token cache, and whole sections that leave the
+# math alone. An entry ending in "." is a whole section. Everything else (model, data, method, seed ...) is
+# the checkpoint's. RESUMABLE_TEXT says the same in words for the --resume help, the refusal and the README.
+RESUMABLE: tuple[str, ...] = (
+    "algorithm.rounds",
+    "algorithm.budget",
+    "algorithm.workers",
+    "inner.lr",
+    "inner.clip",
+    "outer.lr",
+    "data.cache_dir",
+    "eval.",
+    "checkpoint.",
+    "elastic.",
+    "faults.",
+    "network.",
+    "logging.",
+    "runtime.",
+)
+
+
+def _resumable_text(entries: tuple[str, ...]) -> str:
+    keys = [e for e in entries if not e.endswith(".")]
+    sections = [e[:-1] for e in entries if e.endswith(".")]
+    return f"{', '.join(keys)} and the {', '.join(sections[:-1])} and {sections[-1]} sections"
+
+
+RESUMABLE_TEXT = _resumable_text(RESUMABLE)
+
+# Method presets (ALGORITHM.md §6). They fill only the keys the user leaves unset.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "adloco": {},
     "diloco": {
@@ -286,7 +370,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "localsgd": {
         "algorithm": {"trainers": 1},
-        "inner": {"optimizer": "sgd", "lr": 0.2, "weight_decay": 0.0},
+        # Stich (2019): plain SGD inside, no momentum
+        "inner": {"optimizer": "sgd", "lr": 0.2, "weight_decay": 0.0, "momentum": 0.0},
         "outer": {"optimizer": "average"},
         "batch": {"test": "none", "statistics": False},
         "merge": {"policy": "none"},
@@ -388,22 +473,24 @@ def _coerce(value: Any, tp: Any) -> Any:
     raise TypeError(f"unsupported config type {tp}")
 
 
+# Keys that were renamed or replaced: the line says where they went.
+REPLACED = {
+    "runtime.worker_speeds": "replaced by runtime.emulate_speed (workers really run slower; simulated time "
+    "then prices their measured compute)",
+}
+
+
 def _unknown(kind: str, name: str, known: list[str]) -> UserError:
+    if name in REPLACED:
+        return UserError(f"config: {name}: {REPLACED[name]}")
     close = difflib.get_close_matches(name.split(".")[-1], known, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     return UserError(f"config: unknown {kind} '{name}'{hint} (allowed: {', '.join(known)})")
 
 
-def _apply(cfg: Config, raw: dict[str, Any], origin: str) -> None:
-    if not isinstance(raw, dict):
-        raise UserError(f"{origin}: the top level must be a mapping of sections, got {type(raw).__name__}")
+def _apply(cfg: Config, raw: dict[str, Any]) -> None:
+    """Set every (section, key) of ``raw`` (sections checked by :func:`_sections`), coerced and checked."""
     for section, values in raw.items():
-        if section not in SECTIONS:
-            raise _unknown("section", str(section), SECTIONS)
-        if values is None:
-            continue
-        if not isinstance(values, dict):
-            raise UserError(f"config: section '{section}' must be a mapping of keys, got {values!r}")
         obj = getattr(cfg, section)
         hints = typing.get_type_hints(type(obj))
         for key, value in values.items():
@@ -417,7 +504,45 @@ def _apply(cfg: Config, raw: dict[str, Any], origin: str) -> None:
                 ) from None
 
 
-def _check(cfg: Config) -> None:
+def _first_key(section: str) -> tuple[str, Any]:
+    """A section's first key and its default, for examples in messages."""
+    obj = getattr(Config(), section)
+    first = dataclasses.fields(obj)[0].name
+    return first, getattr(obj, first)
+
+
+def _sections(raw: Any, origin: str) -> dict[str, dict[str, Any]]:
+    """The sections of a file or mapping: known names, each a mapping of keys (an empty one is none).
+    ``bench`` is ``adloco bench``'s own section: other commands accept it and ignore it."""
+    if not isinstance(raw, dict):
+        raise UserError(
+            f"{origin}: the top level must be a mapping of sections ({', '.join(SECTIONS)}), got {_kind(raw)}"
+        )
+    out: dict[str, dict[str, Any]] = {}
+    for section, values in raw.items():
+        if section == BENCH:
+            continue
+        if section not in SECTIONS:
+            raise _unknown("section", str(section), SECTIONS)
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            key, default = _first_key(section)
+            raise UserError(
+                f"{origin}: {section} = {values!r}: a section must be a mapping of its keys, "
+                f"e.g. '{section}: {{{key}: {default}}}'"
+            )
+        out[section] = values
+    return out
+
+
+def _kind(value: Any) -> str:
+    return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "true or false"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _check(cfg: Config, resuming: bool = False) -> None:
     """Range checks: one message per violation, naming the field, value and what is allowed."""
 
     def need(ok: bool, name: str, value: Any, allowed: str) -> None:
@@ -432,7 +557,7 @@ def _check(cfg: Config) -> None:
     need(a.trainers >= 1, "algorithm.trainers", a.trainers, ">= 1")
     need(0 <= a.seed < 2**31, "algorithm.seed", a.seed, "in [0, 2**31)")
     need(
-        a.trainers <= a.workers,
+        resuming or a.trainers <= a.workers,
         "algorithm.trainers",
         a.trainers,
         f"<= algorithm.workers ({a.workers}): every trainer needs at least one worker",
@@ -485,9 +610,22 @@ def _check(cfg: Config) -> None:
         s.b_max is None or 1 <= s.b_max <= 1_048_576, "switch.b_max", s.b_max, ">= 1 and <= 1048576, or null"
     )
     need(0 < s.memory_fraction <= 1, "switch.memory_fraction", s.memory_fraction, "in (0, 1]")
+    need(1 <= cfg.comm.block <= 1 << 24, "comm.block", cfg.comm.block, "between 1 and 16777216 values")
     c = cfg.checkpoint
     need(0 <= c.every <= 1_000_000, "checkpoint.every", c.every, ">= 0 (0: only at the end)")
     need(1 <= c.keep <= 1000, "checkpoint.keep", c.keep, "between 1 and 1000")
+    need(
+        1 <= cfg.elastic.timeout <= 86400,
+        "elastic.timeout",
+        cfg.elastic.timeout,
+        "between 1 and 86400 seconds",
+    )
+    need(
+        1 <= cfg.elastic.checkpoint_every <= 1_000_000,
+        "elastic.checkpoint_every",
+        cfg.elastic.checkpoint_every,
+        ">= 1 (an elastic run loses at most this many rounds)",
+    )
     need(cfg.faults.max_bad_rounds >= 1, "faults.max_bad_rounds", cfg.faults.max_bad_rounds, ">= 1")
     e = cfg.eval
     need(e.every >= 1, "eval.every", e.every, ">= 1")
@@ -505,10 +643,11 @@ def _check(cfg: Config) -> None:
     need(1 <= rt.timeout <= 86400, "runtime.timeout", rt.timeout, "between 1 and 86400 seconds")
     need(a.budget is None or a.budget >= 1, "algorithm.budget", a.budget, ">= 1 or null")
     need(
-        not rt.worker_speeds or (len(rt.worker_speeds) == a.workers and all(x > 0 for x in rt.worker_speeds)),
-        "runtime.worker_speeds",
-        rt.worker_speeds,
-        f"empty or {a.workers} positive numbers (one per worker)",
+        not rt.emulate_speed
+        or (len(rt.emulate_speed) == a.workers and all(0 < x <= 1 for x in rt.emulate_speed)),
+        "runtime.emulate_speed",
+        rt.emulate_speed,
+        f"empty or {a.workers} numbers in (0, 1] (one per worker: 0.5 takes twice as long)",
     )
     n = cfg.network
     need(n.bandwidth > 0, "network.bandwidth", n.bandwidth, "> 0 (bytes per second)")
@@ -524,12 +663,23 @@ def _check(cfg: Config) -> None:
 
 def parse_override(text: str) -> tuple[str, str, Any]:
     """``section.key=value`` -> (section, key, value), the value read as YAML (``3`` is an int)."""
-    if "=" not in text:
+    path, eq, raw = text.partition("=")
+    path = path.strip()
+    if path in SECTIONS:
+        key, default = _first_key(path)
+        raise UserError(
+            f"--set {text!r}: {path!r} is a section; set one of its keys, e.g. --set {path}.{key}={default}"
+        )
+    if not eq:
         raise UserError(f"--set {text!r}: must look like section.key=value")
-    path, _, raw = text.partition("=")
-    parts = path.strip().split(".")
+    parts = path.split(".")
     if len(parts) != 2 or not all(parts):
         raise UserError(f"--set {text!r}: the key must be section.key, e.g. batch.eta=0.5")
+    if parts[0] == BENCH:
+        raise UserError(
+            f"--set {text!r}: the bench section is read by `adloco bench` only, from its config file "
+            "(or its --budget and --target options)"
+        )
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
@@ -538,9 +688,10 @@ def parse_override(text: str) -> tuple[str, str, Any]:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file's mapping of sections, as written (checked by :func:`resolve`)."""
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"config file {str(p)!r}: not found")
+        raise UserError(f"config file {str(p)!r}: " + ("a folder, not a file" if p.is_dir() else "not found"))
     try:
         raw = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
@@ -550,10 +701,15 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise UserError(f"config file {str(p)!r}: malformed YAML{where}: {problem}") from None
     except UnicodeDecodeError:
         raise UserError(f"config file {str(p)!r}: not UTF-8 text") from None
+    except OSError as exc:
+        raise UserError(f"config file {str(p)!r}: cannot be read ({exc.strerror})") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise UserError(f"config file {str(p)!r}: the top level must be a mapping of sections")
+        raise UserError(
+            f"config file {str(p)!r}: the top level must be a mapping of sections ({', '.join(SECTIONS)}), "
+            f"got {_kind(raw)}"
+        )
     return raw
 
 
@@ -561,62 +717,78 @@ def resolve(
     file: str | Path | None = None,
     overrides: list[str] | None = None,
     base: dict[str, Any] | None = None,
+    resuming: bool = False,
 ) -> Config:
-    """Build the resolved config: defaults -> method preset -> ``base``/file -> overrides."""
+    """Build the resolved config: defaults -> method preset -> ``base``/file -> overrides.
+
+    ``resuming``: the config of a run that continues (its trainers may now outnumber its workers: they
+    merge, ALGORITHM.md §9.2).
+
+    With a checkpoint as ``model.name`` and ``data.tokenizer`` unset, the tokenizer is the checkpoint's.
+    """
     user: dict[str, dict[str, Any]] = {}
-
-    def merge_in(raw: dict[str, Any], origin: str) -> None:
-        if not isinstance(raw, dict):
-            raise UserError(f"{origin}: the top level must be a mapping of sections")
-        for section, values in raw.items():
-            if isinstance(values, dict):
+    for raw, origin in (
+        (base, "config"),
+        (load_yaml(file) if file is not None else None, f"config file {str(file)!r}"),
+    ):
+        if raw is not None:
+            for section, values in _sections(raw, origin).items():
                 user.setdefault(section, {}).update(values)
-            else:
-                user[section] = values  # validated (and rejected) by _apply
-
-    if base:
-        merge_in(base, "config")
-    if file is not None:
-        merge_in(load_yaml(file), f"config file {str(file)!r}")
     for text in overrides or []:
         section, key, value = parse_override(text)
         if section not in SECTIONS:
             raise _unknown("section", section, SECTIONS)
-        user.setdefault(section, {})
-        if not isinstance(user[section], dict):
-            user[section] = {}
-        user[section][key] = value
+        user.setdefault(section, {})[key] = value
 
     cfg = Config()
     # The method decides the preset, so read it first (validated like any other key).
-    _apply(cfg, {"algorithm": {"method": (user.get("algorithm") or {}).get("method", "adloco")}}, "config")
-    _apply(cfg, PRESETS[cfg.algorithm.method], "preset")
-    _apply(cfg, user, "config")
-    _check(cfg)
+    _apply(cfg, {"algorithm": {"method": user.get("algorithm", {}).get("method", "adloco")}})
+    _apply(cfg, PRESETS[cfg.algorithm.method])
+    _apply(cfg, user)
+    if "tokenizer" not in user.get("data", {}) and cfg.model.name not in sizing.PRESETS:
+        cfg.data.tokenizer = cfg.model.name  # a checkpoint: its own tokenizer, not one trained anew
+    _check(cfg, resuming)
+    sizing.check_config(cfg)
     return cfg
 
 
 def field_docs() -> list[tuple[str, str, Any, str]]:
-    """(section, key, default, doc) for every field, in declaration order."""
+    """(section, key, default, doc) for every field, in declaration order; a choice field's doc begins
+    with its allowed values (``(norm | inner_product | ...)``)."""
     out = []
     cfg = Config()
     for sec in dataclasses.fields(Config):
         obj = getattr(cfg, sec.name)
+        hints = typing.get_type_hints(type(obj))
         for f in dataclasses.fields(obj):
-            out.append((sec.name, f.name, getattr(obj, f.name), f.metadata.get("doc", "")))
+            doc = f.metadata.get("doc", "")
+            if typing.get_origin(hints[f.name]) is Literal:
+                doc = f"({' | '.join(map(str, typing.get_args(hints[f.name])))}) {doc}"
+            out.append((sec.name, f.name, getattr(obj, f.name), doc))
     return out
 
 
-def dump_yaml(cfg: Config, with_docs: bool = False) -> str:
-    """The resolved config as YAML; with ``with_docs`` every key carries its doc as a comment."""
+def dump_yaml(cfg: Config, with_docs: bool = False, section: str | None = None) -> str:
+    """The resolved config as YAML (one ``section`` of it, if given); with ``with_docs`` every key carries
+    its doc as a comment."""
+    tree = cfg.to_dict()
+    if section is not None:
+        if section == BENCH:
+            raise UserError(
+                "config: bench is `adloco bench`'s own section (budget, target, methods), read from its "
+                "config file; see adloco bench --help"
+            )
+        if section not in tree:
+            raise _unknown("section", section, SECTIONS)
+        tree = {section: tree[section]}
     if not with_docs:
-        return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+        return yaml.safe_dump(tree, sort_keys=False)
     lines: list[str] = []
     docs = {(s, k): d for s, k, _, d in field_docs()}
-    for section, values in cfg.to_dict().items():
-        lines.append(f"{section}:")
+    for name, values in tree.items():
+        lines.append(f"{name}:")
         for key, value in values.items():
             rendered = yaml.safe_dump({key: value}, default_flow_style=True, sort_keys=False).strip()
             rendered = rendered[1:-1] if rendered.startswith("{") else rendered
-            lines.append(f"  {rendered:<34} # {docs[(section, key)]}")
+            lines.append(f"  {rendered:<34} # {docs[(name, key)]}")
     return "\n".join(lines) + "\n"

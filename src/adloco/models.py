@@ -16,57 +16,10 @@ from torch import nn
 from adloco import hub
 from adloco.config import ModelConfig
 from adloco.errors import UserError
+from adloco.sizing import PRESETS  # Llama shapes; the vocabulary comes from the tokenizer
 
-# Llama shapes built from a config only. Vocabulary size comes from the tokenizer.
-PRESETS: dict[str, dict[str, Any]] = {
-    # ~1.4M parameters with a 4096-token vocabulary: ~12k tokens/s on 2 CPU cores.
-    "llama-tiny": dict(
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        intermediate_size=384,
-        tie_word_embeddings=True,
-    ),
-    # ~11M parameters with a 4096-token vocabulary.
-    "llama-10m": dict(
-        hidden_size=320,
-        num_hidden_layers=8,
-        num_attention_heads=5,
-        num_key_value_heads=5,
-        intermediate_size=864,
-        tie_word_embeddings=True,
-    ),
-    # ~28M parameters with a 4096-token vocabulary.
-    "llama-30m": dict(
-        hidden_size=512,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-        intermediate_size=1408,
-        tie_word_embeddings=True,
-    ),
-    # The shape of MicroLlama (the paper's model): ~305M parameters with its 32000-token vocabulary.
-    "microllama-300m": dict(
-        hidden_size=1024,
-        num_hidden_layers=12,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        intermediate_size=5632,
-        tie_word_embeddings=False,
-        rms_norm_eps=1e-5,
-        max_position_embeddings=2048,
-    ),
-    # A few thousand parameters: for tests and smoke runs only.
-    "llama-micro": dict(
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        intermediate_size=32,
-        tie_word_embeddings=True,
-    ),
-}
+__all__ = ["PRESETS", "ModelFactory", "count_parameters", "output_layer", "save"]
+
 MODEL_HINT = f"use a preset ({', '.join(PRESETS)}) or a local checkpoint folder"
 
 
@@ -160,12 +113,16 @@ class ModelFactory:
         return model
 
     def check_fits(self, vocab_size: int, seq_len: int) -> None:
-        """The tokenizer's ids must index the embedding; sequences must fit the positions."""
+        """The tokenizer's vocabulary must be the embedding's (a checkpoint's own tokenizer may be smaller:
+        embeddings are often padded); sequences must fit the positions."""
         rows = getattr(self.config, "vocab_size", None)
-        if rows is not None and vocab_size > rows:
+        if rows is not None and (
+            vocab_size > rows or (vocab_size < rows and self._own_tokenizer_size() not in (None, vocab_size))
+        ):
             raise UserError(
-                f"config: data.tokenizer: its vocabulary ({vocab_size} tokens) is larger than model.name = "
-                f"{self.cfg.name!r}'s embedding ({rows} rows); use the model's own tokenizer"
+                f"config: data.tokenizer: its vocabulary ({vocab_size} tokens) does not match model.name = "
+                f"{self.cfg.name!r}'s embedding ({rows} rows); use the model's own tokenizer (leave "
+                "data.tokenizer unset)"
             )
         limit = next(
             (
@@ -180,6 +137,22 @@ class ModelFactory:
                 f"config: data.seq_len = {seq_len}: larger than model.name = {self.cfg.name!r}'s maximum "
                 f"positions ({limit})"
             )
+
+    def _own_tokenizer_size(self) -> int | None:
+        """The vocabulary of the tokenizer shipped with the checkpoint; None for a preset, or when it ships
+        none that loads (then nothing tells a padded embedding from a foreign tokenizer)."""
+        if self.checkpoint is None:
+            return None
+        from transformers import AutoTokenizer
+
+        path = Path(self.cfg.name).expanduser()
+        try:
+            tok = AutoTokenizer.from_pretrained(
+                str(path) if path.exists() else self.cfg.name, trust_remote_code=self.cfg.trust_remote_code
+            )
+        except Exception:  # noqa: BLE001 - no tokenizer, or one that does not load: unknown
+            return None
+        return len(tok)
 
     def build(self, seed: int) -> nn.Module:
         if self.checkpoint is not None:

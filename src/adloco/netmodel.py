@@ -1,4 +1,4 @@
-"""Simulated wall time (spec §7): measured compute plus each collective's cost on a modelled network.
+"""Simulated wall time (ALGORITHM.md §7): measured compute plus each collective's cost on a modelled network.
 
 A collective among n workers of a payload of B bytes each, on links of bandwidth β (bytes/s) and
 latency α (s):

@@ -7,22 +7,26 @@ and writes the run directory, from numbers gathered from every rank.
 from __future__ import annotations
 
 import json
-import os
+import logging
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from adloco import models
+from adloco import events, models
+from adloco.comm.base import Comm, CommFailure
+from adloco.comm.inprocess import InProcessComm
 from adloco.config import Config, dump_yaml
 from adloco.data.tokens import Data, prepare
-from adloco.engine.backends.inprocess import InProcessComm
-from adloco.engine.comm import Comm, CommFailure
-from adloco.engine.coordinator import Coordinator
+from adloco.engine import rundir
+from adloco.engine.checkpointing import Checkpointer
+from adloco.engine.driver import Driver, TooManyBadRounds
 from adloco.errors import UserError
-from adloco.telemetry.metrics import JsonlSink, MetricsSink
+from adloco.method import DecisionMismatch, RoundAborted
+from adloco.telemetry.metrics import MetricsSink, make_sink
 from adloco.telemetry.progress import Progress, make_progress
 
 
@@ -46,48 +50,6 @@ class TrainingFailed(Exception):
         self.run_dir, self.saved = run_dir, saved
 
 
-# What a resumed run may change: how long it runs, learning rates, evaluation, checkpoints, logging and
-# the runtime. Everything else (model, data, method, workers, seed ...) is the checkpoint's.
-RESUMABLE = (
-    "algorithm.rounds",
-    "algorithm.budget",
-    "inner.lr",
-    "inner.clip",
-    "outer.lr",
-    "eval.",
-    "checkpoint.",
-    "faults.",
-    "network.",
-    "logging.",
-    "runtime.",
-    "data.cache_dir",
-)
-
-
-def check_resumable(cfg: Config, ck: Any) -> None:
-    """Refuse a checkpoint written under another model, data or method (one line naming the field)."""
-    saved = ck.meta.get("config")
-    if not isinstance(saved, dict):
-        raise UserError(f"checkpoint {str(ck.path)!r}: holds no config (not written by this adloco)")
-    now = cfg.to_dict()
-    for section, values in now.items():
-        for key, value in values.items():
-            path = f"{section}.{key}"
-            old = (saved.get(section) or {}).get(key, value)
-            if old != value and not any(
-                path == r or (r.endswith(".") and path.startswith(r)) for r in RESUMABLE
-            ):
-                raise UserError(
-                    f"--resume: {path} = {value!r} differs from the checkpoint's {old!r}: a resumed run keeps its "
-                    "model, data and method (only rounds, learning rates, clipping, eval, checkpoint, faults, "
-                    "logging and runtime settings may change)"
-                )
-    if cfg.algorithm.rounds < ck.round:
-        raise UserError(
-            f"config: algorithm.rounds = {cfg.algorithm.rounds}: the checkpoint is at round {ck.round} already"
-        )
-
-
 def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise UserError("config: runtime.device = 'cuda': no CUDA device is available (use 'auto' or 'cpu')")
@@ -97,47 +59,16 @@ def resolve_device(name: str) -> torch.device:
 
 
 def backend_of(cfg: Config) -> str:
-    from adloco.engine.backends.torchdist import launched_by_torchrun
+    from adloco.engine.distributed import launched_by_torchrun
 
     if cfg.runtime.backend == "auto":
         return "torchdist" if launched_by_torchrun() else "inprocess"
     return cfg.runtime.backend
 
 
-def create_run_dir(cfg: Config) -> Path:
-    """``<out_dir>/<name>-<timestamp>`` (with a suffix if taken). Created only once input is valid."""
-    parent = Path(cfg.logging.out_dir).expanduser()
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(
-            f"config: logging.out_dir = {cfg.logging.out_dir!r}: cannot be created ({exc.strerror})"
-        ) from None
-    if not os.access(parent, os.W_OK):
-        raise UserError(f"config: logging.out_dir = {cfg.logging.out_dir!r}: not writable")
-    base = f"{cfg.logging.name or cfg.algorithm.method}-{time.strftime('%Y%m%d-%H%M%S')}"
-    for i in range(1000):
-        path = parent / (base if i == 0 else f"{base}-{i}")
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue
-    raise UserError(f"config: logging.out_dir = {cfg.logging.out_dir!r}: too many runs named {base!r}")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _check_same_data(comm: Comm, data: Data) -> None:
     """Every process must train on the same tokens (machines may differ in their corpus or cache)."""
-    from adloco.engine.backends.torchdist import fingerprint_tokens
+    from adloco.engine.distributed import fingerprint_tokens
 
     fp = float(fingerprint_tokens(*data.arrays()))
     got = comm.all_gather_rows({w: [fp] for w in comm.local_workers}, 1, "check", counted=0)
@@ -149,32 +80,15 @@ def _check_same_data(comm: Comm, data: Data) -> None:
         )
 
 
-def _write_checkpoint(co: Coordinator, cfg: Config, run_dir: Path | None, sink: MetricsSink) -> str:
-    """Every rank takes part; rank 0 writes. Returns the checkpoint's name."""
-    from adloco import checkpoint
-    from adloco.engine.coordinator import save_state
+class _LogToProgress(logging.Handler):
+    """The library's warnings (``logging.getLogger("adloco")``) as progress messages on rank 0."""
 
-    t0 = time.perf_counter()
-    writer = checkpoint.Writer(run_dir, co.round) if run_dir is not None else None
-    try:
-        meta = save_state(co, writer.tensors if writer is not None else None)
-        if writer is not None:
-            meta["config"] = cfg.to_dict()
-            path = writer.finish(meta, cfg.checkpoint.keep)
-            sink.log(
-                {
-                    "event": "checkpoint",
-                    "round": co.round,
-                    "name": path.name,
-                    "bytes": sum(f.stat().st_size for f in path.iterdir()),
-                    "seconds": time.perf_counter() - t0,
-                }
-            )
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
-    return checkpoint.name(co.round)
+    def __init__(self, say: Callable[[str], None]) -> None:
+        super().__init__(logging.INFO)
+        self.say = say
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.say(record.getMessage())
 
 
 class _Signals:
@@ -206,35 +120,56 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
     """Train as configured; returns the run directory (None on ranks other than 0) and the summary.
 
     ``resume``: (run directory, checkpoint folder) to continue from (see :func:`adloco.checkpoint.locate`).
+    Under torchrun's elastic agent (``--max-restarts`` ≥ 1) a run continues from its own newest
+    checkpoint after a restart, with the number of workers the restart brought.
     """
     from adloco import checkpoint
+    from adloco.engine import distributed
 
-    ck = None
-    if resume is not None:
-        ck = checkpoint.Checkpoint(resume[1])
-        check_resumable(cfg, ck)
+    elastic = distributed.elastic_launch()
     ctx = None
     if backend_of(cfg) == "torchdist":
-        from adloco.engine.backends import torchdist
-
         rt = cfg.runtime
-        ctx = torchdist.start(
-            cfg.algorithm.workers, rt.workers_per_process, rt.device, rt.threads, rt.timeout
+        ctx = distributed.start(
+            cfg.algorithm.workers,
+            rt.workers_per_process,
+            rt.device,
+            rt.threads,
+            cfg.elastic.timeout if elastic is not None else rt.timeout,  # a dead peer costs a restart, soon
+            rt.dist_backend,
+            flexible=elastic is not None or resume is not None,
         )
+        cfg.algorithm.workers = ctx.comm.n_workers
         comm: Comm = ctx.comm
         device = ctx.device
+        # the rank whose disk holds the run (a restart may have given it any rank) writes it
+        distributed.elect_root(ctx, rundir.newest_round(cfg, resume, elastic))
     else:
         if cfg.runtime.threads:
             torch.set_num_threads(cfg.runtime.threads)
         device = resolve_device(cfg.runtime.device)
         comm = InProcessComm(cfg.algorithm.workers)
-    root = comm.rank == 0
+    root = comm.rank == comm.root
     progress: Progress = make_progress(cfg.logging.progress) if root else Progress()
     say = progress.message
-    coordinator: Coordinator | None = None
+    library_log = logging.getLogger("adloco")
+    handler = _LogToProgress(say)
+    library_log.addHandler(handler)
+    library_log.propagate = False
+    driver: Driver | None = None
+    start: rundir.Start | None = None
     try:
         # Everything that can fail on bad input happens before the run directory exists; rank 0 goes
-        # first (tokenizer training, caches) and the others follow, or stop if it failed.
+        # first (where the run continues from, tokenizer training, caches) and the others follow, or
+        # stop if it failed.
+        if cfg.logging.tensorboard == "on":
+            from adloco.telemetry.metrics import tensorboard_available
+
+            if not tensorboard_available():
+                raise UserError(
+                    "config: logging.tensorboard = 'on': the tensorboard package is not installed "
+                    "(pip install tensorboard, or 'auto' to write it only when installed)"
+                )
         if cfg.model.precision != "fp32" and device.type != "cuda":
             raise UserError(
                 f"config: model.precision = {cfg.model.precision!r}: mixed precision needs CUDA (this run is on "
@@ -244,13 +179,17 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
         def load_data() -> Data:
             return prepare(cfg.data, cfg.model.task, cfg.model.trust_remote_code, log=say)
 
-        if ctx is not None:
-            from adloco.engine.backends.torchdist import root_first
+        def prepare_root() -> Data:
+            nonlocal start
+            start = rundir.locate(cfg, resume, elastic)
+            return load_data()
 
-            data = root_first(ctx, load_data, cfg.runtime.timeout)
+        if ctx is not None:
+            data = distributed.root_first(ctx, prepare_root, cfg.runtime.timeout, others=load_data)
             _check_same_data(comm, data)
         else:
-            data = load_data()
+            data = prepare_root()
+        ck = start.ck if start is not None else None
         factory = models.ModelFactory(
             cfg.model,
             data.vocab_size,
@@ -260,84 +199,137 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
             data.num_labels,
             getattr(data, "label_names", None),
         )
-        coordinator = Coordinator(cfg, comm, data, factory, device, log=say)
-        if ck is not None:
-            from adloco.engine.coordinator import restore_state
-
-            restore_state(coordinator, ck)
+        driver = Driver(cfg, comm, data, factory, device, log=say)
+        if ck is not None and (
+            ck.meta["driver"].get("model") != driver.fingerprint()
+            or ck.meta["algorithm"].get("parameters") != driver.n_params
+        ):
+            raise UserError(
+                f"checkpoint {str(ck.path)!r}: holds a model of {ck.meta['algorithm'].get('parameters', 0):,} "
+                f"parameters with other shapes or names; this run builds {driver.n_params:,} "
+                f"({cfg.model.name!r}): a run resumes with its own model"
+            )
+        # every process learns from rank 0 whether the run continues, and gets its state over the group
+        continues = comm.all_gather_json(ck is not None)[comm.root]
+        if not continues and cfg.algorithm.trainers > cfg.algorithm.workers:
+            say(
+                f"algorithm.trainers = {cfg.algorithm.trainers}: this launch has {cfg.algorithm.workers} workers; "
+                f"starting with {cfg.algorithm.workers} trainers"
+            )
+        if continues:
+            driver.load_state_dict(driver.share_state(checkpoint.load(ck) if ck is not None else None))
         procs = f", {comm.world} processes x {ctx.threads} thread(s)" if ctx is not None else ""
         unit = f"blocks of {cfg.data.seq_len} tokens" if data.task == "causal_lm" else "labelled examples"
         say(
-            f"{cfg.algorithm.method}: {cfg.model.name}, {coordinator.n_params / 1e6:.2f}M parameters, "
+            f"{cfg.algorithm.method}: {cfg.model.name}, {driver.n_params / 1e6:.2f}M parameters, "
             f"{cfg.algorithm.workers} workers, {cfg.algorithm.trainers} trainers{procs}, {data.n_train} train / "
             f"{data.n_val} validation {unit}, device {device.type}"
         )
-        run_dir = None
-        sink: MetricsSink = MetricsSink()
-        if root:
-            if resume is not None and ck is not None:
-                from adloco.telemetry.metrics import truncate_after
-
-                run_dir = resume[0]
-                write_atomic(run_dir / "config.yaml", dump_yaml(cfg))
-                truncate_after(run_dir / "metrics.jsonl", ck.round)
-                say(f"resuming {run_dir} from {ck.path.name} (round {ck.round} of {cfg.algorithm.rounds})")
-            else:
-                run_dir = create_run_dir(cfg)
-                write_atomic(run_dir / "config.yaml", dump_yaml(cfg))
-                say(f"run directory {run_dir}")
-            sink = JsonlSink(run_dir / "metrics.jsonl")
-            if ck is not None:
-                sink.log({"event": "resume", "round": ck.round, "checkpoint": ck.path.name})
-        every = cfg.checkpoint.every
+        run_dir, sink = _open_run(cfg, start, driver, elastic, say) if root else (None, MetricsSink())
+        every = cfg.elastic.checkpoint_every if elastic is not None else cfg.checkpoint.every
+        saver = Checkpointer(driver, cfg.to_dict, run_dir, sink, cfg.checkpoint.keep, background=True)
 
         def after_round(final: bool) -> None:
-            if final or (every > 0 and coordinator is not None and coordinator.round % every == 0):
-                assert coordinator is not None
-                _write_checkpoint(coordinator, cfg, run_dir, sink)
-
-        from adloco.engine.coordinator import RoundStopped, TooManyBadRounds
+            assert driver is not None
+            if final or (every > 0 and driver.round % every == 0):
+                saver.save(wait=final)
 
         try:
             with _Signals() as signals:
-                coordinator.stop_requested = lambda: signals.signum is not None
+                driver.stop_requested = lambda: signals.signum is not None
                 try:
-                    summary = coordinator.run(sink, progress, after_round)
-                except RoundStopped as exc:
+                    summary = driver.run(sink, progress, after_round)
+                except RoundAborted as exc:
                     progress.close()
                     assert signals.signum is not None or comm.world > 1
-                    saved = _write_checkpoint(coordinator, cfg, run_dir, sink)
+                    saved = saver.save(wait=True)
                     raise Stopped(signals.signum or signal.SIGTERM, exc.round, run_dir, saved) from None
                 except TooManyBadRounds as exc:
-                    raise TrainingFailed(str(exc), run_dir, checkpoint.name(coordinator.round)) from None
-            sink.log({"event": "end", **summary})
+                    saver.wait()
+                    raise TrainingFailed(str(exc), run_dir, checkpoint.name(driver.round)) from None
+            saver.wait()
+            sink.log(events.End(driver.round, summary).to_dict())
         finally:
-            sink.close()
-            progress.close()
+            try:
+                saver.wait()
+            finally:
+                sink.close()
+                progress.close()
         if cfg.logging.save_model:
-            state = coordinator.trainer_state_dict(summary["best_trainer"])
+            state = driver.trainer_state_dict(summary.reported_trainer)
             if run_dir is not None and state is not None:
-                model = next(iter(coordinator.workers.values())).model
+                model = next(iter(driver.algo.replicas.values())).model
                 models.save(model, state, data.tokenizer, run_dir / "model")
         if run_dir is not None:
-            write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+            rundir.write_atomic(run_dir / "summary.json", json.dumps(summary.to_dict(), indent=2) + "\n")
             if cfg.logging.plots:
-                from adloco.report import plot_run
+                from adloco.reporting import plot_run
 
                 plot_run(run_dir)
     except CommFailure as exc:
         if ctx is None:
             raise
-        from adloco.engine.backends.torchdist import failure_line
-
-        r = coordinator.round + 1 if coordinator is not None else 0
-        raise DistributedFailure(failure_line(ctx, exc, r)) from exc
-    except Exception as exc:
-        from adloco.engine.coordinator import DecisionMismatch
-
-        if isinstance(exc, DecisionMismatch):
-            raise DistributedFailure(f"rank {comm.rank}: {exc}") from exc
-        raise
+        r = driver.round + 1 if driver is not None else 0
+        raise DistributedFailure(distributed.failure_line(ctx, exc, r)) from exc
+    except DecisionMismatch as exc:
+        raise DistributedFailure(f"rank {comm.rank}: {exc}") from exc
+    finally:
+        library_log.removeHandler(handler)
     if ctx is not None:
         ctx.close()
-    return run_dir, summary
+    return run_dir, summary.to_dict()
+
+
+def _open_run(
+    cfg: Config,
+    start: rundir.Start | None,
+    driver: Driver,
+    elastic: dict[str, Any] | None,
+    say: Callable[[str], None],
+) -> tuple[Path, MetricsSink]:
+    """Rank 0: the run directory (new, or the one continued), its config.yaml and metrics sink, and the
+    events that say how this process started (a resume, a membership change)."""
+    from adloco.telemetry.metrics import truncate_after
+
+    ck = start.ck if start is not None else None
+    run_dir = start.run_dir if start is not None and start.run_dir is not None else rundir.create(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rundir.write_atomic(run_dir / "config.yaml", dump_yaml(cfg))
+    if ck is not None:
+        truncate_after(run_dir / "metrics.jsonl", ck.round)
+        say(f"resuming {run_dir} from {ck.path.name} (round {ck.round} of {cfg.algorithm.rounds})")
+    elif start is not None and start.restarted:  # restarted before its first checkpoint: start over here
+        truncate_after(run_dir / "metrics.jsonl", -1)
+        say(f"run directory {run_dir} (restarted before its first checkpoint: from the start)")
+    else:
+        say(f"run directory {run_dir}")
+    sink = make_sink(run_dir, cfg.logging.tensorboard)
+    if ck is not None:
+        sink.log(events.Resume(round=ck.round, checkpoint=ck.path.name).to_dict())
+    restarted = start is not None and start.restarted
+    change = driver.algo.membership
+    if restarted or change is not None:
+        lost = max(0, start.last_round - (ck.round if ck is not None else 0)) if start is not None else 0
+        driver.restarts += 1
+        driver.rounds_lost += lost
+        restart_s = time.time() - start.last_progress if start is not None and start.last_progress else None
+        n = cfg.algorithm.workers
+        ev = events.Membership(
+            round=driver.round,
+            workers=n,
+            workers_before=change["workers_before"] if change else n,
+            left=change["left"] if change else [],
+            joined=change["joined"] if change else [],
+            merged=change["merged"] if change else [],
+            restart_s=restart_s,
+            restarts=driver.restarts,
+        )
+        sink.log(ev.to_dict())
+        what = (
+            f"workers {ev.workers_before} -> {n}" + (f", trainers merged {ev.merged}" if ev.merged else "")
+            if change
+            else f"{n} workers"
+        )
+        took = f", {restart_s:.1f} s after the last progress" if restart_s is not None else ""
+        say(f"membership: {what} (restart {driver.restarts}{took}; {lost} round(s) lost)")
+    return run_dir, sink

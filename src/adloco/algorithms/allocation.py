@@ -1,4 +1,4 @@
-"""Workers -> trainers (spec §4): largest-remainder shares, every trainer at least one worker."""
+"""Workers -> trainers (ALGORITHM.md §4): largest-remainder shares, every trainer at least one worker."""
 
 from __future__ import annotations
 
@@ -84,3 +84,54 @@ def members(allocation: Mapping[int, int]) -> dict[int, list[int]]:
     for w, t in sorted(allocation.items()):
         out.setdefault(t, []).append(w)
     return out
+
+
+def split(total: int, speeds: Mapping[int, float]) -> dict[int, int]:
+    """``total`` examples per step shared by workers in proportion to their speeds (ALGORITHM.md §9.3): largest
+    remainder, every worker at least one, ties by worker id. Equal speeds give equal shares."""
+    ids = sorted(speeds)
+    if total < len(ids):
+        raise ValueError(f"{total} examples cannot give each of {len(ids)} workers one")
+    weights = {w: Fraction(speeds[w]).limit_denominator(10**6) for w in ids}
+    s = sum(weights.values(), Fraction(0))
+    quota = {w: (total * weights[w] / s) if s > 0 else Fraction(total, len(ids)) for w in ids}
+    out = {w: max(1, math.floor(quota[w])) for w in ids}
+    while sum(out.values()) > total:  # the floor of one forced up: take from the most over its quota
+        w = max((x for x in ids if out[x] > 1), key=lambda x: (out[x] - quota[x], -x))
+        out[w] -= 1
+    left = total - sum(out.values())
+    for w in sorted(ids, key=lambda x: (-(quota[x] - out[x]), x))[:left]:
+        out[w] += 1
+    return out
+
+
+def by_capacity(
+    requests: Mapping[int, int], speeds: Mapping[int, float], current: Mapping[int, int] | None = None
+) -> dict[int, int]:
+    """Workers -> trainers so that each trainer's share of the total speed follows its request (ALGORITHM.md §9.3).
+
+    Every trainer gets at least one worker. Workers are placed fastest first (ties by id), each to the
+    trainer furthest below its target capacity Σ s · b_t / Σ b, preferring its current trainer when
+    that trainer is as far below. With equal speeds it gives the same counts as :func:`allocate`'s shares."""
+    ids = sorted(requests)
+    workers = sorted(speeds, key=lambda w: (-speeds[w], w))
+    if len(ids) > len(workers):
+        raise ValueError(f"{len(ids)} trainers cannot share {len(workers)} workers")
+    total_speed = sum(speeds.values())
+    total_b = sum(requests.values())
+    target = {t: total_speed * requests[t] / total_b for t in ids}
+    if len(set(speeds.values())) <= 1:  # equal speeds: the counts of the request shares
+        return allocate(requests, len(workers), current)
+    got = dict.fromkeys(ids, 0.0)
+    held = dict.fromkeys(ids, 0)
+    out: dict[int, int] = {}
+    current = dict(current or {})
+    for i, w in enumerate(workers):
+        left = len(workers) - i
+        empty = [t for t in ids if held[t] == 0]
+        pool = empty if len(empty) >= left else ids  # the last workers go where none is yet
+        best = max(pool, key=lambda t: (target[t] - got[t], current.get(w) == t, -t))
+        out[w] = best
+        got[best] += speeds[w]
+        held[best] += 1
+    return dict(sorted(out.items()))

@@ -1,11 +1,11 @@
-"""Adaptive batch tests (spec §2): gradient statistics -> the next request b.
+"""Adaptive batch tests (ALGORITHM.md §2): gradient statistics -> the next request b.
 
 Everything here is pure arithmetic on scalars. A worker reduces its gradient samples g_1..g_k (each the
 mean gradient over c examples, all at the same parameters) to a few scalars (:class:`WorkerStats`); the
 coordinator gathers them and pools them per trainer (:func:`pool`); a test turns the pooled statistics
 into a target T and the request grows to ``min(cap, max(b, ceil(T)))`` (:func:`decide`).
 
-Two ways to pool (spec §2.5):
+Two ways to pool (ALGORITHM.md §2.5):
 
 * shared mean (``gbar_sq`` given): the trainer's mean gradient ḡ over all n = Σ k_m samples was
   all-reduced, so ‖ḡ‖² and p_j = <g_j, ḡ> are exact and
@@ -41,6 +41,7 @@ class WorkerStats:
     mean_sq: float  # ‖ḡ_m‖², ḡ_m = (1/k) Σ_j g_j
     sum_p: float = NAN  # Σ_j <g_j, ḡ>
     sum_p2: float = NAN  # Σ_j <g_j, ḡ>²
+    sum_entries: float = NAN  # Σ_j Σ_i g_ji: the sum of every entry (the reference formula's variance)
 
 
 @dataclass(frozen=True)
@@ -55,12 +56,18 @@ class TrainerStats:
     var_p: float  # Var_j <g_j, ḡ> (n − 1 in the denominator); nan without a shared mean
     orth_sq: float  # Σ_j ‖g_j − (<g_j, ḡ>/‖ḡ‖²) ḡ‖²; nan without a shared mean
     exact: bool  # True when ḡ was shared
+    entry_var: float = NAN  # unbiased variance of all n·P entries of the g_j^⊥ (ALGORITHM.md §9.1), or nan
 
 
-def pool(stats: Sequence[WorkerStats], gbar_sq: float | None = None) -> TrainerStats | None:
+def pool(
+    stats: Sequence[WorkerStats], gbar_sq: float | None = None, n_params: int | None = None
+) -> TrainerStats | None:
     """Pool the workers of one trainer (law of total variance). None when there are too few samples.
 
-    ``gbar_sq``: ‖ḡ‖² of the all-reduced mean; None for the scalars-only estimate.
+    ``gbar_sq``: ‖ḡ‖² of the all-reduced mean; None for the scalars-only estimate. ``n_params``: P, for
+    the reference formula's per-entry variance of the orthogonal parts (ALGORITHM.md §9.1), which needs every
+    sample's entry sum s_j = Σ_i g_ji: with e_ji = g_ji − (p_j/‖ḡ‖²) ḡ_i and s̄ = Σ_i ḡ_i = Σ_j s_j / n,
+    Σ e = Σ_j s_j − Σ_j p_j · s̄/‖ḡ‖² and Σ e² = Σ_j ‖g_j‖² − Σ_j p_j²/‖ḡ‖², so scalars suffice.
     """
     if not stats:
         return None
@@ -74,13 +81,18 @@ def pool(stats: Sequence[WorkerStats], gbar_sq: float | None = None) -> TrainerS
         if n < 2:
             return None
         sigma2 = c * max(sum_sq - n * gbar_sq, 0.0) / (n - 1)
-        var_p = orth = NAN
+        var_p = orth = entry_var = NAN
         if all(math.isfinite(s.sum_p) and math.isfinite(s.sum_p2) for s in stats):
             sp = sum(s.sum_p for s in stats)
             sp2 = sum(s.sum_p2 for s in stats)
             var_p = max(sp2 - sp * sp / n, 0.0) / (n - 1)
             orth = max(sum_sq - sp2 / gbar_sq, 0.0) if gbar_sq > 0 else NAN
-        return TrainerStats(n, c, M, sigma2, gbar_sq, var_p, orth, True)
+            if n_params and gbar_sq > 0 and all(math.isfinite(s.sum_entries) for s in stats):
+                total = n * n_params
+                s_all = sum(s.sum_entries for s in stats)
+                e_sum = s_all - sp * (s_all / n) / gbar_sq
+                entry_var = max(orth - e_sum * e_sum / total, 0.0) / (total - 1)
+        return TrainerStats(n, c, M, sigma2, gbar_sq, var_p, orth, True, entry_var)
     if n - M < 1 or any(s.n < 1 for s in stats):
         return None
     within = sum(max(s.sum_sq - s.n * s.mean_sq, 0.0) for s in stats)
@@ -90,13 +102,27 @@ def pool(stats: Sequence[WorkerStats], gbar_sq: float | None = None) -> TrainerS
     return TrainerStats(n, c, M, sigma2, est, NAN, NAN, False)
 
 
-def target(test: str, st: TrainerStats, eta: float, vartheta: float, nu: float) -> float:
-    """T of spec §2.1–2.4 for one trainer (nan when the test cannot be evaluated)."""
+def target(
+    test: str, st: TrainerStats, eta: float, vartheta: float, nu: float, formula: str = "spec"
+) -> float:
+    """T of ALGORITHM.md §2.1–2.4 for one trainer (nan when the test cannot be evaluated).
+
+    ``formula: reference`` is the reference implementation's inner-product tests (ALGORITHM.md §9.1): ν in
+    both parts, no factor c and no 1/M, and the orthogonal part's per-entry variance instead of the
+    trace: T_ip = Var_j(p_j)/(ν²‖ḡ‖⁴), T_orth = var(entries of the g_j^⊥)/(ν²‖ḡ‖²).
+    """
     g2, M, c, n = st.gbar_sq, st.workers, st.c, st.n
     if not (math.isfinite(g2) and g2 > 0):
         return NAN
     if test == "norm":
         return st.sigma2 / (M * eta**2 * g2)
+    if formula == "reference":
+        t_ip_ref = st.var_p / (nu**2 * g2 * g2)
+        if test == "inner_product":
+            return t_ip_ref
+        if test == "augmented_inner_product":
+            return max(t_ip_ref, st.entry_var / (nu**2 * g2))
+        raise ValueError(f"unknown batch test {test!r}")
     t_ip = c * st.var_p / (M * vartheta**2 * g2 * g2)
     if test == "inner_product":
         return t_ip
@@ -129,8 +155,9 @@ def decide(
     eta: float,
     vartheta: float,
     nu: float,
+    formula: str = "spec",
 ) -> Decision:
-    """b <- min(cap, max(b, ceil(T))): tests only ever grow the request (spec §2).
+    """b <- min(cap, max(b, ceil(T))): tests only ever grow the request (ALGORITHM.md §2).
 
     A vanishing or non-finite ‖ḡ‖² (or T) leaves b as it is with reason ``degenerate``: never a crash.
     """
@@ -140,7 +167,7 @@ def decide(
         return Decision(b, NAN, "no-statistics")
     if not (math.isfinite(st.gbar_sq) and st.gbar_sq > 0 and math.isfinite(st.sigma2)):
         return Decision(b, NAN, "degenerate")
-    t = target(test, st, eta, vartheta, nu)
+    t = target(test, st, eta, vartheta, nu, formula)
     if not math.isfinite(t):
         return Decision(b, t, "degenerate")
     if t > cap:
@@ -154,7 +181,7 @@ def probe_layout(effective_batches: Sequence[int], probe_chunks: int) -> tuple[i
 
     All workers of a trainer use the same c, so the chunks are cut from the smallest effective batch
     among them. When that batch holds fewer than two examples, an extra probe batch of ``probe_chunks``
-    single examples is drawn at the common point (spec §2.5).
+    single examples is drawn at the common point (ALGORITHM.md §2.5).
     """
     s = min(effective_batches)
     if s >= 2:

@@ -1,4 +1,4 @@
-"""Trainer merging (spec §3; AdLoCo §4.1): which trainers merge, and the batch-weighted merge."""
+"""Trainer merging (ALGORITHM.md §3; AdLoCo paper, section 4.1): which trainers merge, and the batch-weighted merge."""
 
 from __future__ import annotations
 
@@ -46,10 +46,17 @@ def merged_request(requests: Mapping[int, int], members: Sequence[int], rule: st
     raise ValueError(f"unknown survivor_batch rule {rule!r}")
 
 
-def weighted_merge(tensors: Mapping[int, torch.Tensor], w: Mapping[int, float]) -> torch.Tensor:
-    """θ_r = Σ_{j∈S} w_j θ_j, accumulated in float32 or wider (used for θ and for outer momentum)."""
+def weighted_merge(
+    tensors: Mapping[int, torch.Tensor], w: Mapping[int, float], like: torch.Tensor | None = None
+) -> torch.Tensor:
+    """θ_r = Σ_{j∈S} w_j θ_j, accumulated in float32 or wider (used for θ and for outer momentum).
+
+    With several processes each passes the trainers it leads and the partial sums are all-reduced; a
+    process leading none passes ``like`` (shape and device) and contributes zeros."""
     ids = sorted(tensors)
-    first = tensors[ids[0]]
+    first = tensors[ids[0]] if ids else like
+    if first is None:
+        raise ValueError("weighted_merge: no tensors and no `like`")
     out = torch.zeros_like(first, dtype=torch.promote_types(first.dtype, torch.float32))
     for t in ids:
         out.add_(tensors[t], alpha=w[t])

@@ -1,4 +1,4 @@
-"""Outer optimizers on the pseudo-gradient Δ = θ − mean_m θ_m (spec §1, step 4)."""
+"""Outer optimizers on the pseudo-gradient Δ = θ − mean_m θ_m (ALGORITHM.md §1, step 4)."""
 
 from __future__ import annotations
 

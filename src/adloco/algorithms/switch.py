@@ -1,4 +1,4 @@
-"""Switch mode (spec §5; AdLoCo §4.2): micro-batch and accumulation from the request and b_max."""
+"""Switch mode (ALGORITHM.md §5; AdLoCo paper, section 4.2): micro-batch and accumulation from the request and b_max."""
 
 from __future__ import annotations
 

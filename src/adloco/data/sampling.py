@@ -1,4 +1,4 @@
-"""Which training blocks each worker reads (spec §3): reproducible from (seed, trainer, worker, round).
+"""Which training blocks each worker reads (ALGORITHM.md §3): reproducible from (seed, trainer, worker, round).
 
 Every trainer draws from its own random subset of the training blocks. Each round the subset is
 shuffled with a generator keyed by (seed, trainer, round) and cut into one disjoint shard per worker of

@@ -11,7 +11,11 @@ split). Adding a document never moves another one across the split.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
+import csv
 import hashlib
+import json
 import math
 import os
 import sys
@@ -27,6 +31,8 @@ from adloco.errors import UserError
 
 TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".text"}
 STRUCTURED = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+NL = b"\n"
+KIND_NAMES = {"text": "text", "json": "JSON", "csv": "CSV", "parquet": "Parquet"}
 LOCAL_HINT = "point data.source at local files or a folder (txt, md, jsonl, csv, parquet)"
 
 
@@ -143,35 +149,166 @@ class LocalSource(Source):
     def _rows(self) -> Iterator[tuple[str, dict[str, Any]]]:
         import datasets
 
-        data_files = [str(p) for p in self.files]
+        for p in self.files:  # every file whole before the first row: a broken one is named, not half-read
+            check_file(p, self._rel(p), self.kind)
         if self.kind == "text":
             sample_by = "paragraph" if self.single_text else "document"
             ds = datasets.load_dataset(
                 "text",
-                data_files=data_files,
+                data_files=[str(p) for p in self.files],
                 sample_by=sample_by,
                 split="train",
                 streaming=True,
-                encoding_errors="replace",
             )
             names = (
                 (f"{self.files[0].name}:{i}" for i in range(10**12))
                 if self.single_text
-                else (p.relative_to(self.root).as_posix() for p in self.files)
+                else (self._rel(p) for p in self.files)
             )
-            yield from zip(names, ds, strict=False)  # names is endless for paragraphs
+            with _read_errors(self._rel(self.files[0]) if self.single_text else self.raw, "text"):
+                yield from zip(names, ds, strict=False)  # names is endless for paragraphs
             return
         for p in self.files:  # one file at a time, so a missing field names its file
-            ds = datasets.load_dataset(self.kind, data_files=[str(p)], split="train", streaming=True)
-            rel = p.relative_to(self.root).as_posix()
-            for i, row in enumerate(ds):
-                yield f"{rel}:{i}", row
+            rel = self._rel(p)
+            with _read_errors(rel, self.kind):
+                ds = datasets.load_dataset(self.kind, data_files=[str(p)], split="train", streaming=True)
+                for i, row in enumerate(ds):
+                    yield f"{rel}:{i}", row
+
+    def _rel(self, p: Path) -> str:
+        return p.relative_to(self.root).as_posix()
 
     def load(self, cfg: DataConfig, need_label: bool) -> tuple[list[Document], list[Document]]:
         docs = read_rows(
             self._rows(), cfg, need_label, where=lambda name: f"data file {name.rsplit(':', 1)[0]!r}"
         )
         return split(docs, cfg.val_fraction)
+
+
+@contextlib.contextmanager
+def _read_errors(rel: str, kind: str) -> Iterator[None]:
+    """Turn whatever a reader raises (datasets, pyarrow, pandas) into one line naming the file."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the readers raise many kinds; one line for all
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UserError(f"data file {rel!r}: cannot be read as {KIND_NAMES[kind]} ({first})") from None
+
+
+def check_file(path: Path, rel: str, kind: str) -> None:
+    """Refuse a file its reader would choke on, or (text) read as something it is not, in one line
+    naming it and, where one is known, the line: not UTF-8 text, binary, broken JSON Lines, ragged CSV,
+    or a Parquet file without its footer."""
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            pq.ParquetFile(path)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds; one line for all
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise UserError(f"data file {rel!r}: not a readable Parquet file ({first})") from None
+        return
+    try:
+        _check_utf8(path, rel)
+        if kind == "json":
+            _check_json(path, rel)
+        elif kind == "csv":
+            _check_csv(path, rel)
+    except OSError as exc:
+        raise UserError(f"data file {rel!r}: cannot be read ({exc.strerror or exc})") from None
+
+
+def _check_utf8(path: Path, rel: str) -> None:
+    """UTF-8 text without NUL bytes (a NUL is the mark of a binary file), else the line of the first."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    line = 1
+    fix = "convert it to UTF-8 or leave it out of data.source"
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            pending = decoder.getstate()[0]
+            nul = chunk.find(b"\0")
+            try:
+                decoder.decode(chunk if nul < 0 else chunk[:nul])
+            except UnicodeDecodeError as exc:
+                at = max(exc.start - len(pending), 0)
+                where = line + chunk.count(NL, 0, at)
+                raise UserError(
+                    f"data file {rel!r}: not UTF-8 text (byte 0x{chunk[at]:02x} on line {where}); {fix}"
+                ) from None
+            if nul >= 0:
+                where = line + chunk.count(NL, 0, nul)
+                raise UserError(
+                    f"data file {rel!r}: binary, not text (a NUL byte on line {where}); leave it out of data.source"
+                )
+            line += chunk.count(NL)
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise UserError(
+                f"data file {rel!r}: not UTF-8 text (it ends inside a character); {fix}"
+            ) from None
+
+
+def _check_json(path: Path, rel: str) -> None:
+    """JSON Lines (one object a line; blank lines allowed), or one JSON document: a list of objects (or a
+    mapping of columns)."""
+    with path.open(encoding="utf-8") as f:
+        head = f.read(4096).lstrip()[:1]
+    if head == "[":
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise UserError(
+                f"data file {rel!r}: not valid JSON ({exc.msg} on line {exc.lineno}, column {exc.colno})"
+            ) from None
+        return
+    with path.open(encoding="utf-8") as f:
+        for n, text in enumerate(f, 1):
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text.strip())
+            except json.JSONDecodeError as exc:
+                if head == "{" and _one_document(path):
+                    return
+                raise UserError(
+                    f"data file {rel!r}: line {n} is not valid JSON ({exc.msg}, column {exc.colno}); "
+                    "JSON Lines holds one object a line"
+                ) from None
+            if not isinstance(row, dict):
+                what = {list: "a list", str: "a string", bool: "true or false"}.get(type(row), "a number")
+                raise UserError(
+                    f"data file {rel!r}: line {n} is {'null' if row is None else what}, not an object of "
+                    "fields; JSON Lines holds one object a line"
+                )
+
+
+def _one_document(path: Path) -> bool:
+    try:
+        return isinstance(json.loads(path.read_text(encoding="utf-8")), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _check_csv(path: Path, rel: str) -> None:
+    """A header line and rows of as many fields (a comma in a field must be quoted)."""
+    csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))  # a document may be long
+    with path.open(encoding="utf-8", newline="") as f:
+        reader = csv.reader(f)
+        try:
+            header = next(reader, None)
+            if not header:
+                raise UserError(f"data file {rel!r}: no header line (CSV needs one naming the fields)")
+            for row in reader:
+                if row and len(row) != len(header):
+                    raise UserError(
+                        f"data file {rel!r}: line {reader.line_num} has {len(row)} field(s), the header "
+                        f"{len(header)} ({', '.join(header)[:80]}); quote fields that hold commas"
+                    )
+        except csv.Error as exc:
+            raise UserError(f"data file {rel!r}: not valid CSV on line {reader.line_num} ({exc})") from None
 
 
 class HubSource(Source):

@@ -34,6 +34,17 @@ from adloco.errors import UserError
 EOS = "<|endoftext|>"
 CACHE_VERSION = "2"
 TOKENIZER_HINT = "use 'bpe:<vocab size>' or a local tokenizer folder"
+# Files one of which a saved tokenizer holds (fast, slow BPE, WordPiece, SentencePiece).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 
 
 def cache_root(configured: str | None) -> Path:
@@ -118,6 +129,12 @@ def load_pretrained_tokenizer(spec: str, trust_remote_code: bool) -> Any:
     except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; one line for all
         if not path.exists() and hub.offline():
             raise hub.offline_error("data.tokenizer", spec, TOKENIZER_HINT) from None
+        if path.is_dir() and not any((path / f).is_file() for f in TOKENIZER_FILES):
+            raise UserError(
+                f"config: data.tokenizer = {spec!r}: the folder holds no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, "
+                "...); a checkpoint saved without one needs data.tokenizer set to the tokenizer it was trained "
+                "with"
+            ) from None
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise UserError(f"config: data.tokenizer = {spec!r}: cannot be loaded ({first})") from None
 
@@ -281,15 +298,16 @@ def prepare(
     key = hashlib.sha256("\n".join(key_parts).encode()).hexdigest()[:32]
     folder = cache_root(cfg.cache_dir) / "data" / key
     if not (folder / "meta.json").is_file():
+        pretrained = not cfg.tokenizer.startswith("bpe:")
+        if pretrained:  # before the data is read: a tokenizer that does not load fails at once
+            tokenizer = load_pretrained_tokenizer(cfg.tokenizer, trust_remote_code)
         log(f"reading {source.description}")
         train_docs, val_docs = source.load(cfg, need_label=task == "classification")
-        if cfg.tokenizer.startswith("bpe:"):
+        if not pretrained:
             log(
                 f"training a byte-level BPE tokenizer ({cfg.tokenizer[4:]} tokens) on {len(train_docs)} documents"
             )
             tokenizer = _train_bpe(train_docs, int(cfg.tokenizer[4:]), cfg.seq_len)
-        else:
-            tokenizer = load_pretrained_tokenizer(cfg.tokenizer, trust_remote_code)
         eos, pad = _special_ids(tokenizer, task, cfg.tokenizer)
         log(f"tokenizing {len(train_docs) + len(val_docs)} documents (cached for later runs)")
 
@@ -339,31 +357,43 @@ def prepare(
             (d / "meta.json").write_text(json.dumps(meta))
 
         _atomic_dir(folder, fill)
-    from transformers import AutoTokenizer
-
-    meta = json.loads((folder / "meta.json").read_text())
-    tokenizer = AutoTokenizer.from_pretrained(str(folder / "tokenizer"), trust_remote_code=trust_remote_code)
-    tokenizer.model_max_length = cfg.seq_len
-
-    def load(name: str) -> np.ndarray:
-        return np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
-
-    data: Data
-    if task == "causal_lm":
-        data = LMData(load("train"), load("val"), tokenizer, cfg.seq_len, meta)
-        unit = f"blocks of data.seq_len = {cfg.seq_len} tokens"
-        if data.n_train < 1:
-            raise UserError(
-                f"data: the train split holds {len(data.train)} tokens, fewer than one block of "
-                f"data.seq_len = {cfg.seq_len}"
-            )
-    else:
-        names = [f"{s}_{k}" for s in ("train", "val") for k in ("ids", "lens", "labels")]
-        data = ClassificationData({n: load(n) for n in names}, tokenizer, cfg.seq_len, meta)
-        unit = "examples"
+    data = _open_cached(folder, cfg, task, trust_remote_code)
+    if task == "causal_lm" and data.n_train < 1:
+        assert isinstance(data, LMData)
+        raise UserError(
+            f"data: the train split holds {len(data.train)} tokens, fewer than one block of "
+            f"data.seq_len = {cfg.seq_len}"
+        )
+    unit = f"blocks of data.seq_len = {cfg.seq_len} tokens" if task == "causal_lm" else "examples"
     if data.n_val < 1:
         raise UserError(
             f"data: the validation split holds no {unit}; raise data.val_fraction"
             + (" or lower data.seq_len" if task == "causal_lm" else " or set data.val_split")
         )
     return data
+
+
+def _open_cached(folder: Path, cfg: DataConfig, task: str, trust_remote_code: bool) -> Data:
+    """The cached data set in ``folder``; a damaged one (edited, truncated, half-deleted) is one line
+    naming the folder, never a reader's traceback."""
+    from transformers import AutoTokenizer
+
+    def load(name: str) -> np.ndarray:
+        return np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(folder / "tokenizer"), trust_remote_code=trust_remote_code
+        )
+        tokenizer.model_max_length = cfg.seq_len
+        if task == "causal_lm":
+            return LMData(load("train"), load("val"), tokenizer, cfg.seq_len, meta)
+        names = [f"{s}_{k}" for s in ("train", "val") for k in ("ids", "lens", "labels")]
+        return ClassificationData({n: load(n) for n in names}, tokenizer, cfg.seq_len, meta)
+    except Exception as exc:  # noqa: BLE001 - json, numpy and transformers raise many kinds; one line for all
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UserError(
+            f"cache folder {str(folder)!r}: damaged ({type(exc).__name__}: {first}); delete it and run again "
+            "(it is rebuilt from data.source)"
+        ) from None

@@ -1,14 +1,13 @@
-"""The inner optimizer of a worker and its learning-rate schedule (spec §1, step 2)."""
+"""The inner optimizer of a worker and its learning-rate schedule (ALGORITHM.md §1, step 2)."""
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 
 import torch
 
 from adloco.config import InnerConfig
-from adloco.engine.flat import FlatModule
+from adloco.flat import FlatModule
 
 
 def make_optimizer(flat: FlatModule, cfg: InnerConfig) -> torch.optim.Optimizer:
@@ -19,11 +18,6 @@ def make_optimizer(flat: FlatModule, cfg: InnerConfig) -> torch.optim.Optimizer:
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]))
     return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
-
-
-def reset_state(opt: torch.optim.Optimizer) -> None:
-    """Forget moments and step counts (a worker that changes trainer, or ``inner.state: reset``)."""
-    opt.state = defaultdict(dict)
 
 
 def lr_at(step: int, total: int, cfg: InnerConfig) -> float:

@@ -1,4 +1,4 @@
-"""b_max on CUDA (spec §5): the largest micro-batch whose step peaks under a share of the free memory."""
+"""b_max on CUDA (ALGORITHM.md §5): the largest micro-batch whose step peaks under a share of the free memory."""
 
 from __future__ import annotations
 

@@ -50,8 +50,8 @@ class Progress:
     def round_started(self, r: int) -> None:
         pass
 
-    def step(self) -> None:
-        pass
+    def step(self, n: int = 1) -> None:
+        """``n`` inner steps done (one per local worker)."""
 
     def round_done(self, summary: dict[str, Any]) -> None:
         pass
@@ -105,8 +105,8 @@ class RichProgress(Progress):
     def round_started(self, r: int) -> None:
         self.bar.reset(self.task, r=r, rounds=self.rounds)  # reset replaces the fields
 
-    def step(self) -> None:
-        self.bar.advance(self.task)
+    def step(self, n: int = 1) -> None:
+        self.bar.advance(self.task, n)
 
     def round_done(self, summary: dict[str, Any]) -> None:
         self.console.print(round_line(summary, self.rounds))

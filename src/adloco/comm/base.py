@@ -1,11 +1,11 @@
-"""The narrow communication protocol the coordinator is written against, with byte accounting.
+"""The narrow communication protocol the round is written against, with byte accounting.
 
 Collectives are addressed to logical WORKERS, not processes: a process passes the partial result of the
 workers it hosts (for example Σ over its workers of w_m θ_m), and the backend combines the partials of
 every process that hosts a worker of the group. The in-process backend is the case of one process, where
 the partial already is the result.
 
-Accounting is logical and identical in every backend (spec §7): a collective among n workers of a B-byte
+Accounting is logical and identical in every backend (ALGORITHM.md §7): a collective among n workers of a B-byte
 payload is one message when n > 1, and moves, summed over all workers,
 ``all_reduce``: 2(n−1)·B (ring), ``broadcast``: (n−1)·B, ``all_gather`` of B bytes each: n(n−1)·B.
 What only serves logging or evaluation (losses, timings, validation results) is not counted.
@@ -14,16 +14,21 @@ What only serves logging or evaluation (losses, timings, validation results) is 
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from adloco.comm.quantize import ErrorFeedback
 
 
 @dataclass(frozen=True)
 class CommRecord:
-    kind: str  # what travelled: delta | probe | merge | move | stats
+    kind: str  # what travelled: delta | grad | probe | merge | move | init | stats
     op: str  # all_reduce | broadcast | all_gather
     workers: int  # n: logical participants
     payload: int  # B: bytes each participant contributes (in the wire dtype)
@@ -68,14 +73,19 @@ def _named(kind: str) -> Iterator[None]:
 class Comm:
     """Base class: accounting here, data movement in the backends' ``_`` methods.
 
-    Every process calls every collective, in the same order (the coordinator's decisions are
-    replicated); a backend skips the ones that involve none of its workers.
+    Every process calls every collective, in the same order (the round's decisions are replicated); a
+    backend skips the ones that involve none of its workers.
     """
+
+    # Whether every worker runs on this process's one device (in-process, threads): measured speeds then
+    # differ by noise alone, and work is shared equally unless heterogeneity is emulated.
+    one_device = True
 
     def __init__(self, n_workers: int, local_workers: Sequence[int], rank: int = 0, world: int = 1) -> None:
         self.n_workers = n_workers
         self.local_workers = list(local_workers)
         self.rank, self.world = rank, world
+        self.root = 0  # the rank that writes the run directory (receives fetch; sends a restart's state)
         self.records: list[CommRecord] = []
 
     def owner(self, worker: int) -> int:
@@ -86,17 +96,24 @@ class Comm:
         self.records.append(CommRecord(kind, op, n, payload, wire_bytes(op, n, payload), seconds))
 
     def drain(self) -> list[CommRecord]:
-        """Records since the last drain (the coordinator drains once a round)."""
+        """Records since the last drain (the round drains once a round)."""
         out, self.records = self.records, []
         return out
 
     # -- the protocol --------------------------------------------------------------------------------
     def all_reduce(
-        self, tensor: torch.Tensor, workers: Sequence[int], kind: str, dtype: torch.dtype | None = None
+        self,
+        tensor: torch.Tensor,
+        workers: Sequence[int],
+        kind: str,
+        dtype: torch.dtype | None = None,
+        counted: int | None = None,
     ) -> None:
         """In place: ``tensor`` ← Σ over the processes hosting ``workers`` of their partials.
 
         ``dtype``: precision on the wire (compression); the result is cast back into ``tensor``.
+        ``counted``: how many leading values the algorithm needs (None: all); the rest is control
+        that rides along uncounted.
         """
         wire = tensor if dtype is None or dtype == tensor.dtype else tensor.to(dtype)
         t0 = time.perf_counter()
@@ -104,9 +121,44 @@ class Comm:
             self._all_reduce(wire, workers)
         if wire is not tensor:
             tensor.copy_(wire)
+        values = wire.numel() if counted is None else counted
+        if values > 0:  # counted=0: control that rides on its own (a stop request), not communication
+            self._account(
+                kind, "all_reduce", len(workers), values * wire.element_size(), time.perf_counter() - t0
+            )
+
+    def all_reduce_compressed(
+        self,
+        parts: Mapping[int, torch.Tensor],
+        workers: Sequence[int],
+        kind: str,
+        dtype: str,
+        block: int,
+        numel: int,
+        feedback: Mapping[int, ErrorFeedback] | None = None,
+    ) -> torch.Tensor | None:
+        """Σ over ``workers`` of each worker's float32 vector of ``numel`` values (``parts``: this
+        process's workers of the group; every process calls it, as every collective), every worker a participant of the compressed all-reduce (:mod:`adloco.comm.compressed`):
+        its chunks encoded in ``dtype`` (bfloat16, float16, int8, int4), each chunk summed in float32 in
+        worker order by its owner, the sums encoded and gathered. Every backend computes it bit for bit
+        alike. Returns the sum where this process hosts a worker of the group, else None.
+
+        Counted as one all-reduce of B bytes, B the encoded vector with its scales (2(n−1)·B on the
+        wire: what the all-to-all and the all-gather move together, as much as a ring all-reduce)."""
+        from adloco.comm.compressed import payload_bytes
+
+        mine = [w for w in workers if w in parts]
+        t0 = time.perf_counter()
+        with _named(kind):
+            out = self._compressed(parts, list(workers), dtype, block, feedback) if mine else None
         self._account(
-            kind, "all_reduce", len(workers), wire.numel() * wire.element_size(), time.perf_counter() - t0
+            kind,
+            "all_reduce",
+            len(workers),
+            payload_bytes(numel, len(workers), dtype, block),
+            time.perf_counter() - t0,
         )
+        return out
 
     def broadcast(self, tensor: torch.Tensor, src: int, workers: Sequence[int], kind: str) -> None:
         """In place: every process hosting one of ``workers`` gets the tensor of worker ``src``'s process."""
@@ -134,7 +186,13 @@ class Comm:
         return out
 
     def fetch(self, tensor: torch.Tensor, src: int) -> None:
-        """Rank 0 receives worker ``src``'s process's ``tensor`` (output, not training: not counted)."""
+        """The root rank receives worker ``src``'s process's ``tensor`` (output, not training: not counted)."""
+
+    def all_gather_json(self, obj: object) -> list[object]:
+        """Every process's JSON-able ``obj``, in rank order (metadata such as state layouts; not counted).
+
+        JSON, never pickle: what travels between processes is data, not code."""
+        return [json.loads(b) for b in self._all_gather_bytes(json.dumps(obj).encode())]
 
     def barrier(self) -> None:
         pass
@@ -147,4 +205,17 @@ class Comm:
         raise NotImplementedError
 
     def _all_gather_rows(self, rows: Mapping[int, Sequence[float]], width: int) -> dict[int, list[float]]:
+        raise NotImplementedError
+
+    def _all_gather_bytes(self, data: bytes) -> list[bytes]:
+        return [data]
+
+    def _compressed(
+        self,
+        parts: Mapping[int, torch.Tensor],
+        workers: list[int],
+        dtype: str,
+        block: int,
+        feedback: Mapping[int, ErrorFeedback] | None,
+    ) -> torch.Tensor:
         raise NotImplementedError

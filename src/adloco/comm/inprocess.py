@@ -1,7 +1,7 @@
 """Every worker in this process (the paper's simulated cluster on one device): the one-process case.
 
 Each collective's partial already is the result, so data movement is free; accounting is done by
-:class:`adloco.engine.comm.Comm` exactly as for several processes.
+:class:`adloco.comm.base.Comm` exactly as for several processes.
 """
 
 from __future__ import annotations
@@ -10,10 +10,13 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from adloco.engine.comm import Comm
+from adloco.comm.base import Comm
+from adloco.comm.quantize import ErrorFeedback
 
 
 class InProcessComm(Comm):
+    """All ``n_workers`` workers live in this process."""
+
     def __init__(self, n_workers: int) -> None:
         super().__init__(n_workers, range(n_workers))
 
@@ -28,3 +31,16 @@ class InProcessComm(Comm):
         if missing:
             raise RuntimeError(f"rows missing for workers {sorted(missing)}")
         return {w: [float(v) for v in rows[w]] for w in sorted(rows)}
+
+    def _compressed(
+        self,
+        parts: Mapping[int, torch.Tensor],
+        workers: list[int],
+        dtype: str,
+        block: int,
+        feedback: Mapping[int, ErrorFeedback] | None,
+    ) -> torch.Tensor:
+        from adloco.comm.compressed import all_reduce_inprocess
+
+        fb = [feedback[w] for w in workers] if feedback is not None else None
+        return all_reduce_inprocess([parts[w] for w in workers], dtype, block, fb)

@@ -1,13 +1,7 @@
-"""torch.distributed: one process per worker, or per device hosting ``workers_per_process`` workers.
+"""``adloco train`` under torch.distributed: joining the process group, liveness, start-up order.
 
-Launched by ``torchrun`` (one machine or many; c10d rendezvous) or by ``adloco train --nproc N``. gloo on
-CPU, NCCL on CUDA. Process ``r`` hosts workers ``r·wpp .. r·wpp + wpp − 1`` and reduces them locally
-before the collective, so the in-process backend is the one-process case of the same coordinator.
-
-Groups: a collective among some workers runs in the process group of the ranks hosting them. Groups
-are created on first use and cached by their rank set. Every rank issues every collective in the same
-order (decisions are replicated), so every rank creates the same groups in the same order, as
-``new_group`` requires, with no separate rebuild step after a merge or a reallocation.
+Launched by ``torchrun`` (one machine or many; c10d rendezvous) or by ``adloco train --nproc N``; the
+collectives themselves are :class:`adloco.comm.torchdist.TorchDistComm`.
 
 Failure: collectives time out after ``runtime.timeout``. A heartbeat thread bumps a counter in the
 rendezvous store every second; when a collective fails, the survivors read the counters twice and name
@@ -19,10 +13,10 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
-import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -30,7 +24,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from adloco.engine.comm import Comm, CommFailure
+from adloco.comm.base import CommFailure
+from adloco.comm.torchdist import TorchDistComm, first_sentence
 from adloco.errors import UserError
 
 T = TypeVar("T")
@@ -40,83 +35,6 @@ EXIT_DISTRIBUTED = 3
 
 class PeerFailed(UserError):
     """Another rank failed at start-up and already said why; this one exits quietly."""
-
-
-class TorchDistComm(Comm):
-    def __init__(self, n_workers: int, workers_per_process: int, device: torch.device) -> None:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        wpp = workers_per_process
-        super().__init__(n_workers, range(rank * wpp, (rank + 1) * wpp), rank, world)
-        self.wpp = wpp
-        self.device = device
-        self._groups: dict[tuple[int, ...], Any] = {}
-
-    def owner(self, worker: int) -> int:
-        return worker // self.wpp
-
-    def _ranks(self, workers: Sequence[int]) -> tuple[int, ...]:
-        return tuple(sorted({self.owner(w) for w in workers}))
-
-    def _group(self, ranks: tuple[int, ...]) -> Any:
-        if len(ranks) == self.world:
-            return None  # the default (world) group
-        g = self._groups.get(ranks)
-        if g is None:  # every rank gets here in the same order: see the module docstring
-            g = self._guard("new_group", lambda: dist.new_group(list(ranks)))
-            self._groups[ranks] = g
-        return g
-
-    def _guard(self, op: str, fn: Callable[[], T]) -> T:
-        """Run a torch.distributed call; any failure becomes a CommFailure (the caller adds the kind)."""
-        try:
-            return fn()
-        except Exception as exc:  # gloo and NCCL raise RuntimeError subclasses with their own text
-            raise CommFailure(op, "", _first_sentence(str(exc)) or type(exc).__name__) from exc
-
-    def _all_reduce(self, tensor: torch.Tensor, workers: Sequence[int]) -> None:
-        ranks = self._ranks(workers)
-        if len(ranks) < 2:
-            return
-        group = self._group(ranks)
-        if self.rank in ranks:
-            self._guard("all_reduce", lambda: dist.all_reduce(tensor, group=group))
-
-    def _broadcast(self, tensor: torch.Tensor, src: int, workers: Sequence[int]) -> None:
-        ranks = self._ranks(workers)
-        if len(ranks) < 2:
-            return
-        group = self._group(ranks)
-        if self.rank in ranks:
-            self._guard("broadcast", lambda: dist.broadcast(tensor, src=self.owner(src), group=group))
-
-    def _all_gather_rows(self, rows: Mapping[int, Sequence[float]], width: int) -> dict[int, list[float]]:
-        # Each worker's row is written by exactly one process and is zero elsewhere: a SUM is exact.
-        buf = torch.zeros(self.n_workers, width, dtype=torch.float64)
-        for w, row in rows.items():
-            buf[w] = torch.tensor(list(row), dtype=torch.float64)
-        buf = buf.to(self.device)
-        self._guard("all_gather", lambda: dist.all_reduce(buf))
-        return {w: [float(x) for x in r] for w, r in enumerate(buf.cpu().tolist())}
-
-    def fetch(self, tensor: torch.Tensor, src: int) -> None:
-        s = self.owner(src)
-        if s == 0:
-            return
-        if self.rank == s:
-            self._guard("send", lambda: dist.send(tensor, dst=0))
-        elif self.rank == 0:
-            self._guard("recv", lambda: dist.recv(tensor, src=s))
-
-    def barrier(self) -> None:
-        self._guard("barrier", lambda: dist.barrier())
-
-
-def _first_sentence(text: str) -> str:
-    """gloo/NCCL error text without source locations, cut to its first sentence."""
-    text = re.sub(
-        r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", text.strip().splitlines()[0] if text.strip() else ""
-    )
-    return re.split(r"(?<=[a-z0-9\]])\. ", text, maxsplit=1)[0][:200]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -201,10 +119,74 @@ def launched_by_torchrun() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
+def elastic_launch() -> dict[str, Any] | None:
+    """torchrun's elastic agent with restarts (``--max-restarts`` ≥ 1): its run id (``--rdzv-id``) and how
+    many times it restarted these processes; None otherwise."""
+    if not launched_by_torchrun():
+        return None
+    max_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if max_restarts < 1 or not run_id:
+        return None
+    return {
+        "run_id": run_id,
+        "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+        "max_restarts": max_restarts,
+    }
+
+
+LOOPBACK_ENV = "ADLOCO_LOOPBACK"
+_KEEP: list[Any] = []  # listening sockets a TCPStore server uses: alive as long as the process
+
+
+def _loopback_store(rank: int, world: int, port: int, timeout: datetime.timedelta) -> Any:
+    """The process group's TCPStore on 127.0.0.1 only: rank 0 binds the socket itself (torch's own
+    server would listen on every interface) and hands it to the store."""
+    import socket
+
+    if rank == 0:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(128)
+        _KEEP.append(sock)
+        return dist.TCPStore(
+            "127.0.0.1", port, world, is_master=True, timeout=timeout, master_listen_fd=sock.fileno()
+        )
+    return dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
+
+
+def pick_backend(choice: str, use_cuda: bool, local_processes: int, devices: int) -> str:
+    """gloo on CPU; NCCL on CUDA unless several processes of this machine share a device, which NCCL
+    refuses ("Duplicate GPU detected"): then gloo, which moves CUDA tensors through host memory."""
+    if choice == "nccl" and not use_cuda:
+        raise UserError(
+            "config: runtime.dist_backend = 'nccl': NCCL needs CUDA (this run is on cpu); use gloo"
+        )
+    if choice == "nccl" and local_processes > devices:
+        raise UserError(
+            f"config: runtime.dist_backend = 'nccl': {local_processes} processes on this machine share {devices} "
+            "CUDA device(s), and NCCL needs one device per process; use gloo, or fewer processes with "
+            "runtime.workers_per_process workers each"
+        )
+    if choice != "auto":
+        return choice
+    return "nccl" if use_cuda and local_processes <= devices else "gloo"
+
+
 def start(
-    n_workers: int, workers_per_process: int, device_kind: str, threads: int, timeout: float
+    n_workers: int,
+    workers_per_process: int,
+    device_kind: str,
+    threads: int,
+    timeout: float,
+    dist_backend: str = "auto",
+    flexible: bool = False,
 ) -> DistContext:
-    """Join the process group (env:// from torchrun), pin threads, pick the device, check the layout."""
+    """Join the process group (env:// from torchrun), pin threads, pick the device, check the layout.
+
+    ``flexible``: the number of workers follows the processes (an elastic run, a resume), whatever
+    ``algorithm.workers`` says; otherwise they must agree."""
     if not launched_by_torchrun():
         raise UserError(
             "config: runtime.backend = 'torchdist': start with `torchrun --nproc-per-node N -m adloco train ...` "
@@ -213,7 +195,7 @@ def start(
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     world = int(os.environ["WORLD_SIZE"])
-    if n_workers != world * workers_per_process:
+    if n_workers != world * workers_per_process and not flexible:
         raise UserError(
             f"config: algorithm.workers = {n_workers}: must equal processes ({world}) x "
             f"runtime.workers_per_process ({workers_per_process})"
@@ -233,56 +215,81 @@ def start(
     from adloco.launch import STORE_ENV
 
     store_file = os.environ.get(STORE_ENV)  # `adloco train --nproc`: a file store, no TCP listener
-    backend = "nccl" if use_cuda else "gloo"
+    backend = pick_backend(dist_backend, use_cuda, local_world, torch.cuda.device_count() if use_cuda else 0)
     limit = datetime.timedelta(seconds=timeout)
-    device_id = device if use_cuda else None
+    device_id = device if backend == "nccl" else None
+    rank = int(os.environ["RANK"])
     if store_file:
         store = dist.FileStore(store_file, world)
-        rank = int(os.environ["RANK"])
+        dist.init_process_group(
+            backend, timeout=limit, device_id=device_id, store=store, rank=rank, world_size=world
+        )
+    elif os.environ.get(LOOPBACK_ENV) == "1":  # `adloco train --nproc --max-restarts`: loopback only
+        store = _loopback_store(rank, world, int(os.environ["MASTER_PORT"]), limit)
         dist.init_process_group(
             backend, timeout=limit, device_id=device_id, store=store, rank=rank, world_size=world
         )
     else:  # torchrun: env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)
         dist.init_process_group(backend, timeout=limit, device_id=device_id)
-    comm = TorchDistComm(n_workers, workers_per_process, device)
+    comm = TorchDistComm(workers_per_process, device)
     return DistContext(
         comm, device, dist.get_rank(), world, local_rank, n_threads, Heartbeat(dist.get_rank())
     )
 
 
-def root_first(ctx: DistContext | None, fn: Callable[[], T], timeout: float) -> T:
-    """Run ``fn`` on rank 0 first (tokenizer training, caches), then on the others.
+def root_first(
+    ctx: DistContext | None, fn: Callable[[], T], timeout: float, others: Callable[[], T] | None = None
+) -> T:
+    """Run ``fn`` on the root rank first (where the run continues from, tokenizer training, caches), then
+    ``others`` (default ``fn``) on the rest.
 
-    If rank 0 fails with a user error, the others stop at once without repeating the message.
+    If the root fails with a user error, the others stop at once without repeating the message. The
+    key the root answers under is new for every start (a restarted job may find an old one in a store
+    that outlived it).
     """
     if ctx is None:
         return fn()
+    root = ctx.comm.root
+    nonce = ctx.comm.all_gather_json(uuid.uuid4().hex if ctx.rank == root else None)[root]
+    key = f"{_STARTUP_KEY}/{nonce}"
     store = _store()
-    if ctx.rank == 0:
+    if ctx.rank == root:
         try:
             out = fn()
         except UserError as exc:
             if store is not None:
-                store.set(_STARTUP_KEY, f"error:{exc}")
+                store.set(key, f"error:{exc}")
             raise
         except BaseException:
             if store is not None:
-                store.set(_STARTUP_KEY, "error:rank 0 failed at start-up (see its output)")
+                store.set(key, f"error:rank {root} failed at start-up (see its output)")
             raise
         if store is not None:
-            store.set(_STARTUP_KEY, "ok")
+            store.set(key, "ok")
         return out
     if store is not None:
         try:
-            store.wait([_STARTUP_KEY], datetime.timedelta(seconds=timeout))
-            status = store.get(_STARTUP_KEY).decode()
-        except Exception as exc:  # noqa: BLE001 - rank 0 (or the store) went away before saying anything
+            store.wait([key], datetime.timedelta(seconds=timeout))
+            status = store.get(key).decode()
+        except Exception as exc:  # noqa: BLE001 - the root (or the store) went away before saying anything
             raise CommFailure(
-                "wait", "start-up", _first_sentence(str(exc)) or "no answer from rank 0"
+                "wait", "start-up", first_sentence(str(exc)) or f"no answer from rank {root}"
             ) from exc
         if status.startswith("error:"):
             raise PeerFailed(status[len("error:") :])
-    return fn()
+    return (others or fn)()
+
+
+def elect_root(ctx: DistContext, newest: int) -> int:
+    """The rank that holds the run directory: the one whose disk has the newest checkpoint of the run
+    (``newest``: its round there, −1 for none), ties to the lowest rank; rank 0 when nobody has one.
+    Without a shared file system the machine that kept the run directory goes on writing it, whatever
+    rank the restart gave it."""
+    rounds = [int(x) for x in ctx.comm.all_gather_json(newest)]  # type: ignore[call-overload]
+    best = max(rounds)
+    root = rounds.index(best) if best >= 0 else 0
+    ctx.comm.root = root
+    return root
 
 
 def fingerprint_tokens(*arrays: Any) -> int:

@@ -1,0 +1,116 @@
+"""Runs that survive failures, measured: the restart time after a killed process, and what checkpointing
+every round costs a round of the default run.
+
+1. Restart: `adloco train --nproc 4 --max-restarts 1` on a tiny model; rank 1 is SIGKILLed at the start of
+   round 3 (test-only fault injection from tests/faultinject); the `membership` event's restart_s is the
+   time from the last logged progress to training again.
+2. Checkpoint cost: the embedded default run, 4 rounds, in one process, with a checkpoint after every
+   round (written in the background, as elastic runs do) and with none: the training time per round of
+   each, and the time training waited per checkpoint (gathering the state into host memory).
+
+Usage:  python benchmarks/elastic.py [--out benchmarks/out/elastic] [--rounds 4]   (about 10 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "model.name=llama-micro",
+    "data.tokenizer=bpe:300",
+    "data.seq_len=16",
+    "data.val_fraction=0.2",
+    "algorithm.inner_steps=2",
+    "batch.initial=2",
+    "switch.b_max=2",
+    "eval.max_examples=8",
+    "logging.progress=off",
+    "logging.plots=false",
+    "runtime.balance=equal",
+]
+
+
+def run(args: list[str], sets: list[str], env: dict[str, str] | None = None) -> None:
+    cmd = [sys.executable, "-m", "adloco", "train", *args]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env or os.environ.copy())
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)}: exit {p.returncode}\n{p.stderr[-2000:]}")
+
+
+def events(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def newest(out: Path) -> Path:
+    return max((p for p in out.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="benchmarks/out/elastic")
+    ap.add_argument("--rounds", type=int, default=4)
+    args = ap.parse_args()
+    out = Path(args.out).resolve()
+    corpus = ROOT / "src" / "adloco"
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ADLOCO_TEST_FAULT": "kill@1:3"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "faultinject"), env.get("PYTHONPATH", "")])
+    restart = out / "restart"
+    sets = [
+        *TINY,
+        "algorithm.rounds=5",
+        "algorithm.workers=4",
+        "algorithm.trainers=2",
+        f"data.source={corpus}",
+    ]
+    run(["--nproc", "4", "--max-restarts", "1"], [*sets, f"logging.out_dir={restart}"], env)
+    member = next(e for e in events(newest(restart)) if e["event"] == "membership")
+    print(
+        f"restart: rank 1 killed at round 3 of `adloco train --nproc 4 --max-restarts 1`; training again "
+        f"{member['restart_s']:.1f} s after the last progress, from round {member['round']}",
+        flush=True,
+    )
+
+    rows = {}
+    for name, every in (("none", 0), ("every round", 1)):
+        d = out / f"checkpoint-{every}"
+        run(
+            [],
+            [
+                f"algorithm.rounds={args.rounds}",
+                f"checkpoint.every={every}",
+                "logging.progress=off",
+                "logging.plots=false",
+                "logging.save_model=false",
+                f"logging.out_dir={d}",
+            ],
+        )
+        evs = events(newest(d))
+        train = [e["train_s"] for e in evs if e["event"] == "round"]
+        ck = [e for e in evs if e["event"] == "checkpoint"]
+        rows[name] = (statistics.median(train), [c["stall_s"] for c in ck], [c["seconds"] for c in ck], ck)
+        print(f"checkpoints {name}: median round {rows[name][0]:.2f} s", flush=True)
+    base, (with_ck, stalls, writes, ck) = rows["none"][0], rows["every round"]
+    size = ck[0]["bytes"] if ck else 0
+    print()
+    print("| checkpoints | median training time per round | waited per checkpoint | written in | size |")
+    print("|---|---|---|---|---|")
+    print(f"| none | {base:.2f} s | | | |")
+    print(
+        f"| every round, in the background | {with_ck:.2f} s ({100 * (with_ck / base - 1):+.1f}%) | "
+        f"{statistics.median(stalls) * 1e3:.0f} ms ({100 * statistics.median(stalls) / base:.2f}% of a round) | "
+        f"{statistics.median(writes):.2f} s | {size / 1e6:.1f} MB |"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1044 @@
+"""The CUDA paths of adloco, exercised and timed on one GPU in one command (issue 14).
+
+    python benchmarks/gpu.py [--out benchmarks/out/gpu] [--budget 510] [--sections env,multi,...]
+    python benchmarks/gpu.py --dry-run        # tiny sizes, whatever device is there (CPU: seconds)
+
+Sections, each time-boxed and isolated (a failing section records its error and the next one runs):
+
+1. env        device, memory, versions; bf16/TF32/fp32 matmul TFLOP/s (8192^3, median, CUDA events)
+2. precision  the default run (AdLoCo, 4 workers, 4 trainers, llama-tiny on the stdlib) in fp32/bf16/fp16
+3. b_max      the CUDA b_max search on llama-10m, llama-30m, microllama-300m; memory the probe keeps
+4. oom        a fixed too-large b_max under a memory cap: does the run recover by halving b_max?
+5. torchrun   2 NCCL ranks on one GPU, the same with gloo forced, 1 rank x 2 workers
+6. overhead   plain PyTorch on a ~125M Llama (tokens/s, MFU; sdpa, fused AdamW, torch.compile) and the
+              engine on the microllama-300m preset
+7. multi      k = 1, 2, 4 small workers on one GPU: sequential, streams, threads, vmap, processes, graphs
+
+The engine is driven through its CLI (``python -m adloco train --set ...``) and read back from the run
+directory's ``summary.json``, ``metrics.jsonl`` and checkpoint, so this script does not depend on the
+engine's internals; the throughput micro-benchmarks are standalone PyTorch (``gpu_micro.py``). Results:
+``gpu.json`` and ``gpu.md`` in ``--out``, with ``gpu.log`` holding every subprocess's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SRC = ROOT / "src"
+
+# The settings every engine run shares: no plots or saved model (time), plain progress lines (parsed).
+BASE_SETS = {"logging.progress": "plain", "logging.plots": "false", "logging.save_model": "false"}
+# --dry-run: a few-thousand-parameter model on 60 documents, one short round.
+DRY_SETS = {
+    "model.name": "llama-micro",
+    "data.max_examples": "60",
+    "data.tokenizer": "bpe:300",
+    "data.seq_len": "32",
+    "algorithm.rounds": "1",
+    "algorithm.inner_steps": "2",
+    "eval.max_examples": "8",
+}
+
+B_MAX_LINE = re.compile(
+    r"b_max (\d+): the largest micro-batch under ([\d.]+) of free CUDA memory \(([\d.]+) GiB\) shared by "
+    r"(\d+) worker\(s\) \(at most (\d+)\)"
+)
+OOM_LINE = re.compile(r"round (\d+): worker (\d+) ran out of memory; b_max (\d+) -> (\d+)")
+
+
+class Ctx:
+    """What every section shares: mode, folders, the deadline, the subprocess runner and the log."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.dry: bool = args.dry_run
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.work = Path(args.work_dir or tempfile.mkdtemp(prefix="adloco-gpu-"))
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.keep_work = args.keep_work or args.work_dir is not None
+        self.t0 = time.time()
+        self.deadline = self.t0 + args.budget
+        self.cuda = False
+        self.ceiling: float | None = None  # measured bf16 TFLOP/s
+        self.logf = (self.out / "gpu.log").open("w", encoding="utf-8")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [env.get("PYTHONPATH")])])
+        env["PYTHONUNBUFFERED"] = "1"
+        env["ADLOCO_CACHE"] = str(self.work / "cache")  # one tokenizer and token cache for every run
+        env.setdefault("TOKENIZERS_PARALLELISM", "true")
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        self.env = env
+
+    def elapsed(self) -> float:
+        return time.time() - self.t0
+
+    def remaining(self) -> float:
+        return self.deadline - time.time()
+
+    def say(self, msg: str) -> None:
+        line = f"[{self.elapsed():6.1f}s] {msg}"
+        print(line, flush=True)
+        self.logf.write(line + "\n")
+        self.logf.flush()
+
+    # -- subprocesses ------------------------------------------------------------------------------
+    def spawn(
+        self, name: str, cmd: list[str], timeout: float, env: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Run ``cmd`` in its own process group; kill the group at ``timeout``. Output goes to the log."""
+        t0 = time.time()
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env or self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+        timed_out = False
+        try:
+            output, _ = proc.communicate(timeout=max(1.0, timeout))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+        wall = time.time() - t0
+        shown = " ".join(c if len(c) < 80 else c[:77] + "..." for c in cmd[1:])
+        self.logf.write(
+            f"\n===== {name}: {shown}\n===== rc {proc.returncode}, {wall:.1f}s{', TIMED OUT' if timed_out else ''}\n"
+        )
+        self.logf.write(output if len(output) < 40000 else output[:10000] + "\n[...]\n" + output[-30000:])
+        self.logf.flush()
+        return {"rc": proc.returncode, "wall_s": round(wall, 1), "timed_out": timed_out, "output": output}
+
+    def child(self, kind: str, timeout: float, *extra: str) -> dict[str, Any]:
+        """A torch-heavy part in a child process of this script; it saves results as it goes."""
+        path = self.work / f"child-{kind}.json"
+        path.unlink(missing_ok=True)
+        deadline = time.time() + timeout - 8  # the child stops measuring before it is killed
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--child-out", str(path)]
+        cmd += ["--deadline", f"{deadline:.1f}", *extra] + (["--dry-run"] if self.dry else [])
+        if self.ceiling:
+            cmd += ["--ceiling", str(self.ceiling)]
+        p = self.spawn(f"child {kind}", cmd, timeout)
+        result: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+        if p["rc"] != 0:
+            result["error"] = (
+                "timed out (partial results above)" if p["timed_out"] else f"exit code {p['rc']}"
+            )
+            result["error_output"] = _tail(p["output"], 40)
+        return result
+
+    def cli(
+        self,
+        name: str,
+        sets: dict[str, Any],
+        timeout: float,
+        launcher: list[str] | None = None,
+        dry_sets: bool = True,
+        keep_output: bool = False,
+    ) -> dict[str, Any]:
+        """``adloco train`` with these overrides (plus BASE_SETS, DRY_SETS in a dry run); the run directory
+        read back. ``launcher`` replaces ``python -m adloco`` (torchrun, the memory-cap wrapper)."""
+        out_dir = self.work / "runs" / name
+        shutil.rmtree(out_dir, ignore_errors=True)
+        merged = {
+            **BASE_SETS,
+            **(DRY_SETS if self.dry and dry_sets else {}),
+            **sets,
+            "logging.out_dir": str(out_dir),
+        }
+        args = ["train"]
+        for k, v in merged.items():
+            args += ["--set", f"{k}={v}"]
+        cmd = (launcher or [sys.executable, "-m", "adloco"]) + args
+        p = self.spawn(name, cmd, timeout)
+        rec = read_run(out_dir, p)
+        rec["overrides"] = {k: v for k, v in sets.items()}
+        if not keep_output:
+            rec.pop("full_output", None)
+        return rec
+
+
+def _tail(text: str, lines: int) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def read_run(out_dir: Path, p: dict[str, Any]) -> dict[str, Any]:
+    """What a finished (or failed) engine run left: summary, per-round metrics, log lines, checkpoint."""
+    out = p["output"]
+    rec: dict[str, Any] = {"rc": p["rc"], "wall_s": p["wall_s"], "timed_out": p["timed_out"]}
+    runs = sorted(d for d in out_dir.glob("*") if d.is_dir()) if out_dir.is_dir() else []
+    if runs:
+        run = runs[-1]
+        if (run / "summary.json").is_file():
+            rec["summary"] = json.loads((run / "summary.json").read_text())
+        events = []
+        if (run / "metrics.jsonl").is_file():
+            for line in (run / "metrics.jsonl").read_text().splitlines():
+                with contextlib.suppress(json.JSONDecodeError):
+                    events.append(json.loads(line))
+        rec["rounds"] = [
+            {
+                k: e.get(k)
+                for k in ("round", "val_ppl", "loss", "train_s", "examples", "max_compute_s", "requests")
+            }
+            for e in events
+            if e.get("event") == "round"
+        ]
+        workers = [e for e in events if e.get("event") == "worker"]
+        rec["worker_event_keys"] = sorted({k for e in workers for k in e})
+        rec["worker_events_skipped"] = [e.get("skipped") for e in workers if "skipped" in e]
+        faults = [e for e in events if e.get("event") == "fault"]
+        if faults:
+            rec["faults"] = faults[:8]
+        cks = (
+            sorted((run / "checkpoints").glob("round-*/state.json")) if (run / "checkpoints").is_dir() else []
+        )
+        if cks:
+            st = json.loads(cks[-1].read_text())
+            rec["checkpoint"] = {
+                "round": st.get("round"),
+                "parameters": st.get("parameters"),
+                "b_max": st.get("b_max"),
+                # per worker: [fp16 loss scale, good steps since the last change, skipped steps, b_max]
+                "worker_scalars": {w: m.get("scalars") for w, m in (st.get("workers") or {}).items()},
+            }
+    m = B_MAX_LINE.search(out)
+    if m:
+        rec["b_max_search"] = {
+            "line": m.group(0),
+            "b_max": int(m.group(1)),
+            "memory_fraction": float(m.group(2)),
+            "free_gib": float(m.group(3)),
+            "workers": int(m.group(4)),
+            "hi": int(m.group(5)),
+        }
+    ooms = OOM_LINE.findall(out)
+    if ooms:
+        rec["oom_halvings"] = [f"round {r}: worker {w}: {a} -> {b}" for r, w, a, b in ooms]
+    params = re.search(r": \S+, ([\d.]+)M parameters", out)
+    if params:
+        rec["params_m"] = float(params.group(1))
+    if p["rc"] != 0 or p["timed_out"]:
+        errors = [ln for ln in out.splitlines() if "error" in ln.lower() or "Error" in ln]
+        rec["error_lines"] = errors[-12:]
+        rec["error"] = "timed out" if p["timed_out"] else (errors[-1] if errors else f"exit code {p['rc']}")
+        rec["output_tail"] = _tail(out, 60)
+        rec["full_output"] = out  # for callers that look further back; dropped before the report
+    return rec
+
+
+def rank_errors(out: str) -> list[str]:
+    """The ranks' own error lines in a torchrun log (not the launcher's summary), each once, in order:
+    exception lines, NCCL's 'Last error' detail, gloo's 'what():' and adloco's one-line errors."""
+    found: list[str] = []
+    lines = out.splitlines()
+    for i, ln in enumerate(lines):
+        t = ln.strip()
+        pick = None
+        own = t.startswith(("adloco: error", "what():", "terminate called"))
+        if own or (re.match(r"^[\w.]+(Error|Exception): ", t) and "ChildFailedError" not in t):
+            pick = t
+        elif t == "Last error:" and i + 1 < len(lines):
+            pick = "Last error: " + lines[i + 1].strip()
+        if pick and pick[:400] not in found:
+            found.append(pick[:400])
+    return found[:8]
+
+
+def _ppl(rec: dict[str, Any]) -> str:
+    s = rec.get("summary") or {}
+    a, b = s.get("initial_val_ppl"), s.get("final_val_ppl")
+    return f"{a:.1f} -> {b:.1f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) else "—"
+
+
+# --------------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------------
+
+
+def sec_env(ctx: Ctx, box: float) -> dict[str, Any]:
+    r = ctx.child("env", box)
+    if "cuda" not in r:  # the child failed early: ask torch alone, so the CUDA sections still run
+        q = ctx.spawn("cuda?", [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], 60)
+        r["cuda"] = q["output"].strip().endswith("True")
+    ctx.cuda = bool(r.get("cuda"))
+    ctx.ceiling = r.get("bf16_tflops") if ctx.cuda else None
+    if "error" in r:
+        raise SectionError(r["error"], r)
+    return r
+
+
+def sec_precision(ctx: Ctx, box: float) -> dict[str, Any]:
+    end = time.time() + box
+    precisions = ["fp32", "fp16"] if ctx.dry and not ctx.cuda else ["fp32", "bf16", "fp16"]
+    out: dict[str, Any] = {
+        "config": "the default (no config file)" + ("" if ctx.dry else ", algorithm.rounds=4"),
+        "runs": {},
+    }
+    for prec in precisions:
+        left = end - time.time()
+        if left < 5:
+            out["runs"][prec] = {"skipped": "section time limit"}
+            continue
+        sets: dict[str, Any] = {"model.precision": prec}
+        if not ctx.dry:
+            sets["algorithm.rounds"] = 4
+        rec = ctx.cli(f"precision-{prec}", sets, min(left, 150))
+        if not ctx.cuda and prec != "fp32":
+            rec["expected"] = "mixed precision needs CUDA: the engine refuses it on CPU with exit code 2"
+        ck = rec.get("checkpoint", {}).get("worker_scalars") or {}
+        if ck:
+            rec["loss_scale"] = {w: s[0] for w, s in ck.items() if s}
+            rec["skipped_steps"] = {w: s[2] for w, s in ck.items() if s}
+        out["runs"][prec] = _slim(rec)
+        ctx.say(
+            f"  precision {prec}: rc {rec['rc']}, {rec['wall_s']}s, ppl {_ppl(rec)}"
+            + (f", error: {rec['error']}" if rec.get("error") else "")
+        )
+    return out
+
+
+def _slim(rec: dict[str, Any]) -> dict[str, Any]:
+    """A run record without the bulky parts the Markdown never shows (the summary keeps its scalars)."""
+    s = rec.get("summary")
+    if isinstance(s, dict):
+        rec["summary"] = {
+            k: v for k, v in s.items() if not isinstance(v, (dict, list)) or k in ("requests_final",)
+        }
+    return rec
+
+
+def sec_bmax(ctx: Ctx, box: float) -> dict[str, Any]:
+    end = time.time() + box
+    out: dict[str, Any] = {
+        "note": (
+            "switch.b_max null: the coordinator searches the largest micro-batch whose forward+backward peak plus "
+            "AdamW state (2 x 4 x P bytes) stays under switch.memory_fraction x free memory / local workers "
+            "(engine/memory.py cuda_b_max, Coordinator._search_b_max). Not budgeted: the probe's kept vectors "
+            "(Worker.sample_sum, P floats, when the test needs the shared mean; Worker.chunks, k x P floats, for "
+            "the inner-product tests), and the in-process workers run one after another, so dividing by the "
+            "workers under-uses memory for activations."
+        ),
+        "runs": {},
+    }
+    if not ctx.cuda:
+        return {"skipped": "needs CUDA (on CPU b_max is 8: there is no search)", **out}
+    # batch.initial 8: the probe cuts the first step's batch into k = min(8, probe_chunks = 8) chunks
+    base = {
+        "data.seq_len": 256,
+        "algorithm.rounds": 1,
+        "algorithm.inner_steps": 2,
+        "algorithm.trainers": 1,
+        "batch.initial": 8,
+        "batch.max": 4096,
+        "eval.max_examples": 32,
+        "eval.batch_size": 8,
+    }
+    # An inner-product run of microllama-300m (its probe keeps 8 x P floats per worker) does not fit the
+    # time box: its end-of-run checkpoint alone is ~9 GB. The memory it would keep is computed below.
+    runs: list[tuple[str, dict[str, Any]]] = [("llama-10m", {}), ("llama-30m", {}), ("microllama-300m", {})]
+    if ctx.dry:
+        runs = [("llama-micro", {})]
+        base = {"algorithm.trainers": 1, "batch.initial": 8, "batch.max": 4096}
+    for model, extra in runs:
+        label = model + (" + " + ", ".join(f"{k}={v}" for k, v in extra.items()) if extra else "")
+        left = end - time.time()
+        if left < 10:
+            out["runs"][label] = {"skipped": "section time limit"}
+            continue
+        rec = ctx.cli(
+            f"bmax-{model}-{len(out['runs'])}",
+            {**base, "model.name": model, **extra},
+            min(left, 120),
+            dry_sets=True,
+        )
+        rec = _slim(rec)
+        P = (rec.get("checkpoint") or {}).get("parameters") or (
+            int(rec["params_m"] * 1e6) if rec.get("params_m") else None
+        )
+        search = rec.get("b_max_search")
+        if P:
+            k = 8  # batch.probe_chunks default
+            rec["probe"] = {
+                "P": P,
+                "chunks_bytes_per_worker": k * P * 4,
+                "sample_sum_bytes_per_worker": P * 4,
+                "adamw_state_bytes_budgeted": 2 * 4 * P,
+            }
+            if search:
+                budget = search["memory_fraction"] * search["free_gib"] * 2**30 / search["workers"]
+                rec["probe"]["budget_bytes_per_worker"] = int(budget)
+                rec["probe"]["chunks_share_of_budget"] = round(k * P * 4 / budget, 3)
+        out["runs"][label] = rec
+        peak = (rec.get("summary") or {}).get("peak_memory_bytes")
+        ctx.say(
+            f"  b_max {label}: rc {rec['rc']}, {rec['wall_s']}s, "
+            + (
+                f"b_max {search['b_max']} (free {search['free_gib']} GiB / {search['workers']} workers)"
+                if search
+                else "no b_max line"
+            )
+            + (f", peak {peak / 2**30:.1f} GiB" if peak else "")
+            + (f", error: {rec['error']}" if rec.get("error") else "")
+        )
+    return out
+
+
+def sec_oom(ctx: Ctx, box: float) -> dict[str, Any]:
+    end = time.time() + box
+    if not ctx.cuda:
+        return {"skipped": "needs CUDA (the memory cap and out-of-memory errors are CUDA's)"}
+    gib = 1.0 if ctx.dry else 6.0
+    launcher = [sys.executable, str(HERE / "gpu_launch.py"), "--mem-gib", str(gib), "--"]
+    base = {
+        "model.name": "llama-30m",
+        "data.seq_len": 256,
+        "algorithm.method": "diloco",
+        "algorithm.workers": 1,
+        "algorithm.trainers": 1,
+        "algorithm.rounds": 2,
+        "algorithm.inner_steps": 2,
+        "batch.initial": 512,
+        "batch.max": 512,
+        "eval.max_examples": 16,
+        "eval.batch_size": 8,
+    }
+    if ctx.dry:
+        base.update({"model.name": "llama-micro", "data.seq_len": 32})
+    out: dict[str, Any] = {"cap_gib": gib, "runs": {}}
+    for label, extra in (
+        ("switch.b_max=512 fixed", {"switch.b_max": 512}),
+        ("switch.b_max searched under the cap", {}),
+    ):
+        left = end - time.time()
+        if left < 10:
+            out["runs"][label] = {"skipped": "section time limit"}
+            continue
+        rec = _slim(ctx.cli(f"oom-{len(out['runs'])}", {**base, **extra}, min(left, 90), launcher=launcher))
+        out["runs"][label] = rec
+        ctx.say(
+            f"  oom {label}: rc {rec['rc']}, {rec['wall_s']}s, halvings {rec.get('oom_halvings', [])}"
+            + (f", b_max search {rec['b_max_search']['b_max']}" if rec.get("b_max_search") else "")
+            + (f", error: {rec['error']}" if rec.get("error") else "")
+        )
+    return out
+
+
+def sec_torchrun(ctx: Ctx, box: float) -> dict[str, Any]:
+    end = time.time() + box
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    common = {"algorithm.method": "diloco", "algorithm.rounds": 2, "runtime.timeout": 60}
+    cases: list[tuple[str, list[str], dict[str, Any]]] = [
+        (
+            "NCCL, 2 ranks on one GPU",
+            [*run, "--nproc-per-node", "2", "-m", "adloco"],
+            {"algorithm.workers": 2, "algorithm.trainers": 1},
+        ),
+        (
+            "gloo forced (gpu_launch.py --force-gloo), 2 ranks on one GPU",
+            [*run, "--nproc-per-node", "2", str(HERE / "gpu_launch.py"), "--force-gloo", "--"],
+            {"algorithm.workers": 2, "algorithm.trainers": 1},
+        ),
+        (
+            "1 rank x 2 workers (runtime.workers_per_process=2)",
+            [*run, "--nproc-per-node", "1", "-m", "adloco"],
+            {"algorithm.workers": 2, "algorithm.trainers": 1, "runtime.workers_per_process": 2},
+        ),
+    ]
+    out: dict[str, Any] = {
+        "note": (
+            "engine/backends/torchdist.py picks nccl whenever the process runs on CUDA (backend = 'nccl' if "
+            "use_cuda else 'gloo'): there is no config switch for gloo on CUDA; the gloo case patches "
+            "init_process_group from outside (benchmarks/gpu_launch.py)."
+        ),
+        "runs": {},
+    }
+    for label, launcher, sets in cases:
+        if not ctx.cuda:
+            out["runs"][label] = {
+                "skipped": "needs CUDA (on CPU every rank uses gloo: tests/test_distributed.py)"
+            }
+            continue
+        left = end - time.time()
+        if left < 10:
+            out["runs"][label] = {"skipped": "section time limit"}
+            continue
+        limit = min(left, 40 if "gloo" in label else 100)
+        rec = _slim(
+            ctx.cli(
+                f"torchrun-{len(out['runs'])}", {**common, **sets}, limit, launcher=launcher, keep_output=True
+            )
+        )
+        if rec["rc"] != 0:
+            rec["error_lines"] = rank_errors(rec.get("full_output", ""))
+            if rec["error_lines"]:
+                rec["error"] = rec["error_lines"][0] + (
+                    " (then killed at the time limit)" if rec["timed_out"] else ""
+                )
+        rec.pop("full_output", None)
+        out["runs"][label] = rec
+        ctx.say(
+            f"  torchrun {label}: rc {rec['rc']}, {rec['wall_s']}s, ppl {_ppl(rec)}"
+            + (f", error: {rec['error']}" if rec.get("error") else "")
+        )
+    return out
+
+
+def sec_overhead(ctx: Ctx, box: float) -> dict[str, Any]:
+    end = time.time() + box
+    out: dict[str, Any] = {}
+    # the engine: 1 trainer x 1 worker, constant batch, on the largest preset (the 125M shape is no preset)
+    b = 2 if ctx.dry else 16
+    sets: dict[str, Any] = {
+        "model.name": "microllama-300m",
+        "data.seq_len": 1024,
+        "algorithm.method": "diloco",
+        "algorithm.workers": 1,
+        "algorithm.trainers": 1,
+        "algorithm.rounds": 2,
+        "algorithm.inner_steps": 20,
+        "batch.initial": b,
+        "batch.max": b,
+        "switch.b_max": b,
+        "eval.max_examples": 16,
+        "eval.batch_size": 8,
+        "checkpoint.every": 0,
+    }
+    if ctx.cuda:
+        sets["model.precision"] = "bf16"
+    if ctx.dry:
+        sets.update({"model.name": "llama-micro", "data.seq_len": 32, "algorithm.inner_steps": 3})
+    # startup, data, the first evaluation, 2 x 20 steps and a ~4 GB checkpoint: ~35 s on an H100
+    rec = _slim(ctx.cli("engine-1x1", sets, min(90.0, max(45.0, box / 2))))
+    seq = int(sets["data.seq_len"])
+    per_round = []
+    for r in rec.get("rounds", []):
+        if r.get("train_s") and r.get("examples"):
+            per_round.append(round(r["examples"] * seq / r["train_s"]))
+    rec["tokens_per_s_by_round"] = per_round
+    rec["tokens_per_s"] = per_round[-1] if per_round else None
+    rec["what"] = (
+        f"adloco train: {sets['model.name']} preset (vocab from the bpe:4096 stdlib tokenizer), seq {seq}, "
+        f"batch {b}, {'bf16' if ctx.cuda else 'fp32'}, DiLoCo 1 trainer x 1 worker, H={sets['algorithm.inner_steps']}; tokens/s = the last "
+        "round's examples x seq / train_s (no evaluation)"
+    )
+    out["engine"] = rec
+    ctx.say(
+        f"  engine 1x1: rc {rec['rc']}, {rec['wall_s']}s, tokens/s by round {per_round}"
+        + (f", error: {rec['error']}" if rec.get("error") else "")
+    )
+    plain = ctx.child("overhead", max(20, end - time.time()))
+    out["plain"] = plain
+    eng_shape = next(
+        (v for k, v in (plain.get("variants") or {}).items() if k.startswith("engine shape")), None
+    )
+    if eng_shape and eng_shape.get("tokens_per_s") and rec.get("tokens_per_s"):
+        ratio = rec["tokens_per_s"] / eng_shape["tokens_per_s"]
+        out["engine_vs_plain"] = round(ratio, 3)
+        if eng_shape.get("mfu_measured") is not None:
+            out["engine_mfu_measured"] = round(eng_shape["mfu_measured"] * ratio, 4)
+            out["engine_mfu_datasheet"] = round(eng_shape["mfu_datasheet"] * ratio, 4)
+        P = (rec.get("checkpoint") or {}).get("parameters")
+        if P and eng_shape.get("params"):
+            out["engine_params_vs_plain"] = [P, eng_shape["params"]]
+    for name, v in (plain.get("variants") or {}).items():
+        ctx.say(
+            f"  plain {name}: "
+            + (
+                f"{v.get('tokens_per_s')} tok/s, MFU {v.get('mfu_measured')} (measured ceiling) / {v.get('mfu_datasheet')} (989)"
+                if "tokens_per_s" in v
+                else str(v)
+            )
+        )
+    if plain.get("error"):
+        raise SectionError(plain["error"], out)
+    return out
+
+
+def sec_multi(ctx: Ctx, box: float) -> dict[str, Any]:
+    r = ctx.child("multi", box)
+    summary = summarize_multi(r)
+    r["summary"] = summary
+    for line in summary.get("lines", []):
+        ctx.say("  " + line)
+    if r.get("error") and not r.get("shapes"):
+        raise SectionError(r["error"], r)
+    return r
+
+
+def summarize_multi(r: dict[str, Any]) -> dict[str, Any]:
+    """The best approach at the largest k per shape, and whether it reaches 2.5x one sequential worker."""
+    out: dict[str, Any] = {"lines": [], "best": {}}
+    ks = r.get("ks") or []
+    if not ks:
+        return out
+    kmax = str(max(ks))
+    for shape, rec in (r.get("shapes") or {}).items():
+        best = None
+        for key, row in (rec.get("results") or {}).items():
+            x = row.get(kmax, {}).get("vs_sequential_k1")
+            if x is not None and (best is None or x > best[1]):
+                best = (key, x)
+        seq = (rec.get("results") or {}).get("a", {}).get(kmax, {}).get("vs_sequential_k1")
+        if best:
+            out["best"][shape] = {"approach": best[0], "x_vs_one_sequential_worker": best[1], "k": int(kmax)}
+            out["lines"].append(
+                f"{shape}: k={kmax} best {best[0]} ({r['approaches'].get(best[0], '')}) {best[1]}x one worker; "
+                f"sequential {seq}x; target 2.5x {'met' if best[1] >= 2.5 else 'not met'}"
+            )
+    return out
+
+
+class SectionError(Exception):
+    def __init__(self, msg: str, partial: dict[str, Any] | None = None) -> None:
+        super().__init__(msg)
+        self.partial = partial or {}
+
+
+SECTIONS: list[tuple[str, str, Callable[[Ctx, float], dict[str, Any]], float, float]] = [
+    # name, title, function, nominal time box (s), least time kept for it when earlier ones run long
+    ("env", "1. Environment and matmul ceiling", sec_env, 60, 20),
+    ("multi", "7. Multi-instance throughput", sec_multi, 130, 60),
+    ("precision", "2. Mixed precision (default run)", sec_precision, 110, 40),
+    ("b_max", "3. b_max search", sec_bmax, 120, 40),
+    ("overhead", "6. Engine overhead and MFU", sec_overhead, 180, 60),
+    ("oom", "4. Out-of-memory recovery", sec_oom, 45, 20),
+    ("torchrun", "5. torchrun on one GPU", sec_torchrun, 75, 30),
+]
+DRY_BOXES = {"env": 40, "multi": 60, "precision": 60, "b_max": 40, "oom": 40, "torchrun": 40, "overhead": 60}
+
+
+# --------------------------------------------------------------------------------------------------
+# Reports
+# --------------------------------------------------------------------------------------------------
+
+
+def _fmt(x: Any, nd: int = 1) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}" if math.isfinite(x) else str(x)
+    return str(x)
+
+
+def _gib(x: Any) -> str:
+    return f"{x / 2**30:.2f} GiB" if isinstance(x, (int, float)) and x else "—"
+
+
+def _err_cell(rec: dict[str, Any]) -> str:
+    e = rec.get("error") or rec.get("skipped") or ""
+    if rec.get("expected") and e:
+        e = f"expected: {e}"
+    return str(e).replace("|", "\\|").replace("\n", " ")[:300]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    m = report["meta"]
+    L = [
+        "# adloco on a GPU (benchmarks/gpu.py)",
+        "",
+        f"Command: `{m['command']}`  ",
+        f"{'Dry run (tiny sizes). ' if m['dry_run'] else ''}Device: {m.get('device', '?')}; total {m['total_s']:.0f} s of a {m['budget_s']:.0f} s budget.",
+        "",
+        "| section | status | seconds | headline |",
+        "|---|---|---|---|",
+    ]
+    for name, title, *_ in SECTIONS:
+        s = report["sections"].get(name, {})
+        L.append(
+            f"| {title} | {s.get('status', '—')} | {_fmt(s.get('seconds'))} | {headline(name, s).replace('|', '/')} |"
+        )
+    for name, title, *_ in sorted(SECTIONS, key=lambda s: s[1]):
+        s = report["sections"].get(name, {})
+        L += ["", f"## {title}", "", f"Status: **{s.get('status', '—')}** in {_fmt(s.get('seconds'))} s."]
+        if s.get("error"):
+            L += ["", "Error:", "", "```", str(s["error"])[-3000:], "```"]
+        res = s.get("result") or {}
+        if res.get("skipped"):
+            L += ["", f"Skipped: {res['skipped']}"]
+            continue
+        try:
+            L += SECTION_MD[name](res)
+        except Exception as exc:  # noqa: BLE001 - a report must never fail on a half-filled section
+            L += ["", f"(could not render: {type(exc).__name__}: {exc})"]
+    return "\n".join(L) + "\n"
+
+
+def md_env(r: dict[str, Any]) -> list[str]:
+    keys = [
+        "device",
+        "capability",
+        "memory_gib",
+        "sms",
+        "nvidia_smi",
+        "python",
+        "torch",
+        "cuda_runtime",
+        "cudnn",
+        "nccl",
+        "transformers",
+        "cpu_cores",
+        "packages",
+        "matmul_n",
+        "bf16_tflops",
+        "tf32_tflops",
+        "fp32_tflops",
+        "copy_tb_s",
+    ]
+    L = ["", "| key | value |", "|---|---|"]
+    L += [f"| {k} | {r[k]} |" for k in keys if k in r]
+    return L
+
+
+def md_precision(r: dict[str, Any]) -> list[str]:
+    L = [
+        "",
+        f"Config: {r.get('config', '')}.",
+        "",
+        "| precision | exit | wall s | train s | val ppl | b_max | fp16 loss scale / skipped steps | error |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p, rec in (r.get("runs") or {}).items():
+        s = rec.get("summary") or {}
+        bm = (rec.get("b_max_search") or {}).get("b_max")
+        ls = rec.get("loss_scale")
+        sk = rec.get("skipped_steps")
+        scale = f"{sorted(set(ls.values()))} / {sk}" if ls and p == "fp16" else "—"
+        L.append(
+            f"| {p} | {rec.get('rc', '—')} | {_fmt(rec.get('wall_s'))} | {_fmt(s.get('wall_s'))} | {_ppl(rec)} | {_fmt(bm)} | {scale} | {_err_cell(rec)} |"
+        )
+    keys = {tuple(rec.get("worker_event_keys") or []) for rec in (r.get("runs") or {}).values()}
+    L += [
+        "",
+        f"`worker` events in metrics.jsonl carry: {', '.join(sorted({k for t in keys for k in t})) or '—'} (no skipped-step count: it is read from the final checkpoint's worker scalars).",
+    ]
+    return L
+
+
+def md_bmax(r: dict[str, Any]) -> list[str]:
+    L = [
+        "",
+        r.get("note", ""),
+        "",
+        "| run | exit | P | b_max (at most) | free GiB / workers | budget per worker | peak allocated | probe chunks k·P·4 (share of budget) | error |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, rec in (r.get("runs") or {}).items():
+        s = rec.get("b_max_search") or {}
+        pr = rec.get("probe") or {}
+        peak = (rec.get("summary") or {}).get("peak_memory_bytes")
+        L.append(
+            f"| {label} | {rec.get('rc', '—')} | {_fmt(pr.get('P'))} | {_fmt(s.get('b_max'))} ({_fmt(s.get('hi'))}) | "
+            f"{_fmt(s.get('free_gib'))} / {_fmt(s.get('workers'))} | {_gib(pr.get('budget_bytes_per_worker'))} | {_gib(peak)} | "
+            f"{_gib(pr.get('chunks_bytes_per_worker'))} ({_fmt(pr.get('chunks_share_of_budget'), 2)}) | {_err_cell(rec)} |"
+        )
+    for label, rec in (r.get("runs") or {}).items():
+        if rec.get("b_max_search"):
+            L += ["", f"{label}: `{rec['b_max_search']['line']}`"]
+    return L
+
+
+def md_oom(r: dict[str, Any]) -> list[str]:
+    if r.get("skipped"):
+        return ["", f"Skipped: {r['skipped']}"]
+    L = [
+        "",
+        f"Allocator capped at {r.get('cap_gib')} GiB (benchmarks/gpu_launch.py --mem-gib).",
+        "",
+        "| run | exit | b_max halvings | searched b_max | val ppl | peak allocated | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, rec in (r.get("runs") or {}).items():
+        peak = (rec.get("summary") or {}).get("peak_memory_bytes")
+        L.append(
+            f"| {label} | {rec.get('rc', '—')} | {'; '.join(rec.get('oom_halvings', [])) or 'none'} | {_fmt((rec.get('b_max_search') or {}).get('b_max'))} | {_ppl(rec)} | {_gib(peak)} | {_err_cell(rec)} |"
+        )
+    return L
+
+
+def md_torchrun(r: dict[str, Any]) -> list[str]:
+    L = ["", r.get("note", ""), "", "| run | exit | wall s | val ppl | error |", "|---|---|---|---|---|"]
+    for label, rec in (r.get("runs") or {}).items():
+        L.append(
+            f"| {label} | {rec.get('rc', '—')} | {_fmt(rec.get('wall_s'))} | {_ppl(rec)} | {_err_cell(rec)} |"
+        )
+    for label, rec in (r.get("runs") or {}).items():
+        if rec.get("error_lines"):
+            L += ["", f"{label}, last lines:", "", "```", *[ln[:400] for ln in rec["error_lines"]], "```"]
+    return L
+
+
+def md_overhead(r: dict[str, Any]) -> list[str]:
+    p = r.get("plain") or {}
+    L = [
+        "",
+        f"Plain PyTorch: Hugging Face Llama {p.get('shape')}, seq {p.get('seq')}, {p.get('precision')}; MFU = (6·N + 12·L·H·T) · tokens/s over the measured bf16 ceiling ({p.get('ceiling_tflops_measured')} TFLOP/s) and over the H100 datasheet's 989 TFLOP/s.",
+        "",
+        "| variant | batch | step ms | tokens/s | TFLOP/s | MFU (measured ceiling) | MFU (989) | peak GiB | note |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, v in (p.get("variants") or {}).items():
+        note = (
+            v.get("error")
+            or v.get("skipped")
+            or (f"OOM at batch {v['oom_at_batch']}" if v.get("oom_at_batch") else "")
+        )
+        if v.get("warmup_s") is not None:
+            note = (note + "; " if note else "") + f"warm-up {v['warmup_s']} s"
+        L.append(
+            f"| {name} | {_fmt(v.get('batch'))} | {_fmt(v.get('step_ms'))} | {_fmt(v.get('tokens_per_s'))} | {_fmt(v.get('tflops'))} | {_fmt(v.get('mfu_measured'), 3)} | {_fmt(v.get('mfu_datasheet'), 3)} | {_fmt(v.get('peak_gib'))} | {note} |"
+        )
+    e = r.get("engine") or {}
+    L += [
+        "",
+        f"Engine: {e.get('what', '')}: exit {e.get('rc')}, tokens/s by round {e.get('tokens_per_s_by_round')}; "
+        f"engine / plain loop on the same shape = {_fmt(r.get('engine_vs_plain'), 3)} (parameters engine/plain {r.get('engine_params_vs_plain')}); "
+        f"engine MFU {_fmt(r.get('engine_mfu_measured'), 3)} (measured ceiling) / {_fmt(r.get('engine_mfu_datasheet'), 3)} (989).",
+    ]
+    if e.get("error"):
+        L += ["", "Engine error:", "", "```", e.get("output_tail", e["error"]), "```"]
+    if p.get("error_output"):
+        L += ["", "Plain-loop child output:", "", "```", p["error_output"], "```"]
+    return L
+
+
+def md_multi(r: dict[str, Any]) -> list[str]:
+    ks = r.get("ks") or []
+    L = [
+        "",
+        f"Device {r.get('device')}, {r.get('precision')}. Each worker: its own replica, AdamW and batch; forward, backward, clip 1.0, AdamW step. Aggregate tokens/s; (×) against one worker running sequentially (approach a, k=1).",
+        "",
+    ]
+    L.append(f"Checks: {json.dumps(r.get('checks'))}")
+    for shape, rec in (r.get("shapes") or {}).items():
+        L += ["", f"### {shape} ({rec.get('params')} parameters, {rec.get('steps_timed')} steps timed)", ""]
+        L.append("| approach | " + " | ".join(f"k={k}" for k in ks) + " |")
+        L.append("|---|" + "---|" * len(ks))
+        for key, row in (rec.get("results") or {}).items():
+            cells = []
+            for k in ks:
+                c = row.get(str(k), {})
+                if "tokens_per_s" in c:
+                    cells.append(f"{c['tokens_per_s']:,} ({c.get('vs_sequential_k1', '—')}×)")
+                else:
+                    cells.append(str(c.get("error") or c.get("skipped") or "—").replace("|", "/")[:120])
+            L.append(f"| {key}: {r.get('approaches', {}).get(key, '')} | " + " | ".join(cells) + " |")
+        if rec.get("graph_over_eager_k1"):
+            L += [
+                "",
+                f"One worker: a CUDA graph of its step runs {rec['graph_over_eager_k1']}× the eager step's tokens/s (the eager gap is launch overhead).",
+            ]
+    for line in (r.get("summary") or {}).get("lines", []):
+        L += ["", line]
+    if r.get("error_output"):
+        L += ["", "Child output:", "", "```", r["error_output"], "```"]
+    return L
+
+
+SECTION_MD: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "env": md_env,
+    "precision": md_precision,
+    "b_max": md_bmax,
+    "oom": md_oom,
+    "torchrun": md_torchrun,
+    "overhead": md_overhead,
+    "multi": md_multi,
+}
+
+
+def headline(name: str, s: dict[str, Any]) -> str:
+    r = s.get("result") or {}
+    if r.get("skipped"):
+        return f"skipped: {r['skipped']}"
+    try:
+        if name == "env":
+            return f"{r.get('device')}, {r.get('memory_gib', '—')} GiB, torch {r.get('torch')}, bf16 {r.get('bf16_tflops')} TFLOP/s"
+        if name == "precision":
+            return "; ".join(
+                f"{p}: {_ppl(x) if x.get('rc') == 0 else 'exit ' + str(x.get('rc', x.get('skipped')))}"
+                for p, x in (r.get("runs") or {}).items()
+            )
+        if name == "b_max":
+            return "; ".join(
+                f"{k.split(' ')[0]}{'+ip' if 'inner' in k else ''}: {(x.get('b_max_search') or {}).get('b_max', 'exit ' + str(x.get('rc')))}"
+                for k, x in (r.get("runs") or {}).items()
+            )
+        if name == "oom":
+            return r.get("skipped") or "; ".join(
+                f"exit {x.get('rc')}, {len(x.get('oom_halvings', []))} halvings"
+                for x in (r.get("runs") or {}).values()
+            )
+        if name == "torchrun":
+            return "; ".join(
+                f"{k.split(',')[0].split(' (')[0]}: " + (f"exit {x['rc']}" if "rc" in x else "skipped")
+                for k, x in (r.get("runs") or {}).items()
+            )
+        if name == "overhead":
+            v = (r.get("plain") or {}).get("variants") or {}
+            best = max((x.get("mfu_measured") or 0 for x in v.values()), default=0)
+            return f"best plain MFU {best:.3f} (measured ceiling); engine/plain {r.get('engine_vs_plain')}"
+        if name == "multi":
+            b = (r.get("summary") or {}).get("best") or {}
+            return "; ".join(
+                f"{k.split(' ')[0].rstrip(',')}: {x['approach']} {x['x_vs_one_sequential_worker']}x at k={x['k']}"
+                for k, x in b.items()
+            )
+    except Exception as exc:  # noqa: BLE001
+        return f"({type(exc).__name__})"
+    return ""
+
+
+# --------------------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------------------
+
+
+def run_child(args: argparse.Namespace) -> int:
+    sys.path.insert(0, str(HERE))
+    import gpu_micro
+
+    path = Path(args.child_out)
+
+    def save(result: dict[str, Any]) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, default=str))
+        os.replace(tmp, path)
+
+    if args.child == "env":
+        save(gpu_micro.env(args.dry_run, save))
+    elif args.child == "overhead":
+        save(gpu_micro.overhead(args.dry_run, args.ceiling, save))
+    elif args.child == "multi":
+        save(gpu_micro.multi(args.dry_run, save, args.deadline))
+    else:
+        raise SystemExit(f"unknown child {args.child!r}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    ap.add_argument(
+        "--out", default=str(ROOT / "benchmarks" / "out" / "gpu"), help="folder for gpu.json, gpu.md, gpu.log"
+    )
+    ap.add_argument(
+        "--dry-run", action="store_true", help="tiny sizes: seconds on a CPU, checks that every section runs"
+    )
+    ap.add_argument("--budget", type=float, help="seconds for everything (default 510; dry run 200)")
+    ap.add_argument(
+        "--sections", help=f"comma-separated subset of {','.join(s[0] for s in SECTIONS)} (env always runs)"
+    )
+    ap.add_argument(
+        "--work-dir", help="run directories and caches (default: a temporary folder, deleted at the end)"
+    )
+    ap.add_argument("--keep-work", action="store_true", help="keep the temporary work folder")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", help=argparse.SUPPRESS)
+    ap.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--ceiling", type=float, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        return run_child(args)
+    if args.budget is None:
+        args.budget = 200.0 if args.dry_run else 510.0
+    wanted = {"env", *(args.sections.split(",") if args.sections else [s[0] for s in SECTIONS])}
+    unknown = wanted - {s[0] for s in SECTIONS}
+    if unknown:
+        ap.error(f"--sections: unknown {sorted(unknown)}")
+    ctx = Ctx(args)
+    report: dict[str, Any] = {
+        "meta": {
+            "command": "python benchmarks/gpu.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "dry_run": ctx.dry,
+            "budget_s": args.budget,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        },
+        "sections": {},
+    }
+
+    def write() -> None:
+        report["meta"]["total_s"] = round(ctx.elapsed(), 1)
+        (ctx.out / "gpu.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+        (ctx.out / "gpu.md").write_text(markdown(report))
+
+    ctx.say(
+        f"adloco GPU benchmark{' (dry run)' if ctx.dry else ''}: budget {args.budget:.0f} s, results in {ctx.out}"
+    )
+    todo = [s for s in SECTIONS if s[0] in wanted]
+    try:
+        for i, (name, title, fn, nominal, _least) in enumerate(todo):
+            later = sum(s[4] for s in todo[i + 1 :])
+            if ctx.dry:
+                later, box = 5.0 * (len(todo) - i - 1), DRY_BOXES[name]
+            else:
+                box = nominal
+            box = max(5.0, min(box, ctx.remaining() - later))
+            ctx.say(f"{title}: up to {box:.0f} s")
+            t0 = time.time()
+            entry: dict[str, Any] = {"title": title}
+            try:
+                entry["result"] = fn(ctx, box)
+                entry["status"] = "skipped" if entry["result"].get("skipped") else "ok"
+            except SectionError as exc:
+                entry["status"], entry["error"], entry["result"] = "error", str(exc), exc.partial
+            except Exception as exc:  # noqa: BLE001 - the next section runs whatever this one did
+                entry["status"], entry["error"] = "error", "".join(traceback.format_exception(exc))[-4000:]
+            entry["seconds"] = round(time.time() - t0, 1)
+            if name == "env":
+                report["meta"]["device"] = (entry.get("result") or {}).get("device", "?")
+            report["sections"][name] = entry
+            ctx.say(
+                f"{title}: {entry['status']} in {entry['seconds']:.0f} s"
+                + (
+                    f": {str(entry.get('error')).strip().splitlines()[-1][:200]}"
+                    if entry.get("error")
+                    else ""
+                )
+            )
+            write()
+        for name, title, *_ in SECTIONS:
+            report["sections"].setdefault(name, {"title": title, "status": "not run", "seconds": 0})
+        write()
+    finally:
+        ctx.logf.close()
+        if not ctx.keep_work:
+            shutil.rmtree(ctx.work, ignore_errors=True)
+    print()
+    print(f"{'section':40} {'status':8} {'s':>6}  headline")
+    for name, title, *_ in SECTIONS:
+        s = report["sections"][name]
+        print(f"{title:40} {s['status']:8} {s.get('seconds', 0):6.0f}  {headline(name, s)[:160]}")
+    summary = ((report["sections"].get("multi") or {}).get("result") or {}).get("summary") or {}
+    for line in summary.get("lines", []):
+        print("multi: " + line)
+    print(f"total {ctx.elapsed():.0f} s; {ctx.out / 'gpu.json'}, {ctx.out / 'gpu.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Workers in threads of one process: each thread is a "process" of the protocol with its own algorithm
+object, and collectives meet at a barrier.
+
+For loops adloco cannot drive step by step (a Hugging Face ``Trainer`` owns its loop: run one per
+thread), and for tests of the multi-process logic without processes. Every thread must call every
+collective in the same order, as processes would.
+
+    hub = Hub(2)
+    comms = [ThreadComm(hub, rank) for rank in range(2)]   # one worker per thread
+    # thread r: DiLoCo(model_r, opt_r, inner_steps=H, comm=comms[r]) ...
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from adloco.comm.base import Comm
+from adloco.comm.quantize import ErrorFeedback
+
+
+class Hub:
+    """The meeting point of ``world`` threads (``timeout`` seconds at most per collective)."""
+
+    def __init__(self, world: int, timeout: float = 600.0) -> None:
+        if world < 1:
+            raise ValueError(f"world: {world} must be >= 1")
+        self.world = world
+        self.slots: list[Any] = [None] * world
+        self.barrier = threading.Barrier(world, timeout=timeout)
+
+    def abort(self) -> None:
+        """Break the barrier: every thread waiting in a collective gets an error instead of waiting."""
+        self.barrier.abort()
+
+
+class ThreadComm(Comm):
+    """Thread ``rank`` of ``hub``. ``owner`` maps every worker to the thread hosting it (default: worker
+    w in thread w, one worker each)."""
+
+    def __init__(self, hub: Hub, rank: int, owner: Mapping[int, int] | None = None) -> None:
+        owner = dict(owner) if owner is not None else {w: w for w in range(hub.world)}
+        if not 0 <= rank < hub.world:
+            raise ValueError(f"rank: {rank} is not in [0, {hub.world})")
+        if sorted(set(owner.values())) != list(range(hub.world)):
+            raise ValueError(f"owner: every thread 0..{hub.world - 1} must host at least one worker")
+        super().__init__(len(owner), [w for w, r in sorted(owner.items()) if r == rank], rank, hub.world)
+        self.hub, self._owner = hub, owner
+
+    def owner(self, worker: int) -> int:
+        return self._owner[worker]
+
+    def _exchange(self, value: Any) -> list[Any]:
+        self.hub.slots[self.rank] = value
+        self.hub.barrier.wait()
+        out = list(self.hub.slots)
+        self.hub.barrier.wait()  # everyone has read before the next exchange overwrites
+        return out
+
+    def _members(self, workers: Sequence[int]) -> list[int]:
+        return sorted({self._owner[w] for w in workers})
+
+    def _all_reduce(self, tensor: torch.Tensor, workers: Sequence[int]) -> None:
+        deposits = self._exchange(tensor.clone())
+        members = self._members(workers)
+        if self.rank in members:
+            total = deposits[members[0]].clone()
+            for r in members[1:]:
+                total += deposits[r]
+            tensor.copy_(total)
+
+    def _broadcast(self, tensor: torch.Tensor, src: int, workers: Sequence[int]) -> None:
+        deposits = self._exchange(tensor.clone())
+        if self.rank in self._members(workers):
+            tensor.copy_(deposits[self._owner[src]])
+
+    def _all_gather_rows(self, rows: Mapping[int, Sequence[float]], width: int) -> dict[int, list[float]]:
+        merged: dict[int, list[float]] = {}
+        for d in self._exchange({w: [float(x) for x in v] for w, v in rows.items()}):
+            merged.update(d)
+        return dict(sorted(merged.items()))
+
+    def _all_gather_bytes(self, data: bytes) -> list[bytes]:
+        return list(self._exchange(data))
+
+    def fetch(self, tensor: torch.Tensor, src: int) -> None:
+        deposits = self._exchange(tensor.clone())
+        if self.rank == self.root:
+            tensor.copy_(deposits[self._owner[src]])
+
+    def barrier(self) -> None:
+        self._exchange(None)
+
+    def _compressed(
+        self,
+        parts: Mapping[int, torch.Tensor],
+        workers: list[int],
+        dtype: str,
+        block: int,
+        feedback: Mapping[int, ErrorFeedback] | None,
+    ) -> torch.Tensor:
+        """Every thread runs the in-process arithmetic on every participant's vector (and a copy of its
+        error), updating only its own workers' feedback: the same bits everywhere."""
+        from adloco.comm.compressed import all_reduce_inprocess
+
+        mine = {
+            w: (parts[w].clone(), feedback[w].state_dict() if feedback is not None else {}) for w in parts
+        }
+        everyone: dict[int, tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
+        for d in self._exchange(mine):
+            everyone.update(d)
+        fb = None
+        if feedback is not None:
+            fb = []
+            for w in workers:
+                if w in feedback:
+                    fb.append(feedback[w])
+                else:
+                    copy = ErrorFeedback()
+                    copy.load_state_dict(everyone[w][1])
+                    fb.append(copy)
+        return all_reduce_inprocess([everyone[w][0] for w in workers], dtype, block, fb)

@@ -1,0 +1,156 @@
+"""torch.distributed: one process per worker, or per device hosting ``workers_per_process`` workers.
+
+Process ``r`` hosts workers ``r·wpp .. r·wpp + wpp − 1`` and reduces them locally before the collective,
+so the in-process backend is the one-process case of the same round. gloo on CPU tensors, NCCL on CUDA
+(NCCL refuses two ranks on one device; gloo also moves CUDA tensors, through host memory).
+
+Groups: a collective among some workers runs in the process group of the ranks hosting them. Groups
+are created on first use and cached by their rank set. Every rank issues every collective in the same
+order (decisions are replicated), so every rank creates the same groups in the same order, as
+``new_group`` requires, with no separate rebuild step after a merge or a reallocation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from adloco.comm.base import Comm, CommFailure
+from adloco.comm.quantize import ErrorFeedback
+
+T = TypeVar("T")
+
+
+class TorchDistComm(Comm):
+    """The default process group (``torch.distributed.init_process_group`` must have run).
+
+    ``device``: where the tensors it moves live (default: this rank's CUDA device under NCCL, else CPU).
+    """
+
+    def __init__(self, workers_per_process: int = 1, device: torch.device | str | None = None) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError(
+                "comm: torch.distributed is not initialized; call torch.distributed.init_process_group() "
+                "first (torchrun sets the environment), or use InProcessComm for workers in one process"
+            )
+        if workers_per_process < 1:
+            raise ValueError(f"workers_per_process: {workers_per_process} must be >= 1")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        wpp = workers_per_process
+        super().__init__(world * wpp, range(rank * wpp, (rank + 1) * wpp), rank, world)
+        self.wpp = wpp
+        if device is None:
+            nccl = dist.get_backend() == "nccl"
+            device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        self.device = torch.device(device)
+        self.one_device = world == 1
+        self._groups: dict[tuple[int, ...], Any] = {}
+
+    def owner(self, worker: int) -> int:
+        return worker // self.wpp
+
+    def _ranks(self, workers: Sequence[int]) -> tuple[int, ...]:
+        return tuple(sorted({self.owner(w) for w in workers}))
+
+    def _group(self, ranks: tuple[int, ...]) -> Any:
+        if len(ranks) == self.world:
+            return None  # the default (world) group
+        g = self._groups.get(ranks)
+        if g is None:  # every rank gets here in the same order: see the module docstring
+            g = self._guard("new_group", lambda: dist.new_group(list(ranks)))
+            self._groups[ranks] = g
+        return g
+
+    def _guard(self, op: str, fn: Callable[[], T]) -> T:
+        """Run a torch.distributed call; any failure becomes a CommFailure (the caller adds the kind)."""
+        try:
+            return fn()
+        except Exception as exc:  # gloo and NCCL raise RuntimeError subclasses with their own text
+            raise CommFailure(op, "", first_sentence(str(exc)) or type(exc).__name__) from exc
+
+    def _all_reduce(self, tensor: torch.Tensor, workers: Sequence[int]) -> None:
+        ranks = self._ranks(workers)
+        if len(ranks) < 2:
+            return
+        group = self._group(ranks)
+        if self.rank in ranks:
+            self._guard("all_reduce", lambda: dist.all_reduce(tensor, group=group))
+
+    def _broadcast(self, tensor: torch.Tensor, src: int, workers: Sequence[int]) -> None:
+        ranks = self._ranks(workers)
+        if len(ranks) < 2:
+            return
+        group = self._group(ranks)
+        if self.rank in ranks:
+            self._guard("broadcast", lambda: dist.broadcast(tensor, src=self.owner(src), group=group))
+
+    def _all_gather_rows(self, rows: Mapping[int, Sequence[float]], width: int) -> dict[int, list[float]]:
+        # Each worker's row is written by exactly one process and is zero elsewhere: a SUM is exact.
+        buf = torch.zeros(self.n_workers, width, dtype=torch.float64)
+        for w, row in rows.items():
+            buf[w] = torch.tensor(list(row), dtype=torch.float64)
+        buf = buf.to(self.device)
+        self._guard("all_gather", lambda: dist.all_reduce(buf))
+        return {w: [float(x) for x in r] for w, r in enumerate(buf.cpu().tolist())}
+
+    def _all_gather_bytes(self, data: bytes) -> list[bytes]:
+        size = torch.zeros(self.world, dtype=torch.int64, device=self.device)
+        size[self.rank] = len(data)
+        self._guard("all_gather", lambda: dist.all_reduce(size))
+        longest = int(size.max())
+        mine = torch.zeros(longest, dtype=torch.uint8, device=self.device)
+        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]
+        parts = [torch.empty_like(mine) for _ in range(self.world)]
+        self._guard("all_gather", lambda: dist.all_gather(parts, mine))
+        return [bytes(p[: int(n)].cpu().tolist()) for p, n in zip(parts, size.tolist(), strict=True)]
+
+    def _compressed(
+        self,
+        parts: Mapping[int, torch.Tensor],
+        workers: list[int],
+        dtype: str,
+        block: int,
+        feedback: Mapping[int, ErrorFeedback] | None,
+    ) -> torch.Tensor:
+        from adloco.comm.compressed import TorchDistParticipants, all_reduce_inprocess, compressed_all_reduce
+
+        ranks = self._ranks(workers)
+        mine = sorted(parts)
+        fb = [feedback[w] for w in mine] if feedback is not None else None
+        if len(ranks) < 2:  # every participant is here: the same arithmetic, nothing moves
+            return all_reduce_inprocess([parts[w] for w in workers], dtype, block, fb)
+        # every worker of the group is a participant, in worker order, on the process hosting it
+        ops = TorchDistParticipants(
+            self._group(ranks), [ranks.index(self.owner(w)) for w in workers], ranks.index(self.rank)
+        )
+        return self._guard(
+            "all_to_all", lambda: compressed_all_reduce([parts[w] for w in mine], dtype, block, ops, fb)
+        )
+
+    def fetch(self, tensor: torch.Tensor, src: int) -> None:
+        s, root = self.owner(src), self.root
+        if s == root:
+            return
+        # gloo's point-to-point transport sends host memory only: CUDA tensors go through a CPU copy
+        host = tensor.cpu() if tensor.is_cuda and dist.get_backend() == "gloo" else tensor
+        if self.rank == s:
+            self._guard("send", lambda: dist.send(host, dst=root))
+        elif self.rank == root:
+            self._guard("recv", lambda: dist.recv(host, src=s))
+            if host is not tensor:
+                tensor.copy_(host)
+
+    def barrier(self) -> None:
+        self._guard("barrier", lambda: dist.barrier())
+
+
+def first_sentence(text: str) -> str:
+    """gloo/NCCL error text without source locations, cut to its first sentence."""
+    text = re.sub(
+        r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", text.strip().splitlines()[0] if text.strip() else ""
+    )
+    return re.split(r"(?<=[a-z0-9\]])\. ", text, maxsplit=1)[0][:200]

@@ -1,0 +1,553 @@
+"""``adloco train``'s driver: the public algorithm objects (:mod:`adloco.method`) fed from a Config.
+
+It builds what the library leaves to its user (data shards, the replicas and their inner optimizers,
+the learning-rate schedule, b_max on CUDA), runs the rounds step by step, evaluates, turns each round's
+report into events, prices simulated time, and assembles checkpoints from ``state_dict``s. The round
+itself is the library's: there is no second copy of it here.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from adloco import events, netmodel
+from adloco.comm.base import Comm
+from adloco.config import Config
+from adloco.data.sampling import ShardStream, trainer_subset
+from adloco.data.tokens import Data
+from adloco.engine.inner import lr_at, make_optimizer
+from adloco.errors import UserError
+from adloco.evaluation import evaluate, perplexity, spread
+from adloco.flat import flatten
+from adloco.method import AdLoCo, RoundAborted
+from adloco.models import ModelFactory
+from adloco.settings import AdaptiveBatch, Merging, Outer, Switch
+from adloco.telemetry.metrics import MetricsSink
+from adloco.telemetry.progress import Progress
+
+
+class TooManyBadRounds(RuntimeError):
+    """``faults.max_bad_rounds`` consecutive rounds had a non-finite worker (θ itself stayed finite)."""
+
+
+def build_algorithm(
+    cfg: Config, comm: Comm, factory: ModelFactory, device: torch.device, b_max: int
+) -> AdLoCo:
+    """The algorithm object of a config: replicas built per trainer (one seed, or one per trainer, with
+    the output layer redrawn if asked), inner optimizers on the flat parameter groups."""
+    a, b, m, s, o = cfg.algorithm, cfg.batch, cfg.merge, cfg.switch, cfg.outer
+    from adloco.algorithms import allocation
+
+    trainers = min(a.trainers, a.workers)  # a run continuing on fewer workers merges down to them
+    start = allocation.allocate(dict.fromkeys(range(trainers), b.initial), a.workers, mode=m.allocation)
+    proto = factory.build(a.seed)
+    inits: dict[int, torch.nn.Module] = {}
+    for t in sorted({start[w] for w in comm.local_workers}):
+        seed_t = a.seed if cfg.model.init == "same" else a.seed + 7919 * (t + 1)
+        model = copy.deepcopy(proto) if cfg.model.init == "same" else factory.build(seed_t)
+        if cfg.model.reinit_output:
+            factory.reinit_output(model, seed_t)
+        inits[t] = model
+    models, optimizers = [], []
+    for w in comm.local_workers:
+        model = copy.deepcopy(inits[start[w]]).to(device)
+        model.train()
+        models.append(model)
+        optimizers.append(make_optimizer(flatten(model), cfg.inner))
+    return AdLoCo(
+        models,
+        optimizers,
+        inner_steps=a.inner_steps,
+        ddp=a.method == "ddp",
+        comm=comm,
+        b_max=b_max,
+        clip=cfg.inner.clip,
+        precision=cfg.model.precision,
+        inner_state=cfg.inner.state,
+        wire_dtype=cfg.comm.dtype,
+        wire_block=cfg.comm.block,
+        error_feedback=cfg.comm.error_feedback,
+        sync_initial=False,  # every process built its replicas from the same seeds
+        snapshot=True,  # a signal stops a round part-way: undo it in place
+        on_resize=cfg.elastic.batch,
+        balance=cfg.runtime.balance,
+        # one speed per worker id; a run that continues on more workers than listed runs the rest at 1
+        emulate_speed=(list(cfg.runtime.emulate_speed) + [1.0] * a.workers)[: a.workers]
+        if cfg.runtime.emulate_speed
+        else None,
+        trainers=trainers,
+        outer=Outer(o.optimizer, o.lr, o.momentum),
+        batch=AdaptiveBatch(
+            b.test,
+            b.initial,
+            b.max,
+            b.eta,
+            b.vartheta,
+            b.nu,
+            b.estimator,
+            b.probe_chunks,
+            b.statistics,
+            b.exact_mean,
+            b.formula,
+        ),
+        merge=Merging(m.policy, m.every, m.size, m.survivor_batch, m.allocation),
+        switch=Switch(s.mode, s.kappa, s.schedule),
+    )
+
+
+class Driver:
+    def __init__(
+        self,
+        cfg: Config,
+        comm: Comm,
+        data: Data,
+        factory: ModelFactory,
+        device: torch.device,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.cfg, self.comm, self.data, self.device, self.log = cfg, comm, data, device, log
+        a = cfg.algorithm
+        # Every trainer draws from its own subset, keyed by its id (a merge's survivor keeps its own).
+        self.subsets = {
+            t: trainer_subset(data.n_train, cfg.data.subset_fraction, a.seed, t) for t in range(a.trainers)
+        }
+        # b_max is never larger than a worker's shard (ALGORITHM.md §5).
+        smallest_shard = max(1, min(len(x) for x in self.subsets.values()) // a.workers)
+        configured = cfg.switch.b_max if cfg.switch.b_max is not None else 8
+        if cfg.switch.b_max is not None and cfg.switch.b_max > smallest_shard:
+            log(
+                f"switch.b_max lowered to {smallest_shard}: with every worker on one trainer, a worker's shard "
+                "holds no more blocks"
+            )
+        self.algo = build_algorithm(cfg, comm, factory, device, min(configured, smallest_shard))
+        if device.type == "cuda" and cfg.switch.b_max is None:
+            self._search_b_max(min(smallest_shard, cfg.batch.max))
+        self.n_params = self.algo.n_params
+        self.last_eval: dict[int, float] = {}
+        self.last_accuracy: dict[int, float] = {}
+        self.initial_metrics: dict[str, Any] = {}
+        self.elapsed = 0.0  # seconds of training before this process started (a resumed run)
+        self.sim_s = 0.0
+        self.idle: list[float] = []  # every round's idle share
+        self.restarts = 0  # restarts and resumes of this run so far
+        self.rounds_lost = 0  # rounds trained, then lost with the processes that trained them
+        self.stop_requested: Callable[[], bool] = lambda: False  # set by whoever handles signals
+        self._rng: list[torch.Tensor] = []
+
+    @property
+    def round(self) -> int:
+        return self.algo.round
+
+    def _search_b_max(self, hi: int) -> None:
+        """b_max on CUDA (ALGORITHM.md §5): the same search on every process, agreed through a gather.
+
+        The workers of a process run their steps one after another, so one worker's activations at a
+        time share the budget with every worker's persistent state: the optimizer state still to be
+        allocated and what the batch test keeps (the probe's sum and, for the inner-product tests, its
+        k chunk gradients: k·P float32 values per worker, 7.4 GiB for a 300M model with k = 8)."""
+        from adloco.engine import memory
+        from adloco.replica import rows, to_device
+
+        algo, cfg = self.algo, self.cfg
+        w0 = algo.local_workers[0]
+        rep = algo.replicas[w0]
+        free, _ = torch.cuda.mem_get_info(self.device)
+        i, b, P = cfg.inner, cfg.batch, self.algo.n_params
+        buffers = 2 if i.optimizer == "adamw" else (1 if i.momentum > 0 else 0)
+        probe = algo.plans[w0].probe
+        kept = (
+            0
+            if probe is None or probe.keep == "none"
+            else 1 + (b.probe_chunks if probe.keep == "chunks" else 0)
+        )
+        state_bytes = (buffers + kept) * 4 * P
+        budget = cfg.switch.memory_fraction * free - (len(algo.replicas) - 1) * state_bytes
+        if budget - state_bytes <= 0:
+            raise UserError(
+                f"model: {len(algo.replicas)} worker(s) of {P / 1e6:.1f}M parameters need "
+                f"{len(algo.replicas) * state_bytes / 2**30:.1f} GiB of optimizer and batch-test state beyond the "
+                f"replicas, more than {cfg.switch.memory_fraction:g} of the {free / 2**30:.1f} GiB free on "
+                f"{self.device}: use fewer workers per device (runtime.workers_per_process) or a smaller model"
+            )
+        full = self.data.train_batch(np.arange(hi) % self.data.n_train)
+
+        def step(n: int) -> None:
+            rep.flat.zero_grad()
+            try:
+                rep.forward_backward(to_device(rows(full, 0, n), self.device), 1.0)
+            finally:
+                rep.flat.zero_grad()
+
+        found = memory.cuda_b_max(step, budget, state_bytes, hi, self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)  # the summary's peak is training's, not the search's
+        algo.set_b_max(dict.fromkeys(algo.replicas, found))
+        self.log(
+            f"b_max {min(algo.b_max.values())}: the largest micro-batch under {cfg.switch.memory_fraction:g} of "
+            f"free CUDA memory ({free / 2**30:.1f} GiB), beside {state_bytes / 2**30:.2f} GiB of optimizer and "
+            f"batch-test state for each of {len(algo.replicas)} worker(s) (at most {hi})"
+        )
+
+    # -- evaluation --------------------------------------------------------------------------------
+    def evaluate(self) -> dict[int, float]:
+        """Validation loss of every trainer alive (and accuracy, for classification), evaluated by its
+        first worker; returns the losses and keeps the accuracies in ``last_accuracy``."""
+        algo = self.algo
+        members = algo.members()
+        indices = spread(self.data.n_val, self.cfg.eval.max_examples)
+        rows: dict[int, list[float]] = {w: [math.nan, math.nan] for w in algo.replicas}
+        for t in algo.alive:
+            leader = members[t][0]
+            if leader in algo.replicas:
+                res = evaluate(
+                    algo.replicas[leader].model,
+                    self.data.val_batch,
+                    indices,
+                    self.cfg.eval.batch_size,
+                    self.data.task,
+                )
+                rows[leader] = [res.loss, math.nan if res.accuracy is None else res.accuracy]
+        gathered = self.comm.all_gather_rows(rows, 2, "eval", counted=0)  # measurement, not training
+        self.last_eval = {t: gathered[members[t][0]][0] for t in algo.alive}
+        self.last_accuracy = {t: gathered[members[t][0]][1] for t in algo.alive}
+        return self.last_eval
+
+    def reported(self) -> int:
+        """The trainer whose validation a round reports: the lowest id alive, trainer 0 (a merge's
+        survivor is its lowest id, so trainer 0 lives to the end). Never the best of several on the split
+        it reports: that would credit multi-trainer runs with a choice made on the validation data."""
+        return min(self.algo.alive)
+
+    def val_metrics(self, t: int) -> dict[str, float | None]:
+        """val_loss and val_ppl (language modelling) or val_accuracy (classification) of trainer t."""
+        loss = self.last_eval[t]
+        if self.data.task == "classification":
+            return {
+                "val_loss": events.num(loss),
+                "val_ppl": None,
+                "val_accuracy": events.num(self.last_accuracy[t]),
+            }
+        return {"val_loss": events.num(loss), "val_ppl": events.num(perplexity(loss))}
+
+    # -- one round ---------------------------------------------------------------------------------
+    def run_round(self, on_step: Callable[[int], None] = lambda n: None) -> list[events.Event]:
+        """One round: the inner steps fed from every local worker's shard, the algorithm's sync, then
+        evaluation when due. Returns the round's events; raises :class:`RoundAborted` on a signal."""
+        algo, cfg = self.algo, self.cfg
+        a = cfg.algorithm
+        r = algo.round
+        self.on_round_start(r + 1)
+        t_start = time.perf_counter()
+        streams = {
+            w: ShardStream(self.subsets[p.trainer], a.seed, p.trainer, r, p.index, p.of)
+            for w, p in algo.plans.items()
+        }
+        total_steps = a.rounds * a.inner_steps
+        self._rng = _rng_state()
+        for h in range(a.inner_steps):
+            lr = lr_at(r * a.inner_steps + h, total_steps, cfg.inner)
+            for rep in algo.replicas.values():
+                for group in rep.optimizer.param_groups:
+                    group["lr"] = lr
+            batches = {
+                w: self.data.train_batch(streams[w].take(algo.batch_size(w))) for w in algo.local_workers
+            }
+            try:
+                algo.step_all(batches, stop=self.stop_requested())
+            except RoundAborted:
+                _set_rng_state(self._rng)
+                raise
+            on_step(len(batches))
+            self.on_step(r + 1, h + 1)
+        report = algo.last_report
+        assert report is not None and report.round == r + 1
+        train_s = time.perf_counter() - t_start
+        net = cfg.network
+        sim_s = netmodel.round_seconds(report.compute_s, report.collectives, net.bandwidth, net.latency)
+        self.sim_s += sim_s
+        final = algo.round == a.rounds or (a.budget is not None and algo.totals.examples >= a.budget)
+        val = self.evaluate() if algo.round % cfg.eval.every == 0 or final else None
+        out = report.events()
+        summary = events.Round(
+            round=algo.round,
+            trainers_alive=len(algo.trainers),
+            requests=algo.requests,
+            allocation=dict(algo.allocation),
+            switch_mode=report.switch_mode,
+            loss=report.loss,
+            examples=report.examples,
+            examples_total=algo.totals.examples,
+            bytes=report.bytes,
+            bytes_total=algo.totals.bytes,
+            communications=report.messages,
+            communications_total=algo.totals.messages,
+            round_s=time.perf_counter() - t_start,
+            train_s=train_s,
+            comm_s=report.comm_s,
+            max_compute_s=max(report.compute_s.values()),
+            collectives=report.collectives,
+            sim_s=sim_s,
+            sim_total_s=self.sim_s,
+            idle_share=report.idle_share,
+        )
+        self.idle.append(report.idle_share)
+        if val is not None:
+            shown = self.val_metrics(self.reported())
+            summary.val_loss, summary.val_ppl = shown["val_loss"], shown["val_ppl"]
+            summary.val_accuracy = shown.get("val_accuracy")
+            summary.val_by_trainer = {t: self.val_metrics(t) for t in val}
+            out += [events.Eval(round=algo.round, trainer=t, **self.val_metrics(t)) for t in val]
+        out.append(summary)
+        return out
+
+    def on_round_start(self, round_: int) -> None:
+        """A seam for tests (fault injection); nothing happens here."""
+
+    def on_step(self, round_: int, step: int) -> None:
+        """A seam for tests (fault injection); nothing happens here."""
+
+    # -- whole run ---------------------------------------------------------------------------------
+    def run(
+        self,
+        sink: MetricsSink,
+        progress: Progress,
+        after_round: Callable[[bool], None] = lambda final: None,
+    ) -> events.Summary:
+        """Train until ``algorithm.rounds`` (or the budget); ``after_round(final)`` runs after every round
+        is logged (the checkpoint hook). A restored driver continues from its round."""
+        a, algo = self.cfg.algorithm, self.algo
+        t0 = time.perf_counter() - self.elapsed
+        budget = a.budget or math.inf
+        if not self.initial_metrics:
+            self.evaluate()
+            self.initial_metrics = self.val_metrics(self.reported())
+            sink.log(
+                events.Start(
+                    round=0,
+                    parameters=self.n_params,
+                    workers=a.workers,
+                    trainers=a.trainers,
+                    allocation=dict(algo.allocation),
+                    task=self.data.task,
+                    train_examples=self.data.n_train,
+                    val_examples=self.data.n_val,
+                    processes=self.comm.world,
+                    threads_per_process=torch.get_num_threads(),
+                    **self.initial_metrics,
+                ).to_dict()
+            )
+        progress.start(a.rounds, a.inner_steps * len(algo.replicas), self.initial_metrics)
+        while algo.round < a.rounds and algo.totals.examples < budget:
+            progress.round_started(algo.round + 1)
+            out = self.run_round(progress.step)
+            for e in out:
+                sink.log(e.to_dict())
+            progress.round_done(out[-1].to_dict())
+            self.elapsed = time.perf_counter() - t0
+            failing = algo.bad_rounds >= self.cfg.faults.max_bad_rounds
+            after_round(algo.round == a.rounds or algo.totals.examples >= budget or failing)
+            if failing:
+                raise TooManyBadRounds(
+                    f"round {algo.round}: {algo.bad_rounds} rounds in a row with a non-finite worker loss or "
+                    "update (faults.max_bad_rounds); lower inner.lr or inner.clip"
+                )
+        progress.close()
+        if not self.last_eval:
+            self.evaluate()
+        shown = self.reported()
+        final = self.val_metrics(shown)
+        cls = self.data.task == "classification"
+        return events.Summary(
+            method=a.method,
+            rounds=algo.round,
+            initial_val_ppl=self.initial_metrics.get("val_ppl"),
+            final_val_ppl=final["val_ppl"],
+            final_val_loss=final["val_loss"],
+            trainers_final=len(algo.trainers),
+            requests_final=algo.requests,
+            examples_total=algo.totals.examples,
+            communications_total=algo.totals.messages,
+            bytes_total=algo.totals.bytes,
+            bytes_by_kind=dict(sorted(algo.totals.by_kind.items())),
+            wall_s=time.perf_counter() - t0,
+            sim_s=self.sim_s,
+            peak_memory_bytes=_peak_memory(self.device),
+            reported_trainer=shown,
+            idle_share=sum(self.idle) / len(self.idle) if self.idle else 0.0,
+            restarts=self.restarts,
+            rounds_lost=self.rounds_lost,
+            initial_val_accuracy=self.initial_metrics.get("val_accuracy") if cls else None,
+            final_val_accuracy=final.get("val_accuracy") if cls else None,
+        )
+
+    def fingerprint(self) -> str:
+        """The model's parameter names and shapes, hashed: a checkpoint must match them."""
+        model = next(iter(self.algo.replicas.values())).model
+        text = ";".join(f"{n}:{tuple(p.shape)}" for n, p in model.named_parameters())
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def trainer_state_dict(self, t: int) -> dict[str, torch.Tensor] | None:
+        """Trainer t's parameters as a model state dict, on the root rank (None elsewhere); every process calls it."""
+        theta = self.algo.gather_parameters(t)
+        if theta is None:
+            return None
+        w = self.algo.local_workers[0]
+        rep = self.algo.replicas[w]
+        rep.load(theta)
+        state = rep.flat.clone_state_dict()
+        rep.load(self.algo.theta(self.algo.allocation[w]))
+        return state
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any] | None:
+        """Everything a checkpoint holds, on the root rank (None elsewhere); every process calls it."""
+        algo = self.algo.full_state_dict()
+        rng = torch.cat([x.to(torch.uint8).reshape(-1) for x in _rng_state()]).to(self.device)
+        first = {self.comm.owner(w): w for w in reversed(range(self.comm.n_workers))}
+        rngs = {}
+        for q in sorted(first):
+            got = rng.clone()
+            self.comm.fetch(got, first[q])
+            rngs[f"rank-{q}"] = got.cpu()
+        if algo is None:
+            return None
+        return {
+            "algorithm": algo,
+            "rng": rngs,
+            "driver": {
+                "initial_metrics": self.initial_metrics,
+                "last_eval": {str(t): v for t, v in self.last_eval.items()},
+                "last_accuracy": {str(t): v for t, v in self.last_accuracy.items()},
+                "elapsed_s": self.elapsed,
+                "sim_s": self.sim_s,
+                "idle": self.idle,
+                "restarts": self.restarts,
+                "rounds_lost": self.rounds_lost,
+                "model": self.fingerprint(),
+                "processes": self.comm.world,
+            },
+        }
+
+    def share_state(self, state: dict[str, Any] | None) -> dict[str, Any]:
+        """The checkpoint's state, read by the root rank alone (``state`` elsewhere None), on every process: the
+        metadata and every trainer's tensors to all, each worker's inner state to the process that will
+        host that worker id. No shared file system is needed; the transfers are not counted."""
+        comm = self.comm
+        if comm.world == 1:
+            assert state is not None
+            return state
+        root = comm.rank == comm.root
+        src = comm.root * (comm.n_workers // comm.world)  # a worker of the root rank's process
+
+        def shapes(d: dict[str, torch.Tensor]) -> dict[str, list[int]]:
+            return {k: list(v.shape) for k, v in d.items()}
+
+        meta: dict[str, Any] = {}
+        if root:
+            assert state is not None
+            algo = state["algorithm"]
+            meta = {
+                "algorithm": {k: v for k, v in algo.items() if k not in ("trainers", "replicas")},
+                "trainers": {str(t): shapes(v) for t, v in algo["trainers"].items()},
+                "replicas": {
+                    str(w): {"scalars": r["scalars"], "inner": shapes(r["inner"])}
+                    for w, r in algo["replicas"].items()
+                },
+                "rng": shapes(state["rng"]),
+                "driver": state["driver"],
+            }
+        meta = cast(dict[str, Any], comm.all_gather_json(meta)[comm.root])
+        everyone = list(range(comm.n_workers))
+        # every trainer's tensors to every process (resizing may merge any of them)
+        trainers: dict[int, dict[str, torch.Tensor]] = {}
+        for t, keys in sorted(meta["trainers"].items(), key=lambda x: int(x[0])):
+            trainers[int(t)] = {}
+            for k, shape in sorted(keys.items()):
+                buf = torch.zeros(shape, device=self.device)
+                if root:
+                    buf.copy_(state["algorithm"]["trainers"][int(t)][k])  # type: ignore[index]
+                comm.broadcast(buf, src, everyone, "restore")
+                trainers[int(t)][k] = buf
+        # worker w's inner state to the process that hosts worker id w now
+        replicas: dict[int, dict[str, Any]] = {}
+        for w, info in sorted(meta["replicas"].items(), key=lambda x: int(x[0])):
+            w = int(w)
+            if w >= comm.n_workers:
+                continue
+            inner: dict[str, torch.Tensor] = {}
+            for k, shape in sorted(info["inner"].items()):
+                dtype = torch.float32
+                buf = torch.zeros(shape, device=self.device, dtype=dtype)
+                if root:
+                    buf.copy_(state["algorithm"]["replicas"][w]["inner"][k])  # type: ignore[index]
+                comm.broadcast(buf, src, sorted({src, w}), "restore")
+                inner[k] = buf
+            if w in comm.local_workers or root:
+                replicas[w] = {"scalars": info["scalars"], "inner": inner}
+        # each rank's generators to that rank
+        rng: dict[str, torch.Tensor] = {}
+        first = {comm.owner(w): w for w in reversed(everyone)}
+        for key, shape in sorted(meta["rng"].items()):
+            q = int(key.split("-")[1])
+            if q not in first:
+                continue
+            buf = torch.zeros(shape, dtype=torch.uint8, device=self.device)
+            if root:
+                buf.copy_(state["rng"][key])  # type: ignore[index]
+            comm.broadcast(buf, src, sorted({src, first[q]}), "restore")
+            if comm.rank == q:  # its own generators only (a rank new to the run keeps fresh ones)
+                rng[key] = buf.cpu()
+        comm.drain()  # a restart's transfers, not training
+        algo_state = {**meta["algorithm"], "trainers": trainers, "replicas": replicas}
+        return {"algorithm": algo_state, "rng": rng, "driver": meta["driver"]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.algo.load_state_dict(state["algorithm"])
+        d = state["driver"]
+        self.initial_metrics = dict(d["initial_metrics"])
+        self.last_eval = {int(t): float(v) for t, v in d["last_eval"].items()}
+        self.last_accuracy = {int(t): float(v) for t, v in d["last_accuracy"].items()}
+        self.elapsed = float(d["elapsed_s"])
+        self.sim_s = float(d.get("sim_s", 0.0))
+        self.idle = [float(x) for x in d.get("idle", [])]
+        self.restarts = int(d.get("restarts", 0))
+        self.rounds_lost = int(d.get("rounds_lost", 0))
+        rngs = state["rng"]
+        mine = rngs.get(f"rank-{self.comm.rank}")
+        sizes = [x.numel() for x in _rng_state()]
+        if mine is not None and mine.numel() == sum(sizes):
+            _set_rng_state(list(torch.split(mine.to(torch.uint8), sizes)))
+
+
+def _peak_memory(device: torch.device) -> int:
+    """Peak memory of this process: CUDA allocations on a GPU, resident set size on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
+
+
+def _rng_state() -> list[torch.Tensor]:
+    """This process's torch generators (dropout draws from them): CPU, then its current CUDA device."""
+    out = [torch.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out.append(torch.cuda.get_rng_state())
+    return out
+
+
+def _set_rng_state(states: list[torch.Tensor]) -> None:
+    if not states:
+        return
+    torch.set_rng_state(states[0].contiguous())
+    if len(states) > 1:
+        torch.cuda.set_rng_state(states[1].contiguous())

@@ -1,0 +1,149 @@
+"""The run directory: where a run starts, and where it continues from.
+
+A run started by hand gets ``<out_dir>/<name>-<timestamp>``. A run under torchrun's elastic agent (with
+``--max-restarts`` ≥ 1) gets ``<out_dir>/<name>-<rdzv id>`` instead, so that when the agent restarts the
+processes (a lost or a new machine), they find the run and continue from its newest complete
+checkpoint on their own; launching again with the same ``--rdzv-id`` continues it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adloco import checkpoint
+from adloco.config import RESUMABLE, RESUMABLE_TEXT, Config
+from adloco.errors import UserError
+
+# RESUMABLE (what --resume may change) and RESUMABLE_TEXT (the same in words) live in adloco.config, beside
+# the fields they name; they are imported here, where a checkpoint's config is checked against them.
+
+
+def check_resumable(cfg: Config, ck: checkpoint.Checkpoint) -> None:
+    """Refuse a checkpoint written under another model, data or method (one line naming the field)."""
+    saved = ck.meta.get("config")
+    if not isinstance(saved, dict):
+        raise UserError(f"checkpoint {str(ck.path)!r}: holds no config (not written by this adloco)")
+    now = cfg.to_dict()
+    for section, values in now.items():
+        for key, value in values.items():
+            path = f"{section}.{key}"
+            old = (saved.get(section) or {}).get(key, value)
+            if old != value and not any(
+                path == r or (r.endswith(".") and path.startswith(r)) for r in RESUMABLE
+            ):
+                raise UserError(
+                    f"--resume: {path} = {value!r} differs from the checkpoint's {old!r}: a resumed run keeps its "
+                    f"model, data and method (only {RESUMABLE_TEXT} may change)"
+                )
+    if cfg.algorithm.rounds < ck.round:
+        raise UserError(
+            f"config: algorithm.rounds = {cfg.algorithm.rounds}: the checkpoint is at round {ck.round} already"
+        )
+
+
+def _parent(cfg: Config) -> Path:
+    parent = Path(cfg.logging.out_dir).expanduser()
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(
+            f"config: logging.out_dir = {cfg.logging.out_dir!r}: cannot be created ({exc.strerror})"
+        ) from None
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"config: logging.out_dir = {cfg.logging.out_dir!r}: not writable")
+    return parent
+
+
+def create(cfg: Config) -> Path:
+    """``<out_dir>/<name>-<timestamp>`` (with a suffix if taken). Created only once input is valid."""
+    parent = _parent(cfg)
+    base = f"{cfg.logging.name or cfg.algorithm.method}-{time.strftime('%Y%m%d-%H%M%S')}"
+    for i in range(1000):
+        path = parent / (base if i == 0 else f"{base}-{i}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise UserError(f"config: logging.out_dir = {cfg.logging.out_dir!r}: too many runs named {base!r}")
+
+
+def elastic_path(cfg: Config, run_id: str, create: bool = True) -> Path:
+    """``<out_dir>/<name>-<run id>``: the same on every restart of the run."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in run_id)[:100] or "run"
+    parent = _parent(cfg) if create else Path(cfg.logging.out_dir).expanduser()
+    return parent / f"{cfg.logging.name or cfg.algorithm.method}-{safe}"
+
+
+def newest_round(cfg: Config, resume: tuple[Path, Path] | None, elastic: dict[str, Any] | None) -> int:
+    """The round of the newest checkpoint this machine's disk holds for the run (−1: none): how the
+    processes of a restarted job find the one that kept the run directory."""
+    if resume is not None:
+        found = [resume[1]] if (resume[1] / checkpoint.STATE).is_file() else []
+    elif elastic is not None:
+        found = checkpoint.complete(elastic_path(cfg, elastic["run_id"], create=False))
+    else:
+        return -1
+    try:
+        return int(found[-1].name.split("-")[-1]) if found else -1
+    except ValueError:
+        return -1
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass
+class Start:
+    """Where rank 0 starts: a new run directory, or a run to continue from a checkpoint."""
+
+    run_dir: Path | None  # None: create one once the input is known to be valid
+    ck: checkpoint.Checkpoint | None
+    restarted: bool  # an elastic restart (the agent started these processes again)
+    last_round: int = 0  # the last round metrics.jsonl recorded (rounds after the checkpoint are lost)
+    last_progress: float | None = None  # when metrics.jsonl was last written (a restart's start)
+
+
+def locate(cfg: Config, resume: tuple[Path, Path] | None, elastic: dict[str, Any] | None) -> Start:
+    """Rank 0's decision: ``--resume`` (run directory, checkpoint), an elastic run's own directory and
+    its newest complete checkpoint, or a new run. Checkpoints are verified and checked against the config."""
+    if resume is not None:
+        ck = checkpoint.Checkpoint(resume[1])
+        check_resumable(cfg, ck)
+        return Start(resume[0], ck, restarted=False, **_progress(resume[0]))
+    if elastic is None:
+        return Start(None, None, restarted=False)
+    run_dir = elastic_path(cfg, elastic["run_id"])
+    found = checkpoint.complete(run_dir)
+    restarted = int(elastic["restart_count"]) > 0 or run_dir.exists()
+    if not found:
+        return Start(run_dir, None, restarted=restarted, **_progress(run_dir))
+    ck = checkpoint.Checkpoint(found[-1])
+    check_resumable(cfg, ck)
+    return Start(run_dir, ck, restarted=True, **_progress(run_dir))
+
+
+def _progress(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return {}
+    last = 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if e.get("event") == "round":
+            last = max(last, int(e.get("round", 0)))
+    return {"last_round": last, "last_progress": path.stat().st_mtime}

@@ -1,0 +1,124 @@
+"""A module's parameters and gradients as views of two flat float32 buffers.
+
+Copying θ in and out, forming Δ, clipping, reducing and checking finiteness are then single tensor ops
+on P contiguous values. Autograd accumulates into the gradient views in place (as DDP's
+``gradient_as_bucket_view`` does), so adloco zeroes gradients, never sets them to None; if a user's
+loop does (``optimizer.zero_grad()`` sets them to None by default), :meth:`FlatModule.alias_grads`
+re-attaches the views before adloco's next backward pass.
+
+Flattening keeps every ``nn.Parameter`` object (only its storage moves), so an optimizer built on
+``model.parameters()`` before or after flattening keeps working. The engine builds its inner optimizer
+on :attr:`FlatModule.groups` instead: two tensors (matrices with weight decay, the rest without) rather
+than dozens.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+
+_FLAT: weakref.WeakKeyDictionary[nn.Module, FlatModule] = weakref.WeakKeyDictionary()
+
+
+def flatten(module: nn.Module) -> FlatModule:
+    """The module's :class:`FlatModule`, created on first use (the parameters move into it)."""
+    flat = _FLAT.get(module)
+    if flat is None:
+        flat = FlatModule(module)
+    return flat
+
+
+class FlatModule:
+    def __init__(self, module: nn.Module) -> None:
+        params = list(module.parameters())  # unique: tied weights appear once
+        if not params:
+            raise ValueError("model: has no parameters")
+        if any(p.dtype != torch.float32 for p in params):
+            kinds = sorted({str(p.dtype) for p in params})
+            raise ValueError(
+                f"model: parameters must be float32 (found {', '.join(kinds)}); use mixed precision "
+                "(precision='bf16' or 'fp16') instead of converting the model"
+            )
+        devices = {p.device for p in params}
+        if len(devices) > 1:
+            raise ValueError(
+                f"model: parameters on several devices ({', '.join(map(str, devices))}); a worker holds "
+                "a whole replica on one device"
+            )
+        decay = [p for p in params if p.ndim >= 2]
+        other = [p for p in params if p.ndim < 2]
+        device = params[0].device
+        self.numel = sum(p.numel() for p in params)
+        self.n_decay = sum(p.numel() for p in decay)
+        self.param = torch.empty(self.numel, device=device, dtype=torch.float32)  # (P,)
+        self.grad = torch.zeros(self.numel, device=device, dtype=torch.float32)  # (P,)
+        self.params: list[nn.Parameter] = decay + other  # in flat order
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                view = self.param[offset : offset + n]
+                view.copy_(p.detach().reshape(-1))
+                p.data = view.view_as(p)
+                offset += n
+        self.alias_grads()
+        self.module = module
+        # What the engine's inner optimizer sees: two leaf tensors aliasing the flat buffer, grads too.
+        self.groups: list[nn.Parameter] = []
+        for lo, hi in ((0, self.n_decay), (self.n_decay, self.numel)):
+            if hi > lo:
+                g = nn.Parameter(self.param[lo:hi])
+                g.grad = self.grad[lo:hi]
+                self.groups.append(g)
+        self.decay_flags = [True, False] if self.n_decay and self.n_decay < self.numel else [self.n_decay > 0]
+        _FLAT[module] = self
+
+    def alias_grads(self) -> None:
+        """Point every parameter's ``.grad`` at its view of the flat gradient (after a user's
+        ``zero_grad(set_to_none=True)``, or an optimizer that replaced them)."""
+        offset = 0
+        first = self.params[0].grad
+        if first is not None and first.data_ptr() == self.grad.data_ptr():
+            return
+        for p in self.params:
+            n = p.numel()
+            p.grad = self.grad[offset : offset + n].view_as(p)
+            offset += n
+
+    def gather_grads(self) -> torch.Tensor:
+        """The gradient as a flat (P,) tensor whatever the user's loop did to ``.grad`` (None counts as
+        zero): the flat buffer itself when still aliased, else a copy into it."""
+        first = self.params[0].grad
+        if first is not None and first.data_ptr() == self.grad.data_ptr():
+            return self.grad
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            if p.grad is None:
+                self.grad[offset : offset + n].zero_()
+            else:
+                self.grad[offset : offset + n].copy_(p.grad.reshape(-1))
+            offset += n
+        return self.grad
+
+    def scatter_grads(self) -> None:
+        """Copy the flat gradient back into parameters whose ``.grad`` is not a view of it."""
+        first = self.params[0].grad
+        if first is not None and first.data_ptr() == self.grad.data_ptr():
+            return
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            if p.grad is not None and p.grad.data_ptr() != self.grad[offset].data_ptr():
+                p.grad.copy_(self.grad[offset : offset + n].view_as(p))
+            offset += n
+
+    def zero_grad(self) -> None:
+        self.alias_grads()
+        self.grad.zero_()
+
+    def clone_state_dict(self) -> dict[str, torch.Tensor]:
+        """The module's state dict with every tensor copied out of the shared flat storage."""
+        return {k: v.detach().clone() for k, v in self.module.state_dict().items()}

@@ -1,0 +1,384 @@
+"""One worker's replica: the user's model and inner optimizer, and how one inner step runs on it.
+
+An inner step (ALGORITHM.md §1, step 2) is the gradient of the mean loss over ``effective`` rows, taken in
+micro-batches (gradient accumulation, ALGORITHM.md §5), then one optimizer step: fp16 loss scaling undone (a step
+with non-finite gradients is skipped), the gradient clipped to ``clip`` (global norm), and the user's
+optimizer stepped. At the first step of a round the gradient may also be cut into the probe's chunks
+(ALGORITHM.md §2.5), from which the worker keeps a few scalars and, when the batch test needs them, the chunk
+gradients themselves.
+
+Nothing here knows about other workers, trainers or the network: :mod:`adloco.method` drives it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from adloco.algorithms.batching import WorkerStats
+from adloco.flat import FlatModule, flatten
+
+Batch = Any  # a tensor, or a dict / list / tuple of tensors, rows along dimension 0
+LossFn = Callable[[nn.Module, Batch], torch.Tensor]
+AMP = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def hf_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """The default loss: ``model(**batch).loss`` (Hugging Face models given their labels)."""
+    return model(**batch).loss
+
+
+def rows(batch: Batch, start: int, stop: int) -> Batch:
+    """Rows [start, stop) of every tensor in the batch (anything else is passed through)."""
+    if isinstance(batch, torch.Tensor):
+        return batch[start:stop]
+    if isinstance(batch, Mapping):
+        return {k: rows(v, start, stop) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(rows(v, start, stop) for v in batch)
+    return batch
+
+
+def n_rows(batch: Batch) -> int:
+    """Rows of the batch: dimension 0 of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0])
+    values: Sequence[Any] = list(batch.values()) if isinstance(batch, Mapping) else batch
+    for v in values:
+        try:
+            return n_rows(v)
+        except ValueError:
+            continue
+    raise ValueError("batch: holds no tensor (rows are counted along dimension 0 of its tensors)")
+
+
+def pieces(batch: Batch, size: int) -> list[Batch]:
+    """Consecutive slices of at most ``size`` rows (none for an empty batch)."""
+    n = n_rows(batch)
+    return [rows(batch, i, min(n, i + size)) for i in range(0, n, size)]
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The pooled estimator's chunking for one round (the same for every worker of a trainer)."""
+
+    k: int  # chunks
+    c: int  # examples per chunk
+    extra: bool  # an extra probe batch of k·c rows follows the step's rows (the step has < 2)
+    keep: str  # vectors kept for the shared mean: "none" | "sum" (Σ_j g_j) | "chunks" (every g_j)
+
+    @property
+    def extra_rows(self) -> int:
+        return self.k * self.c if self.extra else 0
+
+
+class Replica:
+    """One worker: a model whose parameters live in a flat buffer, and an inner optimizer over them.
+
+    ``optimizer`` must optimize the model's parameters (or the engine's flat groups of them); its state
+    persists across rounds. ``loss_fn(model, batch)`` returns the mean loss over the batch's rows.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: LossFn | None = None,
+        *,
+        clip: float = 0.0,
+        precision: str = "fp32",
+        b_max: int = 8,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError(
+                f"inner_optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}"
+            )
+        if precision not in AMP:
+            raise ValueError(f"precision: {precision!r} is not one of {', '.join(AMP)}")
+        if clip < 0 or not math.isfinite(clip):
+            raise ValueError(f"clip: {clip} must be a finite number >= 0 (0: no clipping)")
+        self.model = model
+        self.flat: FlatModule = flatten(model)
+        self.optimizer = optimizer
+        self.loss_fn: LossFn = loss_fn or hf_loss
+        self.clip = clip
+        self.b_max = b_max
+        self.device = self.flat.param.device
+        self._offsets = self._optimizer_offsets()
+        self.sample_sum: torch.Tensor | None = None  # Σ_j g_j of the last probe, when kept
+        self.chunks: torch.Tensor | None = None  # (k, P) chunk gradients of the last probe, when kept
+        self._clip_coef: torch.Tensor = torch.ones((), device=self.device)
+        self._probe_k = 0
+        # Mixed precision: autocast the forward; fp16 scales the loss so small gradients survive, with
+        # the dynamic schedule of torch.amp.GradScaler (start 2^16, halve on overflow, double after 2000).
+        self.amp_dtype = AMP[precision]
+        self.loss_scale = 2.0**16 if precision == "fp16" else 1.0
+        self._good_steps = 0
+        self.skipped = 0
+
+    def _optimizer_offsets(self) -> list[tuple[torch.Tensor, int]]:
+        """(tensor, offset in the flat buffer) of every tensor the optimizer updates."""
+        base, esize = self.flat.param.data_ptr(), self.flat.param.element_size()
+        end = base + self.flat.numel * esize
+        out = []
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if not (base <= p.data_ptr() < end):
+                    raise ValueError(
+                        "inner_optimizer: updates a tensor that is not one of the model's parameters; build it "
+                        "on model.parameters()"
+                    )
+                out.append((p, (p.data_ptr() - base) // esize))
+        covered = sum(p.numel() for p, _ in out)
+        if covered != self.flat.numel:
+            raise ValueError(
+                f"inner_optimizer: updates {covered:,} of the model's {self.flat.numel:,} parameter values; "
+                "build it on all of model.parameters()"
+            )
+        return out
+
+    # -- state -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def load(self, theta: torch.Tensor) -> None:
+        """θ_m ← θ_t (ALGORITHM.md §1, step 1)."""
+        self.flat.param.copy_(theta)
+
+    def reset_optimizer(self) -> None:
+        """Forget moments and step counts (a worker that moves to another trainer, or ``reset``)."""
+        self.optimizer.state.clear()
+
+    def inner_state(self) -> dict[str, torch.Tensor]:
+        """The inner optimizer's state as flat tensors: every per-parameter buffer as one (P,) tensor in
+        the flat layout, scalar entries (``step``) as one value per optimized tensor; empty before the
+        first step or after a reset."""
+        states = [self.optimizer.state.get(p, {}) for p, _ in self._offsets]
+        if not all(states):
+            return {}
+        out: dict[str, torch.Tensor] = {}
+        for key, v0 in states[0].items():
+            if not isinstance(v0, torch.Tensor):
+                continue
+            if v0.dim() == 0:
+                out[key] = torch.stack([s[key].detach().to("cpu", torch.float32).reshape(()) for s in states])
+                continue
+            flat = torch.empty(self.flat.numel, device=self.device, dtype=torch.float32)
+            for (p, off), s in zip(self._offsets, states, strict=True):
+                flat[off : off + p.numel()].copy_(s[key].reshape(-1))
+            out[key] = flat
+        return out
+
+    def load_inner_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.reset_optimizer()
+        if not state:
+            return
+        # step counts live on the host, except for fused or capturable optimizers (on the parameter's device)
+        on_device = any(g.get("fused") or g.get("capturable") for g in self.optimizer.param_groups)
+        for i, (p, off) in enumerate(self._offsets):
+            entry: dict[str, torch.Tensor] = {}
+            for key, v in state.items():
+                if v.dim() == 1 and v.numel() == len(self._offsets) and v.numel() != self.flat.numel:
+                    entry[key] = v[i].detach().to(p.device if on_device else "cpu", copy=True)
+                else:
+                    entry[key] = v[off : off + p.numel()].to(self.device, copy=True).view_as(p)
+            self.optimizer.state[p] = entry
+
+    def scalars(self) -> list[float]:
+        """The worker's scalar state: fp16 loss scale, good steps since the last change, skipped steps, b_max."""
+        return [self.loss_scale, self._good_steps, self.skipped, self.b_max]
+
+    def load_scalars(self, row: Sequence[float]) -> None:
+        self.loss_scale, self._good_steps, self.skipped, self.b_max = (
+            float(row[0]),
+            int(row[1]),
+            int(row[2]),
+            int(row[3]),
+        )
+
+    # -- one inner step ----------------------------------------------------------------------------
+    def gradient(
+        self, batch: Batch, effective: int, micro: int, probe: Probe | None, scratch: torch.Tensor
+    ) -> tuple[torch.Tensor, WorkerStats | None]:
+        """flat.grad ← mean gradient over the first ``effective`` rows of ``batch`` (loss-scaled, unclipped),
+        with the probe's statistics when ``probe`` is given (its extra rows follow the step's rows).
+
+        A micro-batch that runs out of memory halves ``b_max`` and the step is repeated on the same rows,
+        so the gradient (and the math) is unchanged. Returns the step's mean loss (0-dim tensor).
+        """
+        batch = to_device(batch, self.device)
+        if probe is not None and probe.extra:
+            step_rows, extra = rows(batch, 0, effective), rows(batch, effective, effective + probe.extra_rows)
+        else:
+            step_rows, extra = batch, None
+        while True:
+            micro = min(micro, self.b_max)
+            try:
+                if probe is None:
+                    return self._accumulate(step_rows, micro), None
+                if extra is not None:
+                    stats, _ = self._probe(extra, probe, micro, scratch)
+                    self._unscale_samples(probe, scratch)
+                    return self._accumulate(step_rows, micro), stats
+                return self._probe_step(step_rows, probe, micro, scratch)
+            except torch.OutOfMemoryError:
+                if micro <= 1:
+                    raise
+                self.flat.zero_grad()
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                self.b_max = micro // 2  # the round reports it from the gathered results
+
+    @torch.no_grad()
+    def optimizer_step(self) -> None:
+        """Unscale (fp16), skip a non-finite step, clip, and step the inner optimizer."""
+        if self.loss_scale != 1.0:
+            self.flat.grad.mul_(1.0 / self.loss_scale)
+            if not bool(torch.isfinite(self.flat.grad).all()):
+                self.loss_scale /= 2.0
+                self._good_steps = 0
+                self.skipped += 1
+                self.flat.zero_grad()
+                return
+            self._good_steps += 1
+            if self._good_steps % 2000 == 0:
+                self.loss_scale *= 2.0
+        if self.clip > 0:
+            norm = torch.linalg.vector_norm(self.flat.grad)
+            self._clip_coef = torch.clamp(self.clip / (norm + 1e-6), max=1.0)
+            self.flat.grad.mul_(self._clip_coef)
+        self.flat.scatter_grads()
+        self.optimizer.step()
+
+    def finite(self) -> bool:
+        return bool(torch.isfinite(self.flat.param).all())
+
+    # -- pieces ------------------------------------------------------------------------------------
+    def forward_backward(self, batch: Batch, scale: float) -> torch.Tensor:
+        """Backward of ``scale`` x the batch's mean loss (times the fp16 loss scale); returns the loss."""
+        with torch.autocast(
+            self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None
+        ):
+            loss = self.loss_fn(self.model, batch)
+        (loss.float() * (scale * self.loss_scale)).backward()
+        return loss.detach().float()
+
+    def _accumulate(self, batch: Batch, micro: int) -> torch.Tensor:
+        """flat.grad ← mean gradient over the batch's rows, in micro-batches of at most ``micro``."""
+        self.flat.zero_grad()
+        n = n_rows(batch)
+        loss = torch.zeros((), device=self.device)
+        for piece in pieces(batch, micro):
+            loss += self.forward_backward(piece, n_rows(piece) / n) * (n_rows(piece) / n)
+        return loss
+
+    def _probe(
+        self, batch: Batch, probe: Probe, micro: int, scratch: torch.Tensor
+    ) -> tuple[WorkerStats, torch.Tensor]:
+        """Chunk gradients g_j (mean over c examples each) of the first k·c rows of ``batch``.
+
+        Returns the worker's statistics and Σ_j c·loss_j; leaves Σ_j g_j (in loss-scaled units) in the
+        accumulator, and each g_j in ``chunks`` when kept.
+        """
+        k, c = probe.k, probe.c
+        self._probe_k = k
+        acc = self._accumulator(probe, scratch)
+        acc.zero_()
+        sum_sq = torch.zeros((), device=self.device, dtype=torch.float64)
+        entries = torch.zeros((), device=self.device, dtype=torch.float64)
+        loss = torch.zeros((), device=self.device)
+        for j in range(k):
+            self.flat.zero_grad()
+            for piece in pieces(rows(batch, j * c, (j + 1) * c), micro):
+                loss += self.forward_backward(piece, n_rows(piece) / c) * n_rows(piece)
+            g = self.flat.grad  # S·g_j, (P,)
+            sum_sq += torch.dot(g, g).double()
+            entries += g.sum(dtype=torch.float64)
+            acc.add_(g)
+            if self.chunks is not None and probe.keep == "chunks":
+                self.chunks[j].copy_(g)
+        mean_sq = torch.dot(acc, acc).double() / (k * k)
+        s2 = self.loss_scale**2
+        scale = self.loss_scale
+        return WorkerStats(
+            k, c, sum_sq.item() / s2, mean_sq.item() / s2, sum_entries=entries.item() / scale
+        ), loss
+
+    def _probe_step(
+        self, batch: Batch, probe: Probe, micro: int, scratch: torch.Tensor
+    ) -> tuple[torch.Tensor, WorkerStats]:
+        """The first inner step, with its batch cut into the probe's chunks; the step's gradient is the
+        same mean gradient as without probing."""
+        e = n_rows(batch)
+        k, c = probe.k, probe.c
+        stats, loss = self._probe(batch, probe, micro, scratch)
+        acc = self._accumulator(probe, scratch)
+        self.flat.grad.copy_(acc).mul_(c / e)  # mean gradient of the chunked rows, weighted c·k/e
+        for piece in pieces(rows(batch, k * c, e), micro):  # rows not in any chunk
+            loss += self.forward_backward(piece, n_rows(piece) / e) * n_rows(piece)
+        self._unscale_samples(probe, scratch)
+        return loss / e, stats
+
+    @torch.no_grad()
+    def _unscale_samples(self, probe: Probe, scratch: torch.Tensor) -> None:
+        """Kept gradient samples in true units (they were taken under the fp16 loss scale)."""
+        if self.loss_scale == 1.0 or probe.keep == "none":
+            return
+        self._accumulator(probe, scratch).mul_(1.0 / self.loss_scale)
+        if probe.keep == "chunks" and self.chunks is not None:
+            self.chunks[: probe.k].mul_(1.0 / self.loss_scale)
+
+    def _accumulator(self, probe: Probe, scratch: torch.Tensor) -> torch.Tensor:
+        if probe.keep == "none":
+            return scratch
+        if self.sample_sum is None:
+            self.sample_sum = torch.zeros_like(self.flat.param)
+        if probe.keep == "chunks" and (self.chunks is None or self.chunks.shape[0] < probe.k):
+            self.chunks = torch.zeros(probe.k, self.flat.numel, device=self.device)
+        return self.sample_sum
+
+    # -- gradient samples for the batch test (read after the round) ---------------------------------
+    def _unclip(self) -> float:
+        """1 / the last clip coefficient; nan when clipping zeroed a non-finite gradient."""
+        coef = float(self._clip_coef)
+        return 1.0 / coef if coef > 0 else math.nan
+
+    def last_gradient(self) -> tuple[float, float]:
+        """(‖g‖², Σ_i g_i) of the last inner step's gradient before clipping (the ``paper`` estimator's
+        sample)."""
+        g = self.flat.gather_grads()
+        u = self._unclip()
+        return float(torch.dot(g, g)) * u * u, float(g.sum(dtype=torch.float64)) * u
+
+    @torch.no_grad()
+    def add_sample_sum(self, out: torch.Tensor, paper: bool) -> None:
+        """out += Σ_j g_j over this round's gradient samples: the probe's chunks, or (``paper``) the last
+        gradient before clipping."""
+        if paper:
+            out.add_(self.flat.gather_grads(), alpha=self._unclip())
+        else:
+            assert self.sample_sum is not None, "the probe kept no vectors"
+            out.add_(self.sample_sum)
+
+    @torch.no_grad()
+    def sample_dots(self, gbar: torch.Tensor, paper: bool) -> torch.Tensor:
+        """(k,) float64: <g_j, ḡ> for this round's gradient samples."""
+        if paper:
+            return (torch.dot(self.flat.gather_grads(), gbar) * self._unclip()).reshape(1).double()
+        assert self.chunks is not None, "the probe kept no chunk gradients"
+        return (self.chunks[: self._probe_k] @ gbar).double()

@@ -1,0 +1,214 @@
+"""What a round is made of: each worker's plan, what it reports, the trainers' state, the totals, and
+the report a round returns. Plain data; :mod:`adloco.method` runs the round."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from adloco import events
+from adloco.algorithms import batching
+from adloco.algorithms.outer import OuterOptimizer
+from adloco.replica import Probe
+
+
+class RoundAborted(Exception):
+    """A process asked to abort round ``round`` (``step_all(..., stop=True)``); every process raises it
+    from the same collective, with the trainers' state untouched."""
+
+    def __init__(self, round_: int) -> None:
+        super().__init__(f"round {round_} aborted")
+        self.round = round_
+
+
+class DecisionMismatch(RuntimeError):
+    """Processes computed different decisions from the same gathered scalars."""
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """What one worker does this round: which trainer it serves and how each inner step is cut."""
+
+    worker: int
+    trainer: int
+    index: int  # its position among the trainer's workers: the data shard it reads
+    of: int  # M: workers of the trainer
+    request: int  # b
+    micro: int  # rows per forward/backward
+    accum: int  # micro-batches per optimizer step
+    capped: bool  # the request was cut down to one micro-batch
+    probe: Probe | None  # the gradient probe at the round's first step
+
+    @property
+    def effective(self) -> int:
+        """Examples per inner step."""
+        return self.micro * self.accum
+
+    def rows(self, step: int) -> int:
+        """Rows the ``step``-th inner step (0-based) needs: the step's, plus the probe's extra rows."""
+        return self.effective + (self.probe.extra_rows if step == 0 and self.probe is not None else 0)
+
+
+@dataclass
+class WorkerRound:
+    """What one worker reports after a round: scalars only, gathered as one float64 row per worker.
+
+    The first ``STATS`` values are what the batch test needs (counted on the wire; one more, the entry
+    sum, for the reference formula); the rest serve logging and bookkeeping and ride along uncounted."""
+
+    k: int = 0
+    c: int = 0
+    sum_sq: float = math.nan
+    mean_sq: float = math.nan
+    sum_entries: float = math.nan
+    has_stats: bool = False
+    loss: float = math.nan
+    steps: int = 0
+    examples: int = 0
+    probe_examples: int = 0
+    finite: bool = True
+    compute_s: float = 0.0
+    micro: int = 0
+    accum: int = 0
+    capped: bool = False
+    skipped: int = 0
+    aborted: bool = False
+    b_max: int = 0
+
+    STATS = 4
+
+    def to_row(self) -> list[float]:
+        return [float(getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+    @classmethod
+    def from_row(cls, row: Sequence[float]) -> WorkerRound:
+        kw = {}
+        for f, v in zip(dataclasses.fields(cls), row, strict=True):
+            kw[f.name] = {"int": int, "bool": bool}.get(str(f.type), float)(v)
+        return cls(**kw)
+
+    @property
+    def stats(self) -> batching.WorkerStats | None:
+        if not self.has_stats:
+            return None
+        return batching.WorkerStats(self.k, self.c, self.sum_sq, self.mean_sq, sum_entries=self.sum_entries)
+
+
+WIDTH = len(dataclasses.fields(WorkerRound))
+
+
+@dataclass
+class TrainerState:
+    """One trainer (ALGORITHM.md §0): its request everywhere; θ and the outer optimizer where hosted."""
+
+    id: int
+    request: int
+    outer: OuterOptimizer
+    theta: torch.Tensor | None = None  # (P,) flat parameters, where one of its workers lives
+
+    @property
+    def hosted(self) -> bool:
+        return self.theta is not None
+
+    def momentum(self) -> torch.Tensor | None:
+        """The outer momentum buffer (created at zero), or None for optimizers without one."""
+        if not self.outer.has_state or self.theta is None:
+            return None
+        return self.outer.ensure_state(self.theta)
+
+
+@dataclass
+class Totals:
+    examples: int = 0
+    bytes: int = 0
+    messages: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class RoundReport:
+    """What one round did, as the typed events of :mod:`adloco.events` plus the round's numbers."""
+
+    round: int  # 1-based: the round just completed
+    workers: list[events.Worker]
+    trainers: list[events.Trainer]
+    faults: list[events.Fault]
+    merge: events.Merge | None
+    allocation: events.Allocation | None
+    switch_mode: str
+    examples: int
+    loss: float | None
+    bytes: int
+    messages: int
+    comm_s: float  # this process's time in counted collectives, waits included
+    collectives: list[list[Any]]  # [kind, op, workers, payload bytes, count], counted ones only
+    compute_s: dict[int, float]  # every worker's compute time this round
+    idle_share: float = 0.0  # mean over trainers of 1 − mean/max of their workers' compute times
+
+    def events(self) -> list[events.Event]:
+        """Worker, fault, trainer, merge and allocation events, in that order."""
+        out: list[events.Event] = [*self.workers, *self.faults, *self.trainers]
+        out += [e for e in (self.merge, self.allocation) if e is not None]
+        return out
+
+
+class _Clock:
+    """Compute time of one worker: host clock on CPU, CUDA events on a GPU (no synchronization per step)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.cpu_s = 0.0
+        self.slept = 0.0
+        self.pairs: list[tuple[Any, Any]] = []
+        self._t0 = 0.0
+        self._ev: Any = None
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        if self.cuda:
+            self._ev = torch.cuda.Event(enable_timing=True)
+            self._ev.record()
+
+    def stretch(self, speed: float) -> None:
+        """Emulate a device ``speed`` times as fast: sleep until this step took 1/speed as long."""
+        if speed >= 1.0:
+            return
+        if self.cuda:
+            torch.cuda.synchronize()
+        pause = (time.perf_counter() - self._t0) * (1.0 / speed - 1.0)
+        time.sleep(pause)
+        if self.cuda:
+            self.slept += pause  # CUDA events do not see the host's sleep
+
+    def stop(self) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.pairs.append((self._ev, end))
+        else:
+            self.cpu_s += time.perf_counter() - self._t0
+
+    def seconds(self) -> float:
+        if not self.cuda:
+            return self.cpu_s
+        torch.cuda.synchronize()
+        return sum(a.elapsed_time(b) for a, b in self.pairs) / 1000.0 + self.slept
+
+
+@dataclass
+class _Progress:
+    """A local worker's bookkeeping within the current round."""
+
+    clock: _Clock
+    loss: torch.Tensor | None = None  # sum of step losses (None when the user's loop runs the steps)
+    steps: int = 0
+    examples: int = 0
+    probe_examples: int = 0
+    stats: batching.WorkerStats | None = None
+    skipped_before: int = 0

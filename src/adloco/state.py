@@ -1,0 +1,254 @@
+"""The state of an algorithm object (``state_dict`` / ``load_state_dict``): what a checkpoint holds, and
+how it continues on another number of workers (ALGORITHM.md §9.2). A mixin of :class:`adloco.method.AdLoCo`,
+kept apart so the round reads in one sitting."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from adloco.algorithms import merging
+from adloco.round import Totals, TrainerState
+
+if TYPE_CHECKING:
+    from adloco.algorithms.outer import OuterOptimizer
+    from adloco.comm.base import Comm
+    from adloco.comm.quantize import ErrorFeedback
+    from adloco.replica import Replica
+    from adloco.settings import AdaptiveBatch, Merging
+
+
+class Stateful:
+    """``state_dict`` (this process's part), ``full_state_dict`` (everything, on the root rank) and
+    ``load_state_dict`` (either; resized when written with another number of workers)."""
+
+    if TYPE_CHECKING:  # what the algorithm object provides
+        comm: Comm
+        replicas: dict[int, Replica]
+        trainers: dict[int, TrainerState]
+        feedback: dict[int, ErrorFeedback] | None
+        device: torch.device
+        allocation: dict[int, int]
+        b_max: dict[int, int]
+        n_params: int
+        totals: Totals
+        speed: dict[int, float]
+        scratch: torch.Tensor
+        round: int
+        bad_rounds: int
+        membership: dict[str, Any] | None
+        on_resize: str
+        merging: Merging
+        batch: AdaptiveBatch
+        _h: int
+
+        @property
+        def requests(self) -> dict[int, int]: ...
+        @property
+        def alive(self) -> list[int]: ...
+        def members(self) -> dict[int, list[int]]: ...
+        def theta(self, t: int) -> torch.Tensor: ...
+        def _plan(self) -> None: ...
+        def _new_outer(self) -> OuterOptimizer: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """This process's state: the replicated decisions, θ and outer state of the trainers it hosts,
+        and the inner state of its workers. Between rounds only."""
+        return {
+            **self._meta(),
+            "trainers": {
+                t: {"theta": tr.theta, **tr.outer.state_dict()}
+                for t, tr in self.trainers.items()
+                if tr.hosted
+            },
+            "replicas": {
+                w: {"inner": self._inner_state(w), "scalars": rep.scalars()}
+                for w, rep in self.replicas.items()
+            },
+        }
+
+    def _inner_state(self, w: int) -> dict[str, torch.Tensor]:
+        """Worker w's inner optimizer state, and its error feedback (``feedback_error``) when kept."""
+        out = self.replicas[w].inner_state()
+        if self.feedback is not None and self.feedback[w].error is not None:
+            out["feedback_error"] = self.feedback[w].state_dict()["error"]
+        return out
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "workers": self.comm.n_workers,
+            "parameters": self.n_params,
+            "requests": self.requests,
+            "allocation": dict(self.allocation),
+            "b_max": dict(self.b_max),
+            "bad_rounds": self.bad_rounds,
+            "totals": dataclasses.asdict(self.totals),
+            "speed": dict(self.speed),
+        }
+
+    def full_state_dict(self) -> dict[str, Any] | None:
+        """Every trainer's and worker's state, gathered on the root rank (None elsewhere): what a checkpoint
+        holds, independent of how workers were spread over processes. Every process must call it; the
+        transfers are output, not training, and are not counted."""
+        root = self.comm.rank == self.comm.root
+        members = self.members()
+        buf = self.scratch
+        trainers: dict[int, dict[str, torch.Tensor]] = {}
+        for t in self.alive:
+            tr = self.trainers[t]
+            trainers[t] = {}
+            parts: list[tuple[str, torch.Tensor | None]] = [("theta", tr.theta)]
+            if tr.outer.has_state:
+                parts.append(("momentum", tr.momentum()))
+            for key, value in parts:
+                if value is not None:
+                    buf.copy_(value)
+                self.comm.fetch(buf, members[t][0])
+                if root:
+                    trainers[t][key] = buf.clone()
+        inners = {w: self._inner_state(w) for w in self.replicas}
+        layouts: dict[int, Any] = {}
+        mine = {
+            str(w): {"keys": {k: list(v.shape) for k, v in inners[w].items()}, "scalars": rep.scalars()}
+            for w, rep in self.replicas.items()
+        }
+        for part in self.comm.all_gather_json(mine):
+            layouts.update({int(w): v for w, v in dict(part).items()})  # type: ignore[call-overload]
+        replicas: dict[int, dict[str, Any]] = {}
+        for w in range(self.comm.n_workers):
+            inner = inners.get(w, {})
+            got: dict[str, torch.Tensor] = {}
+            for k, shape in sorted(layouts[w]["keys"].items()):
+                t_buf = (
+                    inner[k].to(self.device).clone()
+                    if k in inner
+                    else torch.zeros(shape, device=self.device, dtype=torch.float32)
+                )
+                self.comm.fetch(t_buf, w)
+                if root:
+                    got[k] = t_buf.cpu()
+            replicas[w] = {"inner": got, "scalars": layouts[w]["scalars"]}
+        self.comm.drain()  # output, not training
+        if not root:
+            return None
+        return {**self._meta(), "trainers": trainers, "replicas": replicas}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore from :meth:`state_dict` or :meth:`full_state_dict` (this process takes its part).
+
+        A worker the state has no inner state for starts a fresh inner optimizer. A full state written
+        with another number of workers is first resized (ALGORITHM.md §9.2, :meth:`_resized`); what changed is
+        in :attr:`membership`."""
+        if int(state["parameters"]) != self.n_params:
+            raise ValueError(
+                f"state: holds a model of {int(state['parameters']):,} parameters; these replicas have "
+                f"{self.n_params:,}"
+            )
+        self.membership = None
+        if int(state["workers"]) != self.comm.n_workers:
+            state = self._resized(state, self.comm.n_workers)
+        self.round = int(state["round"])
+        self.allocation = {int(w): int(t) for w, t in state["allocation"].items()}
+        self.b_max = {int(w): int(x) for w, x in state["b_max"].items()}
+        self.bad_rounds = int(state["bad_rounds"])
+        self.totals = Totals(**state["totals"])
+        self.speed = {int(w): float(v) for w, v in state.get("speed", {}).items()}
+        saved = {int(t): v for t, v in state["trainers"].items()}
+        self.trainers = {}
+        hosted = {self.allocation[w] for w in self.replicas}
+        for t, b in sorted((int(t), int(b)) for t, b in state["requests"].items()):
+            tr = TrainerState(t, b, self._new_outer())
+            if t in hosted:
+                if t not in saved or saved[t].get("theta") is None:
+                    raise ValueError(f"state: holds no parameters for trainer {t}, which this process hosts")
+                tr.theta = saved[t]["theta"].to(self.device, torch.float32, copy=True)
+                if tr.outer.has_state and "momentum" in saved[t]:
+                    tr.outer.load_state_dict({"momentum": saved[t]["momentum"].to(self.device)})
+            self.trainers[t] = tr
+        reps = {int(w): v for w, v in state["replicas"].items()}
+        for w, rep in self.replicas.items():
+            got = reps.get(w)
+            inner = dict(got["inner"]) if got else {}
+            error = inner.pop("feedback_error", None)
+            if self.feedback is not None:
+                self.feedback[w].load_state_dict({} if error is None else {"error": error.to(self.device)})
+            rep.load_inner_state(inner)
+            if got:
+                rep.load_scalars(got["scalars"])
+            rep.b_max = self.b_max[w]
+            rep.load(self.theta(self.allocation[w]))
+        self._h = 0
+        self._plan()
+
+    def _resized(self, state: Mapping[str, Any], n: int) -> dict[str, Any]:
+        """A full state of N workers as one of ``n``: trainers merged by policy while more trainers than
+        workers are alive (θ and momentum weighted by requests), workers shared by requests, requests
+        re-derived (``on_resize``); a worker keeps its inner state only if it serves the same trainer."""
+        from adloco.algorithms import membership
+
+        n_old = int(state["workers"])
+        requests = {int(t): int(b) for t, b in state["requests"].items()}
+        old = {int(w): int(t) for w, t in state["allocation"].items()}
+        trainers = {int(t): dict(v) for t, v in state["trainers"].items()}
+        missing = [t for t in requests if trainers.get(t, {}).get("theta") is None]
+        if missing:
+            raise ValueError(
+                f"state: written with {n_old} workers, and resizing to {n} needs every trainer's parameters "
+                f"(a full_state_dict); trainer(s) {missing} have none"
+            )
+        m = self.merging
+        plan = membership.resize(
+            requests,
+            old,
+            n,
+            policy=m.policy,
+            size=m.size,
+            survivor_batch=m.survivor_batch,
+            mode=m.allocation,
+            batch=self.on_resize,
+            cap=self.batch.max,
+        )
+        for step in plan.merges:
+            merged = {}
+            for key in ("theta", "momentum"):
+                parts = {t: trainers[t][key] for t in step.merged if key in trainers[t]}
+                if len(parts) == len(step.merged):
+                    merged[key] = merging.weighted_merge(parts, step.weights)
+            for t in step.merged:
+                del trainers[t]
+            trainers[step.survivor] = merged
+        reps = {int(w): v for w, v in state["replicas"].items()}
+        b_old = {int(w): int(x) for w, x in state["b_max"].items()}
+        fallback = min(b_old.values())
+        self.membership = {
+            "workers_before": n_old,
+            "workers": n,
+            "left": plan.left,
+            "joined": plan.joined,
+            "merged": [s.merged for s in plan.merges],
+            "kept": plan.kept,
+        }
+        return {
+            **state,
+            "workers": n,
+            "requests": plan.requests,
+            "allocation": plan.allocation,
+            "b_max": {w: b_old.get(w, fallback) for w in range(n)},
+            "speed": {},  # worker ids now name other devices: measure again
+            "trainers": trainers,
+            "replicas": {w: reps[w] for w in plan.kept if w in reps},
+        }
+
+    def gather_parameters(self, t: int) -> torch.Tensor | None:
+        """Trainer t's θ on the root rank (None elsewhere); every process must call it (not counted)."""
+        tr = self.trainers[t]
+        buf = self.scratch
+        if tr.theta is not None:
+            buf.copy_(tr.theta)
+        self.comm.fetch(buf, self.members()[t][0])
+        self.comm.drain()
+        return buf.clone() if self.comm.rank == self.comm.root else None

@@ -1,0 +1,444 @@
+"""`adloco bench` over seeds and grids: the statistics against hand computations, curves on a common
+grid, the selection rule, failed runs, concurrent runs, and simulated time priced from examples.
+
+Most tests run the bench with a stand-in for `adloco train` (``FAKE``, below) that writes a recorded run
+directory at once (:func:`test_reporting.recorded_run`), so a grid over seeds takes seconds; one test
+trains for real, two variants on two seeds, two at a time."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_reporting import recorded_run
+
+from adloco import bench, reporting
+from adloco.cli import main
+
+TESTS = Path(__file__).parent
+
+# `adloco train` as the bench calls it, made up: final perplexity 30 (adloco), 40 (diloco), 50 (others),
+# + the seed, + 100·|outer.lr − 0.5| when outer.lr is set; 3 evaluations on the way down from 100.
+# $FAKE_BENCH (JSON) may name runs that fail ("fail") and a barrier folder where every run waits until
+# "barrier" runs have started ("barrier": [folder, n]).
+FAKE = """
+import json, os, sys, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_reporting import recorded_run
+
+argv = sys.argv[1:]
+sets = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--set")
+name, seed = sets["logging.name"], int(sets["algorithm.seed"])
+spec = json.loads(os.environ.get("FAKE_BENCH", "{{}}"))
+if spec.get("barrier"):
+    folder, n = Path(spec["barrier"][0]), spec["barrier"][1]
+    (folder / name).touch()
+    deadline = time.time() + 30
+    while len(list(folder.iterdir())) < n:
+        if time.time() > deadline:
+            print("fake: nobody else started", file=sys.stderr)
+            sys.exit(9)
+        time.sleep(0.05)
+print(f"fake run {{name}}")
+if name in spec.get("fail", []):
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print("RuntimeError: the data went away", file=sys.stderr)
+    sys.exit(3)
+method = sets["algorithm.method"]
+final = {{"adloco": 30.0, "diloco": 40.0}}.get(method, 50.0) + seed
+if "outer.lr" in sets:
+    final += 100 * abs(float(sets["outer.lr"]) - 0.5)
+config = {{}}
+for k, v in sets.items():
+    section, key = k.split(".")
+    config.setdefault(section, {{}})[key] = v
+config["algorithm"]["seed"] = seed
+recorded_run(Path(sets["logging.out_dir"]), name + "-20260101-000000", method,
+             [final + 40, final + 20, final], 2_000_000, seed=seed, config=config, label=name)
+"""
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    script = tmp_path / "fake_train.py"
+    script.write_text(FAKE.format(tests=str(TESTS)))
+    monkeypatch.setattr(bench, "train_command", lambda: [sys.executable, str(script)])
+    monkeypatch.setattr(bench, "prepare_data", lambda cfg: None)
+    monkeypatch.delenv("FAKE_BENCH", raising=False)
+    return script
+
+
+def fake_bench(tmp_path: Path, *args: str, config: dict[str, Any] | None = None) -> tuple[int, Path]:
+    cfg = tmp_path / "bench.yaml"
+    cfg.write_text(yaml.safe_dump({"bench": {"budget": 300}, **(config or {})}))
+    out = tmp_path / "cmp"
+    return main(["bench", "--config", str(cfg), "--out", str(out), *args]), out
+
+
+# -- statistics ---------------------------------------------------------------------------------------
+
+
+def test_t_quantile_against_closed_forms() -> None:
+    # df 1 (Cauchy): tan(π (p − 1/2)); df 2: √(2q²/(1 − q²)) with q = 2p − 1
+    assert reporting.t_quantile(1) == pytest.approx(math.tan(math.pi * 0.475), rel=1e-12)
+    assert reporting.t_quantile(2) == pytest.approx(math.sqrt(2 * 0.95**2 / (1 - 0.95**2)), rel=1e-12)
+    assert reporting.t_quantile(4) == pytest.approx(2.776445105, rel=1e-9)  # printed tables
+    assert reporting.t_quantile(30) == pytest.approx(2.042272456, rel=1e-9)
+
+
+def test_seeds_aggregate_to_mean_range_and_t_interval() -> None:
+    st = reporting.stats([30.0, 33.0, 36.0])
+    assert st is not None
+    # mean 33, s = √((9 + 0 + 9)/2) = 3, half-width t_{0.975,2} · 3/√3
+    t2 = math.sqrt(2 * 0.95**2 / (1 - 0.95**2))
+    assert (st.n, st.mean, st.min, st.max) == (3, 33.0, 30.0, 36.0)
+    assert st.half == pytest.approx(t2 * 3 / math.sqrt(3))
+    assert st.to_dict()["ci95"] == pytest.approx([33 - t2 * math.sqrt(3), 33 + t2 * math.sqrt(3)])
+    two = reporting.stats([1.0, 2.0])
+    assert two is not None and two.half is None and two.mean == 1.5  # no interval from 2 seeds
+    assert reporting.stats([]) is None
+    assert reporting.cell(st, "value") == "33.00 [30.00–36.00] ±7.45"
+    assert reporting.cell(two, "seconds", of=3) == "1.5 s [1.0–2.0 s] (2/3 reached)"
+    assert reporting.cell(None, "count", of=3) == "not reached (0/3)"
+
+
+def test_figures_over_recorded_seeds(tmp_path: Path) -> None:
+    runs = [
+        reporting.load(recorded_run(tmp_path, f"a-s{s}", "adloco", ppls, 2_000_000, seed=s))
+        for s, ppls in enumerate([[50.0, 30.0, 20.0], [60.0, 35.0, 26.0], [40.0, 32.0, 23.0]])
+    ]
+    agg = reporting.aggregate(runs, target=33.0)
+    final = agg["final"]
+    assert final is not None and (final.mean, final.min, final.max) == (23.0, 20.0, 26.0)
+    # target 33 reached at round 2 (30), round 3 (26) and round 2 (32): 200, 300, 200 examples
+    ex = agg["examples_to_target"]
+    assert ex is not None and (ex.n, ex.mean, ex.min, ex.max) == (3, pytest.approx(700 / 3), 200, 300)
+    by = agg["bytes_to_target"]
+    assert by is not None and by.mean == pytest.approx(2_000_000 * 7 / 3)
+    assert agg["sim_s"] is not None and agg["sim_s"].mean == pytest.approx(9.06)  # 3 rounds of 3.02 s
+
+
+def test_curves_meet_on_a_common_grid_without_extrapolation() -> None:
+    # one seed evaluated at x = 0, 2, 4, the other at 0, 3 (its budget ended it sooner)
+    a = [(0.0, 100.0), (2.0, 60.0), (4.0, 20.0)]
+    b = [(0.0, 120.0), (3.0, 30.0)]
+    assert reporting.interpolate(a, [1.0, 3.0, 5.0]) == [80.0, 40.0, None]
+    xs, mean, lo, hi = reporting.mean_curve([a, b])
+    assert xs == [0.0, 2.0, 3.0]  # the union of x values, up to the shorter curve's end
+    assert mean == pytest.approx([110.0, 0.5 * (60 + 60), 0.5 * (40 + 30)])  # b at 2: 120 − 2·30 = 60
+    assert lo == pytest.approx([100.0, 60.0, 30.0]) and hi == pytest.approx([120.0, 60.0, 40.0])
+    # a repeated x (nothing sent between two evaluations): the later evaluation counts
+    assert reporting.interpolate([(0.0, 9.0), (1.0, 5.0), (1.0, 4.0), (2.0, 2.0)], [1.0, 1.5]) == [4.0, 3.0]
+
+
+def test_variants_over_seeds_are_drawn_as_mean_and_band(tmp_path: Path) -> None:
+    def variant(name: str, per_round: int, ppls: list[float]) -> tuple[str, list[reporting.Run]]:
+        seeds = [
+            recorded_run(
+                tmp_path, f"{name}-s{s}", name, [p + s for p in ppls[: len(ppls) - s]], per_round, seed=s
+            )
+            for s in range(3)
+        ]
+        return name, reporting.load_all(seeds)
+
+    groups = [
+        variant("adloco", 2_000_000, [60.0, 40.0, 30.0]),
+        variant("diloco", 4_000_000, [70.0, 50.0, 40.0]),
+    ]
+    figs = reporting.make_figures([r for _, g in groups for r in g], 45.0, groups)
+    ax = figs["val_ppl_vs_bytes.png"].axes[0]
+    assert {"adloco (3 seeds)", "diloco (3 seeds)", "target 45.0"} <= {
+        t.get_text() for t in ax.get_legend().get_texts()
+    }
+    assert len(ax.collections) == 2  # a min–max band each
+    # the per-run plots show each variant's first seed, and say so
+    assert [a.get_title() for a in figs["requests.png"].axes] == ["adloco (seed 0)", "diloco (seed 0)"]
+    idle = figs["idle_share.png"].axes[0]
+    assert {"adloco (3 seeds)", "diloco (3 seeds)"} <= {t.get_text() for t in idle.get_legend().get_texts()}
+
+
+def test_simulated_compute_priced_from_examples(tmp_path: Path) -> None:
+    paths = [
+        recorded_run(tmp_path, "a", "adloco", [50.0, 30.0, 20.0], 2_000_000),
+        recorded_run(tmp_path, "b", "diloco", [80.0, 60.0, 40.0], 4_000_000),
+    ]
+    runs = reporting.load_all(paths, compute="examples")
+    # every worker event: 50 examples in 1 s or 2 s: median of 1/50 and 2/50 = 0.03 s per example
+    assert runs[0].seconds_per_example == pytest.approx(0.03)
+    assert "median of compute_s / examples over 12 worker events of 2 runs" in runs[0].compute_note
+    # a round: 50 · 0.03 = 1.5 s on the slowest worker + the all-reduce (1 MB at 1 MB/s: 1.02 s)
+    assert runs[0].points[1].sim_s == pytest.approx(1.5 + 1.02)
+    assert runs[1].points[1].sim_s == pytest.approx(1.5 + 2.02)
+    given = reporting.load_all(paths, compute="examples", seconds_per_example=0.01)
+    assert given[0].points[3].sim_s == pytest.approx(3 * (0.5 + 1.02))
+    measured = reporting.load_all(paths)
+    assert measured[0].points[1].sim_s == pytest.approx(2 + 1.02)
+    assert reporting.median_seconds_per_example(measured)[1] == 12
+
+
+# -- selection ----------------------------------------------------------------------------------------
+
+
+def test_the_best_setting_rule(tmp_path: Path) -> None:
+    def run(name: str, ppls: list[float], per_round: int = 2_000_000) -> reporting.Run:
+        return reporting.load(recorded_run(tmp_path, name, "diloco", ppls, per_round))
+
+    a = run("a", [60.0, 40.0, 30.0])
+    b = run("b", [50.0, 35.0, 25.0], 8_000_000)  # lowest perplexity, most bytes
+    c = run("c", [35.0, 25.0, 25.0])  # ties with b on the final perplexity, later in the grid
+    grid = [(0, a), (1, None), (2, b), (3, c)]
+    assert bench.select(grid, "ppl", None) == 2  # the lowest; ties go to the first in grid order
+    assert bench.select([(0, None), (1, a)], "ppl", None) == 1  # a failed setting is never chosen
+    assert bench.select([(0, None)], "ppl", None) is None
+    # to a target of 40: a and b at round 2 (b with 4 times the bytes), c at round 1
+    assert bench.select(grid, "bytes", 40.0) == 3
+    assert bench.select(grid, "time", 40.0) == 3
+    assert bench.select([(0, a), (1, b)], "bytes", 40.0) == 0
+    # b's 8 MB a round take 8.02 s on the wire (1 MB/s), a's 2 MB 2.02 s: a first at the same round
+    assert bench.select([(0, b), (1, a)], "time", 40.0) == 1
+    # a target a misses: those that reach it first, the rest after by final perplexity
+    assert bench.select([(0, a), (1, b)], "time", 26.0) == 1
+    assert bench.select([(0, a), (1, b)], "time", 10.0) == 1  # none reaches: by final perplexity
+
+
+def test_eta_spreads_the_remaining_runs_over_the_jobs() -> None:
+    assert bench.eta([], [5.0], 3, 2) is None
+    assert bench.eta([10.0, 20.0], [], 3, 1) == pytest.approx(45.0)
+    # 2 slots: one run 5 s into its 15, 3 queued: slots 10 and 0 -> 15 and 15 -> 30 and 15
+    assert bench.eta([15.0], [5.0], 3, 2) == pytest.approx(30.0)
+
+
+# -- the bench, with the stand-in for `adloco train` --------------------------------------------------
+
+
+def test_seeds_and_a_grid_end_to_end(fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = {"bench": {"budget": 300, "sweep": {"diloco": {"outer.lr": [0.3, 0.5, 0.7]}}}}
+    code, out = fake_bench(
+        tmp_path,
+        "--methods",
+        "adloco,diloco",
+        "--ablations",
+        "no-merge",
+        "--seeds",
+        "0,1,2",
+        "--sweep",
+        "outer.momentum=0.0,0.9",
+        config=config,
+    )
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    runs = sorted(p.name.removesuffix("-20260101-000000") for p in (out / "runs").iterdir())
+    # adloco's grid: outer.momentum (2); diloco's: outer.lr x outer.momentum (6), every one on seed 0
+    assert runs == sorted(
+        [f"adloco-g{g}-s0" for g in range(2)]
+        + ["adloco-g0-s1", "adloco-g0-s2"]  # ties (momentum does not move the fake): the first
+        + [f"diloco-g{g}-s0" for g in range(6)]
+        + ["diloco-g2-s1", "diloco-g2-s2"]  # outer.lr 0.5, momentum 0.0: #2 in grid order
+        + [f"adloco-no-merge-s{s}" for s in range(3)]
+    )
+    assert "[1/15] adloco seed 0 started (outer.momentum=0.0)" in printed.out
+    assert "bench: diloco: selected outer.lr=0.5, outer.momentum=0.0 (#2 of 6) by ppl" in printed.out
+    cfg = yaml.safe_load(next((out / "runs").glob("adloco-no-merge-s1-*/config.yaml")).read_text())
+    assert cfg["outer"]["momentum"] == "0.0" and cfg["merge"]["policy"] == "none"  # from adloco's best
+    results = json.loads((out / "results.json").read_text())
+    diloco = results["variants"]["diloco"]
+    assert diloco["setting"] == {"outer.lr": 0.5, "outer.momentum": 0.0} and diloco["setting_index"] == 2
+    assert [r["final"] for r in diloco["runs"]] == [40.0, 41.0, 42.0]
+    final = diloco["aggregate"]["final"]
+    half = math.sqrt(2 * 0.95**2 / (1 - 0.95**2)) * 1 / math.sqrt(3)  # s = 1
+    assert final["mean"] == 41.0 and final["ci95"] == pytest.approx([41 - half, 41 + half])
+    assert results["target"] == 42.0 and not results["target_given"]  # the highest final of any run
+    assert [row["final"] for row in results["grids"]["diloco"]] == [60.0, 60.0, 40.0, 40.0, 60.0, 60.0]
+    assert [row["selected"] for row in results["grids"]["diloco"]].index(True) == 2
+    assert results["compute"]["mode"] == "examples" and results["compute"]["seconds_per_example"] == 0.03
+    text = (out / "report.md").read_text()
+    assert "**the lowest final validation perplexity** on seed 0" in text
+    assert (
+        "| diloco | diloco | outer.lr=0.5, outer.momentum=0.0 (#2 of 6) | 3 | 41.00 [40.00–42.00] ±2.48 |"
+        in text
+    )
+    assert "| adloco-no-merge | adloco | AdLoCo's: outer.momentum=0.0 (#0 of 2) | 3 |" in text
+    assert "## Grid of diloco (seed 0)" in text and "| 2 | outer.lr=0.5, outer.momentum=0.0 | 40.00 |" in text
+    assert "0.03 ms per example" not in text and "30 ms per example" in text
+    assert "interpolated linearly onto a common x grid" in text
+    assert (out / "plots" / "val_ppl_vs_bytes.png").stat().st_size > 1000
+    assert "![idle_share.png](plots/idle_share.png)" in text
+
+
+def test_a_failed_run_is_reported_and_the_others_still_run(
+    fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"fail": ["diloco-s1"]}))
+    code, out = fake_bench(tmp_path, "--methods", "adloco,diloco,ddp", "--seeds", "0,1")
+    printed = capsys.readouterr()
+    assert code == 1
+    assert "[5/6] diloco seed 1 FAILED (exit code 3)" in printed.out
+    assert "adloco: error: bench: variant diloco seed 1 failed (exit code 3); see " in printed.err
+    assert "RuntimeError: the data went away" in printed.err
+    assert "1 of 6 runs did not finish: diloco seed 1 (failed)" in printed.err
+    note = (out / "runs" / "diloco-s1-failed" / "bench-failure.txt").read_text()
+    assert "exit code: 3" in note and note.endswith("RuntimeError: the data went away\n")
+    assert (out / "logs" / "diloco-s1.out.log").read_text() == "fake run diloco-s1\n"
+    assert len(list((out / "runs").glob("ddp-s1-*"))) == 1  # the run after it went on
+    text = (out / "report.md").read_text()
+    assert "| diloco | 1 | failed | 3 | `runs/diloco-s1-failed` | RuntimeError: the data went away |" in text
+    assert "| diloco | diloco | preset | 1 of 2 | 40.00 |" in text  # seed 0 alone
+    results = json.loads((out / "results.json").read_text())
+    assert results["failed"][0]["exit_code"] == 3
+    assert [r["status"] for r in results["variants"]["diloco"]["runs"]] == ["ok", "failed"]
+
+
+def test_a_grid_that_all_fails_skips_what_needs_it(
+    fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"fail": ["adloco-g0-s0", "adloco-g1-s0"]}))
+    code, out = fake_bench(
+        tmp_path,
+        "--methods",
+        "adloco,ddp",
+        "--ablations",
+        "no-switch",
+        "--seeds",
+        "0,1",
+        "--sweep",
+        "inner.lr=1e-3,2e-3",
+    )
+    printed = capsys.readouterr()
+    assert code == 1
+    assert "adloco seed 1 skipped: no setting of adloco's grid finished on seed 0" in printed.out
+    assert "adloco-no-switch seed 0 skipped" in printed.out
+    text = (out / "report.md").read_text()
+    assert "| adloco | adloco | no setting finished | 0 of 2 |" in text
+    assert (
+        "| adloco-no-switch | 0 | skipped | — | — | no setting of adloco's grid finished on seed 0 |" in text
+    )
+    assert "## Grid of adloco (seed 0)" in text
+    # --sweep gives every method a grid: ddp's too
+    assert "| ddp | ddp | inner.lr=0.001 (#0 of 2) | 2 | 50.50 [50.00–51.00] |" in text
+
+
+def test_jobs_run_side_by_side(fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    # every run waits until two have started: one at a time, the first would give up after 30 s
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"barrier": [str(barrier), 2]}))
+    code, out = fake_bench(tmp_path, "--methods", "adloco,ddp", "--jobs", "2")
+    assert code == 0
+    cfgs = [yaml.safe_load(p.read_text()) for p in (out / "runs").glob("*/config.yaml")]
+    assert [c["runtime"]["threads"] for c in cfgs] == ["1", "1"]  # one thread each
+
+
+def test_report_only_prices_a_finished_bench_again(
+    fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"fail": ["ddp-g1-s1"]}))
+    code, out = fake_bench(
+        tmp_path, "--methods", "diloco,ddp", "--seeds", "0,1", "--sweep", "outer.lr=0.3,0.5"
+    )
+    assert code == 1
+    before = json.loads((out / "results.json").read_text())
+    again = tmp_path / "again"
+    args = ["--compute", "measured", "--bandwidth", "1e7", "--target", "45", "--out", str(again)]
+    assert main(["bench", "--report-only", str(out), *args]) == 0
+    after = json.loads((again / "results.json").read_text())
+    assert (
+        after["variants"]["diloco"]["setting"] == before["variants"]["diloco"]["setting"] == {"outer.lr": 0.5}
+    )
+    assert after["compute"]["mode"] == "measured" and after["target"] == 45.0
+    # a round: the slowest worker's measured 2 s + 1 MB all-reduced among 2 at 10 MB/s (0.1 s + 0.02 s)
+    first = after["variants"]["diloco"]["runs"][0]
+    assert first["sim_s"] == pytest.approx(3 * 2.12) and first["run"].startswith("../cmp/runs/diloco-g1-s0-")
+    assert before["variants"]["diloco"]["runs"][0]["sim_s"] == pytest.approx(3 * (1.5 + 1.02))
+    assert after["failed"][0]["folder"] == "../cmp/runs/ddp-g1-s1-failed"
+    text = (again / "report.md").read_text()
+    assert text.count("Reported again by `adloco bench --report-only") == 1
+    grid = text[text.index("## Grid of diloco (seed 0)") :].splitlines()
+    selected = [row for row in grid if row.endswith("| **selected** |")]
+    assert selected[0].startswith("| 1 | outer.lr=0.5 | 40.00 |")  # the grid and its selection as they were
+    assert "measured compute" in text and "on 10 MB/s and 10 ms latency" in text
+    capsys.readouterr()
+    assert main(["bench", "--report-only", str(tmp_path)]) == 2
+    assert "no readable results.json of adloco bench" in capsys.readouterr().err
+
+
+def test_bad_bench_options(fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def err(*args: str, config: dict[str, Any] | None = None) -> str:
+        code, out = fake_bench(tmp_path, *args, config=config)
+        assert code == 2 and not out.exists()
+        return capsys.readouterr().err.strip().removeprefix("adloco: error: ")
+
+    assert err("--seeds", "0,x") == "--seeds '0,x': seeds are integers, e.g. 0,1,2"
+    assert err("--seeds", "1,1") == "--seeds '1,1': distinct integers in [0, 2**31), e.g. 0,1,2"
+    assert err("--sweep", "algorithm.seed=1,2") == (
+        "--sweep 'algorithm.seed=1,2': algorithm.seed is set by the bench for every run (seeds: --seeds), "
+        "not swept"
+    )
+    assert err("--sweep", "outer.lr") == "--sweep 'outer.lr': must look like section.key=v1,v2,..."
+    assert err("--sweep", "outer.lr=0.5,-1").startswith(
+        "variant adloco at outer.lr=-1: config: outer.lr = -1"
+    )
+    assert err("--select", "time") == "--select time: needs a target (--target or bench.target)"
+    assert err("--jobs", "0") == "--jobs 0: must be >= 1"
+    assert err("--bandwidth", "1e6").startswith("--bandwidth/--latency: only with --report-only")
+    assert err(config={"bench": {"budget": 300, "sweep": {"fedavg": {"outer.lr": [1]}}}}).endswith(
+        "bench.sweep: keys must be among adloco, diloco, localsgd, ddp"
+    )
+    assert err("--methods", "ddp", "--ablations", "no-merge", "--sweep", "inner.lr=1e-3,2e-3").startswith(
+        "--ablations: they start from AdLoCo's selected setting"
+    )
+
+
+# -- for real -----------------------------------------------------------------------------------------
+
+
+def test_two_variants_on_two_seeds_two_at_a_time(tmp_path: Path, text_corpus: Path) -> None:
+    cfg = tmp_path / "bench.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"name": "llama-micro"},
+                "data": {"source": str(text_corpus), "tokenizer": "bpe:300", "seq_len": 16},
+                "algorithm": {"inner_steps": 2},
+                "batch": {"initial": 2},
+                "switch": {"b_max": 2},
+                "eval": {"max_examples": 8},
+                "logging": {"plots": False, "save_model": False},
+                "checkpoint": {"every": 0},
+                "bench": {"budget": 64},
+            }
+        )
+    )
+    out = tmp_path / "cmp"
+    p = subprocess.run(
+        [sys.executable, "-m", "adloco", "bench", "--config", str(cfg), "--methods", "adloco,diloco"]
+        + ["--seeds", "0,1", "--jobs", "2", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    results = json.loads((out / "results.json").read_text())
+    runs = {v: results["variants"][v]["runs"] for v in ("adloco", "diloco")}
+    assert [[r["seed"] for r in rs] for rs in runs.values()] == [[0, 1], [0, 1]]
+    spans = sorted((r["started"], r["finished"]) for rs in runs.values() for r in rs)
+    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))  # two ran at once
+    summaries = [
+        json.loads((out / r["run"] / "summary.json").read_text()) for rs in runs.values() for r in rs
+    ]
+    assert len({s["initial_val_ppl"] for s in summaries}) == 2  # two seeds: two initial models
+    configs = [
+        yaml.safe_load((out / r["run"] / "config.yaml").read_text()) for rs in runs.values() for r in rs
+    ]
+    assert {c["runtime"]["threads"] for c in configs} == {1}
+    assert "[4/4]" in p.stdout and " left" in p.stdout
+    text = (out / "report.md").read_text()
+    assert "| adloco | adloco | preset | 2 |" in text and "ms per example" in text

@@ -1,0 +1,441 @@
+"""The documentation against the code.
+
+* docs/ALGORITHM.md's headings are numbered strictly (``## 2. Title``, ``### 2.5 Title``), and every
+  section reference in the repository (``ALGORITHM.md`` then the section sign and a number, a range such
+  as 2.1–2.4 allowed) names a section that exists; in Markdown the reference is a link to its heading.
+* The README's tables of the run directory, the metrics.jsonl events, the summary.json keys and the
+  config sections match the code (``adloco.events``, ``adloco.config.SECTIONS``) and what a tiny real
+  run writes.
+* What ``--resume`` may change is said once (``RESUMABLE_TEXT``): ``adloco train --help`` and the
+  README carry it verbatim.
+
+This file writes the section sign as an escape, so that its own text holds no reference to check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from adloco import config, events
+from adloco.cli import build_parser
+from adloco.engine import rundir
+from adloco.telemetry.metrics import tensorboard_available
+
+ROOT = Path(__file__).resolve().parents[1]
+ALGORITHM = ROOT / "docs" / "ALGORITHM.md"
+README = ROOT / "README.md"
+SIGN = "\u00a7"
+
+# Where references may appear: every tracked kind of text file of the repository.
+SCANNED = (
+    "*.md",
+    "docs/**/*.md",
+    "benchmarks/**/*.md",
+    "benchmarks/**/*.py",
+    "src/**/*.py",
+    "configs/**/*.yaml",
+    "examples/**/*.py",
+    "tests/**/*.py",
+    "Makefile",
+    "pyproject.toml",
+)
+
+NUMBER = r"(\d+(?:\.\d+)?)"
+# A section number, or a range of them: 2.5, 2.1–2.4, 3–4 (en dash or hyphen).
+NUMBERS = NUMBER + r"(?:\s*[–-]\s*" + NUMBER + r")?"
+REFERENCE = re.compile(r"ALGORITHM\.md\s+" + SIGN + NUMBERS)
+BARE = re.compile(SIGN + NUMBERS)  # inside ALGORITHM.md itself
+LINKED = re.compile(r"\[ALGORITHM\.md\s+" + SIGN + NUMBERS + r"\]\(([^)#\s]+)#([^)\s]+)\)")
+
+H2 = re.compile(r"## (\d+)\. (\S.*)")
+H3 = re.compile(r"### (\d+)\.(\d+) (\S.*)")
+
+
+# -- docs/ALGORITHM.md: its sections ----------------------------------------------------------------
+
+
+class HeadingError(ValueError):
+    pass
+
+
+def sections(text: str) -> dict[str, tuple[str, int]]:
+    """{"2": (heading text, line), "2.5": (...), ...} of an ALGORITHM.md text, or HeadingError.
+
+    The format: one ``# Title`` on the first line; every other heading is ``## N. Title`` with N = 0, 1,
+    2, ... in order, or ``### N.k Title`` inside section N with k = 1, 2, ... in order; nothing deeper.
+    Lines inside fenced code blocks are not headings.
+    """
+    out: dict[str, tuple[str, int]] = {}
+    first = text.splitlines()[0] if text else ""
+    if not re.fullmatch(r"# \S.*", first):
+        raise HeadingError(f"line 1: {first!r}: the first line must be the title, '# Title'")
+    fenced = False
+    major = -1
+    minor = 0
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or not line.startswith("#"):
+            continue
+        where = f"line {i}: {line!r}"
+        if i == 1:
+            continue
+        if line.startswith("# "):
+            raise HeadingError(f"{where}: only the first line is a '# ' title")
+        if line.startswith("## "):
+            m = H2.fullmatch(line.rstrip())
+            if m is None:
+                raise HeadingError(f"{where}: a section heading must read '## N. Title'")
+            if int(m.group(1)) != major + 1:
+                raise HeadingError(
+                    f"{where}: section {m.group(1)} follows section {major}; expected {major + 1}"
+                )
+            major, minor = int(m.group(1)), 0
+            out[m.group(1)] = (line[3:].strip(), i)
+            continue
+        if line.startswith("### "):
+            m = H3.fullmatch(line.rstrip())
+            if m is None:
+                raise HeadingError(f"{where}: a subsection heading must read '### N.k Title'")
+            if int(m.group(1)) != major:
+                raise HeadingError(f"{where}: subsection {m.group(1)}.{m.group(2)} inside section {major}")
+            if int(m.group(2)) != minor + 1:
+                raise HeadingError(
+                    f"{where}: subsection {m.group(1)}.{m.group(2)}; expected {major}.{minor + 1}"
+                )
+            minor = int(m.group(2))
+            out[f"{m.group(1)}.{m.group(2)}"] = (line[4:].strip(), i)
+            continue
+        raise HeadingError(f"{where}: headings go two levels deep ('## N.' and '### N.k')")
+    if fenced:
+        raise HeadingError("a fenced code block is not closed")
+    return out
+
+
+def slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def test_algorithm_md_is_numbered_like_the_spec() -> None:
+    got = sections(ALGORITHM.read_text(encoding="utf-8"))
+    assert [k for k in got if "." not in k] == [str(i) for i in range(10)]
+    subsections = {k for k in got if "." in k}
+    assert {"2.1", "2.2", "2.3", "2.4", "2.5", "9.1", "9.2", "9.3", "9.4"} <= subsections
+
+
+@pytest.mark.parametrize(
+    "text, complaint",
+    [
+        ("# T\n## Vocabulary\n", "'## N. Title'"),
+        ("# T\n## 0 Vocabulary\n", "'## N. Title'"),
+        ("# T\n## 0.Vocabulary\n", "'## N. Title'"),
+        ("# T\n## 1. One\n", "expected 0"),
+        ("# T\n## 0. Zero\n## 2. Two\n", "expected 1"),
+        ("# T\n## 0. Zero\n### 0.1. One\n", "'### N.k Title'"),
+        ("# T\n## 0. Zero\n### 1.1 One\n", "inside section 0"),
+        ("# T\n## 0. Zero\n### 0.2 Two\n", "expected 0.1"),
+        ("# T\n## 0. Zero\n#### Deeper\n", "two levels deep"),
+        ("# T\n# Another title\n", "only the first line"),
+        ("Title\n## 0. Zero\n", "the first line must be the title"),
+        ("#T\n## 0. Zero\n", "the first line must be the title"),
+        ("# T\n```\n", "not closed"),
+    ],
+)
+def test_heading_format_is_strict(text: str, complaint: str) -> None:
+    with pytest.raises(HeadingError, match=re.escape(complaint)):
+        sections(text)
+
+
+def test_headings_inside_code_blocks_and_anchors() -> None:
+    text = "# T\n## 0. Zero\n```\n## not a heading\n```\n### 0.1 The reference's `formula`\n"
+    got = sections(text)
+    assert got == {"0": ("0. Zero", 2), "0.1": ("0.1 The reference's `formula`", 6)}
+    assert slug(got["0.1"][0]) == "01-the-references-formula"
+    assert (
+        slug("8. Theory (reconstructed, constants unverified)")
+        == "8-theory-reconstructed-constants-unverified"
+    )
+
+
+# -- references to sections, everywhere --------------------------------------------------------------
+
+
+def scanned_files() -> list[Path]:
+    found: set[Path] = set()
+    for pattern in SCANNED:
+        found.update(p for p in ROOT.glob(pattern) if p.is_file() and ".venv" not in p.parts)
+    return sorted(found)
+
+
+def dangling(path: Path, text: str, known: dict[str, tuple[str, int]]) -> list[str]:
+    """Every problem with the section references of one file, as 'file:line: ...'."""
+    rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    own = path == ALGORITHM
+    pattern = BARE if own else REFERENCE
+    problems: list[str] = []
+    covered: set[int] = set()
+    for m in pattern.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        covered.add(m.start() + m.group(0).index(SIGN))
+        for number in (m.group(1), m.group(2)):
+            if number is not None and number not in known:
+                problems.append(f"{rel}:{line}: {m.group(0)!r}: docs/ALGORITHM.md has no section {number}")
+    for i, ch in enumerate(text):
+        if ch == SIGN and i not in covered:
+            line = text.count("\n", 0, i) + 1
+            snippet = text[max(0, i - 20) : i + 10].replace("\n", " ")
+            problems.append(
+                f"{rel}:{line}: {snippet!r}: a section sign that is not a reference to a section of "
+                "ALGORITHM.md (write 'ALGORITHM.md' and the section number)"
+            )
+    if path.suffix == ".md" and not own:
+        links = {m.start(): m for m in LINKED.finditer(text)}
+        for m in REFERENCE.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            link = links.get(m.start() - 1)
+            if link is None:
+                problems.append(
+                    f"{rel}:{line}: {m.group(0)!r}: not a link to its section ([...](...#anchor))"
+                )
+                continue
+            target, anchor = link.group(3), link.group(4)
+            if (path.parent / target).resolve() != ALGORITHM.resolve():
+                problems.append(f"{rel}:{line}: {link.group(0)!r}: {target} is not docs/ALGORITHM.md")
+            number = link.group(1)
+            if number in known and anchor != slug(known[number][0]):
+                problems.append(
+                    f"{rel}:{line}: {link.group(0)!r}: the anchor of section {number} is "
+                    f"#{slug(known[number][0])}, not #{anchor}"
+                )
+    return problems
+
+
+def test_every_section_reference_resolves() -> None:
+    known = sections(ALGORITHM.read_text(encoding="utf-8"))
+    files = scanned_files()
+    assert ALGORITHM in files and README in files and ROOT / "src" / "adloco" / "config.py" in files
+    problems = [p for f in files for p in dangling(f, f.read_text(encoding="utf-8"), known)]
+    assert not problems, "dangling section references:\n" + "\n".join(problems)
+
+
+def test_the_reference_check_finds_dangling_ones(tmp_path: Path) -> None:
+    known = {"2": ("2. B", 3), "2.5": ("2.5 Est", 9), "3": ("3. Merging", 20)}
+    code = tmp_path / "x.py"
+    text = (
+        f'"""ALGORITHM.md {SIGN}2.5 and ALGORITHM.md {SIGN}2.1–2.5 and ALGORITHM.md {SIGN}2–3.\n\n'
+        f'spec {SIGN}4, ALGORITHM.md {SIGN}7"""\n'
+    )
+    problems = dangling(code, text, known)
+    assert len(problems) == 3, problems
+    assert problems[0].endswith("docs/ALGORITHM.md has no section 2.1") and ":1:" in problems[0]
+    assert problems[1].endswith("docs/ALGORITHM.md has no section 7") and ":3:" in problems[1]
+    assert "not a reference" in problems[2] and ":3:" in problems[2]
+    # Markdown: a reference is a link to its heading's anchor, by a path relative to the page
+    page, readme = ROOT / "docs" / "page.md", ROOT / "page.md"  # (the texts are passed, not read)
+    assert dangling(page, f"[ALGORITHM.md {SIGN}2.5](ALGORITHM.md#25-est)", known) == []
+    assert dangling(readme, f"([ALGORITHM.md {SIGN}2–3](docs/ALGORITHM.md#2-b))", known) == []
+    (p,) = dangling(readme, f"[ALGORITHM.md {SIGN}2.5](ALGORITHM.md#25-est)", known)
+    assert p.endswith("ALGORITHM.md is not docs/ALGORITHM.md")
+    (p,) = dangling(readme, f"see\nALGORITHM.md {SIGN}3 there", known)
+    assert p.startswith("page.md:2: ") and "not a link" in p
+    (p,) = dangling(readme, f"[ALGORITHM.md {SIGN}3](docs/ALGORITHM.md#3-merge)", known)
+    assert p.endswith("the anchor of section 3 is #3-merging, not #3-merge")
+
+
+def test_config_docs_cite_algorithm_md() -> None:
+    """`adloco config` prints these docs: they point at ALGORITHM.md, never at an unpublished spec."""
+    known = sections(ALGORITHM.read_text(encoding="utf-8"))
+    cited = 0
+    for section, key, _, doc in config.field_docs():
+        assert "spec " + SIGN not in doc, f"{section}.{key}"
+        for m in BARE.finditer(doc):
+            assert doc[: m.start()].endswith("ALGORITHM.md "), f"{section}.{key}: {doc!r}"
+            assert m.group(1) in known and (m.group(2) is None or m.group(2) in known), f"{section}.{key}"
+            cited += 1
+    assert cited >= 15
+
+
+# -- the README's tables against the code -------------------------------------------------------------
+
+
+def tables(text: str) -> dict[tuple[str, ...], list[list[str]]]:
+    """Every Markdown table of a text, keyed by its header cells; a repeated header is an error."""
+    out: dict[tuple[str, ...], list[list[str]]] = {}
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        if (
+            lines[i].startswith("|")
+            and i + 1 < len(lines)
+            and re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[i + 1])
+        ):
+            header = tuple(_cells(lines[i]))
+            assert header not in out, f"two tables with the header {header}"
+            rows = []
+            i += 2
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append(_cells(lines[i]))
+                i += 1
+            out[header] = rows
+        else:
+            i += 1
+    return out
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
+
+
+def names(cell: str) -> list[str]:
+    """The code names a cell lists: its backticked words, outside any parentheses."""
+    previous = None
+    while previous != cell:
+        previous, cell = cell, re.sub(r"\([^()]*\)", "", cell)
+    return re.findall(r"`([^`]+)`", cell)
+
+
+@pytest.fixture(scope="module")
+def readme() -> dict[tuple[str, ...], list[list[str]]]:
+    return tables(README.read_text(encoding="utf-8"))
+
+
+def test_readme_lists_every_event_and_its_keys(readme: dict[tuple[str, ...], list[list[str]]]) -> None:
+    rows = readme[("event", "when", "keys besides `event` and `round`")]
+    listed = {names(r[0])[0]: names(r[2]) for r in rows}
+    assert len(listed) == len(rows)
+    assert set(listed) == set(events.EVENTS), "events in the README vs adloco.events.EVENTS"
+    for name, cls in events.EVENTS.items():
+        if cls is events.End:
+            assert listed[name] == ["summary.json"]
+            continue
+        fields = [f.name for f in dataclasses.fields(cls) if f.name != "round"]
+        assert sorted(listed[name]) == sorted(fields), f"README's keys of the {name!r} event"
+        assert len(set(listed[name])) == len(listed[name]), name
+
+
+def test_every_event_class_is_registered() -> None:
+    classes = {
+        c
+        for c in vars(events).values()
+        if isinstance(c, type) and issubclass(c, events.Event) and c is not events.Event
+    }
+    assert classes == set(events.EVENTS.values())
+    assert all(name == cls.event for name, cls in events.EVENTS.items())
+
+
+def test_readme_lists_every_summary_key(readme: dict[tuple[str, ...], list[list[str]]]) -> None:
+    listed = [n for r in readme[("key", "what")] for n in names(r[0])]
+    assert sorted(listed) == sorted(f.name for f in dataclasses.fields(events.Summary))
+
+
+def test_readme_lists_every_config_section(readme: dict[tuple[str, ...], list[list[str]]]) -> None:
+    listed = [names(r[0])[0] for r in readme[("section", "what")]]
+    assert listed == config.SECTIONS  # in the order `adloco config` prints them
+
+
+TINY = {
+    "model.name": "llama-micro",
+    "data.tokenizer": "bpe:300",
+    "data.seq_len": "16",
+    "data.val_fraction": "0.2",
+    "algorithm.rounds": "2",
+    "algorithm.inner_steps": "2",
+    "merge.every": "1",
+    "batch.initial": "2",
+    "switch.b_max": "2",
+    "eval.max_examples": "4",
+    "logging.progress": "off",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> Path:
+    """The run directory of one tiny `adloco train` (two rounds, trainers merging every round)."""
+    out = tmp_path_factory.mktemp("docs-run")
+    settings = {**TINY, "data.source": str(text_corpus), "logging.out_dir": str(out)}
+    args = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    p = subprocess.run(
+        [sys.executable, "-m", "adloco", "train", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    (run,) = list(out.iterdir())
+    return run
+
+
+def test_readme_run_directory_is_what_a_run_writes(
+    readme: dict[tuple[str, ...], list[list[str]]], tiny_run: Path
+) -> None:
+    listed = {names(r[0])[0] for r in readme[("file", "what")]}
+    written = {p.name + ("/" if p.is_dir() else "") for p in tiny_run.iterdir()}
+    if not tensorboard_available():  # logging.tensorboard: auto writes it only when the package is installed
+        listed.discard("tensorboard/")
+    assert written == listed
+    assert {"config.yaml", "metrics.jsonl", "summary.json", "model/", "plots/", "checkpoints/"} <= listed
+
+
+def test_a_real_run_writes_only_documented_keys(
+    readme: dict[tuple[str, ...], list[list[str]]], tiny_run: Path
+) -> None:
+    event_keys = {
+        names(r[0])[0]: set(names(r[2])) | {"event", "round"}
+        for r in readme[("event", "when", "keys besides `event` and `round`")]
+    }
+    summary_keys = {n for r in readme[("key", "what")] for n in names(r[0])}
+    event_keys["end"] = summary_keys | {"event", "round"}
+    seen = set()
+    for line in (tiny_run / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        e = json.loads(line)
+        seen.add(e["event"])
+        assert set(e) <= event_keys[e["event"]], e["event"]
+    assert {"start", "worker", "trainer", "merge", "allocation", "eval", "round", "checkpoint", "end"} <= seen
+    assert set(json.loads((tiny_run / "summary.json").read_text(encoding="utf-8"))) <= summary_keys
+
+
+# -- what --resume may change ------------------------------------------------------------------------
+
+
+def _train_option(option: str) -> argparse.Action:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    train = sub.choices["train"]
+    return next(a for a in train._actions if option in a.option_strings)
+
+
+def test_resume_help_says_what_may_change() -> None:
+    assert rundir.RESUMABLE_TEXT is config.RESUMABLE_TEXT
+    help_text = _train_option("--resume").help or ""
+    assert config.RESUMABLE_TEXT in help_text
+    assert "--config is refused" in help_text
+
+
+def test_readme_says_what_resume_may_change() -> None:
+    text = " ".join(README.read_text(encoding="utf-8").split())  # line breaks are the README's layout
+    assert config.RESUMABLE_TEXT in text
+    sentence = text[: text.index(config.RESUMABLE_TEXT)].rsplit("- ", 1)[-1]
+    assert "`--config` is refused with `--resume`" in sentence
+
+
+def test_resumable_names_config_fields() -> None:
+    fields = {(s, k) for s, k, _, _ in config.field_docs()}
+    for entry in config.RESUMABLE:
+        section, _, key = entry.partition(".")
+        assert section in config.SECTIONS, entry
+        assert key == "" or (section, key) in fields, entry
+        assert entry.rstrip(".") in config.RESUMABLE_TEXT or (
+            entry.endswith(".") and f" {section}" in config.RESUMABLE_TEXT
+        ), entry

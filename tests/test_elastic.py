@@ -1,0 +1,308 @@
+"""Runs that survive failures: torch's elastic agent restarts the processes and adloco continues from the
+run's newest checkpoint with the workers there are; resumes with another number of workers by hand.
+
+Everything listens on 127.0.0.1. Process faults come from tests/faultinject (first attempt only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import with_faults
+
+TINY = {
+    "model.name": "llama-micro",
+    "data.tokenizer": "bpe:300",
+    "data.seq_len": "16",
+    "data.val_fraction": "0.2",
+    "algorithm.inner_steps": "2",
+    "batch.initial": "2",
+    "batch.eta": "0.3",
+    "switch.b_max": "2",
+    "eval.max_examples": "8",
+    "logging.progress": "plain",
+    "logging.plots": "false",
+    "runtime.balance": "equal",
+    "runtime.timeout": "60",
+}
+
+
+def sets(**extra: str) -> list[str]:
+    out: list[str] = []
+    for k, v in {**TINY, **{k.replace("__", "."): v for k, v in extra.items()}}.items():
+        out += ["--set", f"{k}={v}"]
+    return out
+
+
+def env(fault: str | None = None) -> dict[str, str]:
+    return with_faults({**os.environ, "OMP_NUM_THREADS": "1"}, fault)
+
+
+def events(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def only_run(out: Path) -> Path:
+    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    return run
+
+
+def check_whole(run: Path, rounds: int) -> list[dict[str, Any]]:
+    """Every round logged once, in order; the run ended; perplexity fell."""
+    evs = events(run)
+    assert [e["round"] for e in evs if e["event"] == "round"] == list(range(1, rounds + 1))
+    end = next(e for e in evs if e["event"] == "end")
+    assert end["final_val_ppl"] < end["initial_val_ppl"]
+    return evs
+
+
+def test_a_killed_process_is_restarted_and_the_run_finishes(tmp_path: Path, text_corpus: Path) -> None:
+    """`adloco train --nproc 4 --max-restarts 1`: rank 1 is SIGKILLed at the start of round 3; the agent
+    restarts the processes, they continue from round 2's checkpoint, and the run ends with exit 0."""
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "adloco", "train", "--nproc", "4", "--max-restarts", "1"]
+    cmd += sets(algorithm__rounds="5", algorithm__workers="4", algorithm__trainers="2", merge__every="2")
+    cmd += ["--set", f"data.source={text_corpus}", "--set", f"logging.out_dir={out}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env("kill@1:3"), timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = only_run(out)
+    evs = check_whole(run, 5)
+    (member,) = [e for e in evs if e["event"] == "membership"]
+    assert member["round"] == 2 and member["workers"] == 4 and member["restarts"] == 1
+    assert member["restart_s"] is not None and 0 < member["restart_s"] < 120
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["restarts"] == 1 and summary["rounds_lost"] == 0
+    assert "membership: 4 workers (restart 1" in p.stdout
+    ckpts = [e["round"] for e in evs if e["event"] == "checkpoint"]
+    assert ckpts == [1, 2, 3, 4, 5]  # elastic runs checkpoint every round
+
+
+def four_worker_run(out: Path, corpus: Path) -> Path:
+    cmd = [sys.executable, "-m", "adloco", "train"]
+    cmd += sets(algorithm__rounds="2", algorithm__workers="4", algorithm__trainers="4", merge__every="10")
+    cmd += ["--set", f"data.source={corpus}", "--set", f"logging.out_dir={out}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return only_run(out)
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> Path:
+    return four_worker_run(tmp_path_factory.mktemp("four"), text_corpus)
+
+
+def allocation_after_resume(run: Path) -> tuple[dict[str, int], dict[str, int], dict[str, Any]]:
+    evs = events(run)
+    member = next(e for e in evs if e["event"] == "membership")
+    third = next(e for e in evs if e["event"] == "round" and e["round"] == 3)
+    trainers = [e for e in evs if e["event"] == "trainer" and e["round"] == 3]
+    return third["allocation"], {str(e["trainer"]): e["request"] for e in trainers}, member
+
+
+@pytest.mark.parametrize(
+    ("launcher", "batch"),
+    [
+        ("inprocess", "per_trainer"),
+        ("inprocess", "per_worker"),
+        pytest.param("torchrun", "per_trainer", marks=pytest.mark.slow),
+    ],
+)
+def test_resume_on_fewer_workers(tmp_path: Path, four: Path, launcher: str, batch: str) -> None:
+    """4 trainers on 4 workers, resumed on 2: the two smallest merge twice... until 2 trainers are left;
+    per_trainer doubles a trainer's request when its worker count halves, per_worker keeps it."""
+    import shutil
+
+    run = tmp_path / four.name
+    shutil.copytree(four, run)
+    before = json.loads((run / "summary.json").read_text())["requests_final"]
+    cmd = [sys.executable, "-m", "adloco", "train", "--resume", str(run)]
+    if launcher == "torchrun":
+        cmd += ["--nproc", "2"]
+    cmd += ["--set", "algorithm.rounds=3", "--set", "algorithm.workers=2", "--set", f"elastic.batch={batch}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    alloc, requests, member = allocation_after_resume(run)
+    assert member["workers_before"] == 4 and member["workers"] == 2 and len(member["merged"]) == 2
+    assert sorted(alloc) == ["0", "1"] and len(set(alloc.values())) == 2
+    from adloco.algorithms import membership
+
+    plan = membership.resize(
+        {int(t): b for t, b in before.items()},
+        {0: 0, 1: 1, 2: 2, 3: 3},
+        2,
+        batch=batch,
+        cap=32,
+    )
+    assert requests == {str(t): b for t, b in plan.requests.items()}
+    assert alloc == {str(w): t for w, t in plan.allocation.items()}
+    check_whole(run, 3)
+
+
+def test_resume_on_more_workers_in_one_process(tmp_path: Path, four: Path) -> None:
+    import shutil
+
+    run = tmp_path / four.name
+    shutil.copytree(four, run)
+    cmd = [sys.executable, "-m", "adloco", "train", "--resume", str(run)]
+    cmd += ["--set", "algorithm.rounds=3", "--set", "algorithm.workers=6"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    alloc, _, member = allocation_after_resume(run)
+    assert member["workers"] == 6 and member["joined"] == [4, 5] and member["merged"] == []
+    assert len(alloc) == 6 and set(alloc.values()) == {0, 1, 2, 3}
+    check_whole(run, 3)
+
+
+# -- two agents on one machine, as two machines would be -------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tree(pid: int) -> list[int]:
+    """pid and every process below it (the agent's workers run in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def _kill_tree(pid: int) -> None:
+    for p in _tree(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+
+
+def _wait(predicate: Any, seconds: float, what: str) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+def test_two_agents_lose_one_and_gain_it_back(tmp_path: Path, text_corpus: Path) -> None:
+    """Two torchrun agents (--nnodes 1:2, 2 processes each) on 127.0.0.1. SIGKILL one agent and its
+    workers mid-run: the other goes on with 2 workers; start it again: the run grows back to 4."""
+    import torch.distributed as dist
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    port = sock.getsockname()[1]
+    store = dist.TCPStore(
+        "127.0.0.1", port, is_master=True, wait_for_workers=False, master_listen_fd=sock.fileno()
+    )
+    out = tmp_path / "runs"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1:2",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "3",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "elastic-test",
+        "--rdzv-conf",
+        "join_timeout=120,last_call_timeout=1,close_timeout=5,keep_alive_interval=1,"
+        "keep_alive_max_attempt=3,is_host=false",
+        "--monitor-interval",
+        "0.5",
+        "--local-addr",
+        "127.0.0.1",
+        "-m",
+        "adloco",
+        "train",
+        *sets(algorithm__rounds="40", algorithm__workers="4", algorithm__trainers="2", merge__every="4"),
+        "--set",
+        "runtime.emulate_speed=[0.05,0.05,0.05,0.05]",  # slow steps: time to kill and to join
+        "--set",
+        f"data.source={text_corpus}",
+        "--set",
+        f"logging.out_dir={out}",
+    ]
+    e = {**env(), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    agents: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str) -> subprocess.Popen[bytes]:
+        with (logs / f"{name}.out").open("wb") as o, (logs / f"{name}.err").open("wb") as r:
+            p = subprocess.Popen(cmd, env=e, stdout=o, stderr=r, start_new_session=True)
+        agents.append(p)
+        return p
+
+    run = out / "adloco-elastic-test"
+
+    def rounds() -> list[dict[str, Any]]:
+        return (
+            [x for x in events(run) if x["event"] in ("round", "membership")]
+            if (run / "metrics.jsonl").is_file()
+            else []
+        )
+
+    try:
+        a = start("a")
+        time.sleep(2)
+        b = start("b")
+        _wait(lambda: any(x["event"] == "round" and x["round"] >= 3 for x in rounds()), 240, "round 3")
+        _kill_tree(b.pid)
+        _wait(
+            lambda: any(x["event"] == "membership" and x["workers"] == 2 for x in rounds()), 180, "2 workers"
+        )
+        b2 = start("b2")
+        _wait(
+            lambda: (
+                any(
+                    x["event"] == "membership" and x["workers"] == 4 and x["workers_before"] == 2
+                    for x in rounds()
+                )
+                or any(x["event"] == "membership" and x["workers"] == 4 for x in rounds()[-3:])
+            ),
+            180,
+            "4 workers again",
+        )
+        assert a.wait(timeout=600) == 0, (logs / "a.err").read_text()[-3000:]
+        assert b2.wait(timeout=120) == 0, (logs / "b2.err").read_text()[-3000:]
+    finally:
+        for p in agents:
+            _kill_tree(p.pid)
+        del store  # it owns the listening socket now
+    evs = check_whole(run, 40)
+    members = [(x["round"], x["workers"]) for x in evs if x["event"] == "membership"]
+    assert any(w == 2 for _, w in members) and members[-1][1] == 4, members
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["restarts"] >= 2

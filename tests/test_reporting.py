@@ -1,0 +1,452 @@
+"""`adloco report` on recorded run directories made here by hand, and `adloco bench` end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from adloco import events, reporting
+from adloco.cli import main
+
+
+def recorded_run(
+    root: Path,
+    name: str,
+    method: str,
+    ppls: list[float],
+    bytes_per_round: int,
+    seed: int = 0,
+    config: dict[str, dict[str, Any]] | None = None,
+    label: str | None = None,
+) -> Path:
+    """A run directory as `adloco train` writes it: 2 workers of 50 examples a round (worker w computes
+    for 1 + w s), one Δ all-reduce a round; ``config`` adds keys to its config.yaml."""
+    run = root / name
+    run.mkdir(parents=True)
+    cfg: dict[str, dict[str, Any]] = {
+        "algorithm": {"method": method, "trainers": 1, "workers": 2, "seed": seed},
+        "batch": {"eta": 0.5},
+        "network": {"bandwidth": 1e6, "latency": 0.01},
+        "runtime": {},
+        "logging": {"name": label or name},
+    }
+    for section, values in (config or {}).items():
+        cfg.setdefault(section, {}).update(values)
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    evs: list[events.Event] = [
+        events.Start(
+            round=0,
+            parameters=10,
+            workers=2,
+            trainers=1,
+            allocation={0: 0, 1: 0},
+            task="causal_lm",
+            train_examples=1000,
+            val_examples=10,
+            processes=1,
+            threads_per_process=1,
+            val_ppl=100.0,
+        )
+    ]
+    for r, ppl in enumerate(ppls, 1):
+        for w in (0, 1):
+            evs.append(
+                events.Worker(
+                    round=r,
+                    worker=w,
+                    trainer=0,
+                    loss=1.0,
+                    examples=50,
+                    probe_examples=0,
+                    micro=4,
+                    accum=1,
+                    effective=4,
+                    capped=False,
+                    finite=True,
+                    compute_s=1.0 + w,
+                )
+            )
+        evs.append(
+            events.Trainer(
+                round=r,
+                trainer=0,
+                workers=[0, 1],
+                request=4 * r,
+                request_next=4 * r + 4,
+                target=None,
+                reason="grew",
+                loss=1.0,
+                sigma2=8.0,
+                gbar_sq=1.0,
+                samples=16,
+                effective=4,
+                micro=4,
+                accum=1,
+            )
+        )
+        evs.append(
+            events.Round(
+                round=r,
+                trainers_alive=1,
+                requests={0: 4 * r + 4},
+                allocation={0: 0, 1: 0},
+                switch_mode="threshold",
+                loss=1.0,
+                examples=100,
+                examples_total=100 * r,
+                bytes=bytes_per_round,
+                bytes_total=bytes_per_round * r,
+                communications=1,
+                communications_total=r,
+                round_s=3.0,
+                train_s=3.0,
+                comm_s=0.0,
+                max_compute_s=2.0,
+                collectives=[["delta", "all_reduce", 2, bytes_per_round // 2, 1]],
+                sim_s=0.0,
+                sim_total_s=0.0,
+                val_ppl=ppl,
+            )
+        )
+    events_ = [e.to_dict() for e in evs]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(e) for e in events_) + "\n")
+    (run / "summary.json").write_text(json.dumps({"wall_s": 10.0, "peak_memory_bytes": 2_000_000}))
+    return run
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> list[Path]:
+    return [
+        recorded_run(tmp_path, "fast", "adloco", [50.0, 30.0, 20.0], 2_000_000),
+        recorded_run(tmp_path, "slow", "diloco", [80.0, 60.0, 40.0], 4_000_000),
+    ]
+
+
+def test_simulated_time_and_the_target(runs: list[Path]) -> None:
+    fast = reporting.load(runs[0])
+    # a round: slowest worker 2 s + all-reduce of 1 MB among 2: 2·1/2 · 1e6/1e6 + 2 · 0.01 = 1.02 s
+    assert [p.sim_s for p in fast.points] == pytest.approx([0, 3.02, 6.04, 9.06])
+    got = reporting.reach(fast, 30.0)
+    assert got is not None
+    assert (got.round, got.examples, got.communications, got.bytes) == (2, 200, 2, 4_000_000)
+    assert got.sim_s == pytest.approx(6.04)
+    assert reporting.reach(fast, 10.0) is None
+    # priced for another network without re-running: 10x the bandwidth
+    assert reporting.load(runs[0], bandwidth=1e7).points[1].sim_s == pytest.approx(2 + 0.1 + 0.02)
+
+
+def test_theorem_1_bound(runs: list[Path]) -> None:
+    # σ²/(M η² (‖g‖² + σ²/(M b))) with σ² = 8, ‖g‖² = 1, M = 2, η = 0.5, b = 4: 8/(0.5 (1 + 1)) = 8
+    (first, *_) = reporting.theorem1(reporting.load(runs[0]))
+    assert first == (1, 0, pytest.approx(8.0), 8)
+
+
+def test_report_command(runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cmp"
+    assert main(["report", *map(str, runs), "--out", str(out)]) == 0
+    text = (out / "report.md").read_text()
+    assert "Target perplexity: **40.00**" in text  # the highest final perplexity
+    rows = [line for line in text.splitlines() if line.startswith("| fast") or line.startswith("| slow")]
+    assert rows[0].startswith("| fast | adloco | 3 | 20.00 | 200 | 2 | 4.0 MB | 6.0 s |")
+    assert rows[1].startswith("| slow | diloco | 3 | 40.00 | 300 | 3 | 12.0 MB |")
+    for name in (
+        "val_ppl_vs_examples",
+        "val_ppl_vs_communications",
+        "val_ppl_vs_bytes",
+        "val_ppl_vs_simulated_time",
+        "requests",
+        "trainers_alive",
+        "allocation",
+        "batch",
+        "idle_share",
+    ):
+        assert (out / "plots" / f"{name}.png").stat().st_size > 1000
+        assert f"plots/{name}.png" in text
+
+
+def test_report_refuses_a_folder_that_is_not_a_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"adloco: error: run directory '{tmp_path}': no config.yaml (not a run directory)"
+    )
+
+
+def test_bench_end_to_end(tmp_path: Path, text_corpus: Path) -> None:
+    cfg = tmp_path / "bench.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"name": "llama-micro"},
+                "data": {"source": str(text_corpus), "tokenizer": "bpe:300", "seq_len": 16},
+                "algorithm": {"inner_steps": 2},
+                "batch": {"initial": 2},
+                "switch": {"b_max": 2},
+                "eval": {"max_examples": 8},
+                "logging": {"plots": False, "save_model": False},
+                "checkpoint": {"every": 0},
+                "bench": {"budget": 96, "methods": {"diloco": {"outer.lr": 0.5}}},
+            }
+        )
+    )
+    out = tmp_path / "cmp"
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "adloco",
+            "bench",
+            "--config",
+            str(cfg),
+            "--methods",
+            "adloco,diloco,ddp",
+            "--ablations",
+            "no-merge",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    runs = sorted((out / "runs").iterdir())
+    # <variant>-s<seed>-<timestamp>: one seed, the config's
+    assert sorted(r.name.rsplit("-", 3)[0] for r in runs) == ["adloco", "adloco-no-merge", "ddp", "diloco"]
+    assert {r.name.rsplit("-", 3)[1] for r in runs} == {"s0"}
+    summaries = {r.name.rsplit("-", 3)[0]: json.loads((r / "summary.json").read_text()) for r in runs}
+    assert all(s["examples_total"] >= 96 for s in summaries.values())  # every variant spent the budget
+    assert len({s["initial_val_ppl"] for s in summaries.values()}) == 1  # same model, data and seed
+    assert summaries["diloco"]["method"] == "diloco" and summaries["ddp"]["bytes_by_kind"].get("grad", 0) > 0
+    cfgs = {r.name.rsplit("-", 3)[0]: yaml.safe_load((r / "config.yaml").read_text()) for r in runs}
+    assert cfgs["diloco"]["outer"]["lr"] == 0.5 and cfgs["adloco-no-merge"]["merge"]["policy"] == "none"
+    assert len({c["algorithm"]["rounds"] for c in cfgs.values()}) == 1  # one schedule for all
+    text = (out / "report.md").read_text()
+    table = text[text.index("| variant |") : text.index("Plots:")]
+    assert table.count("\n| ") == 4  # four variants, one seed each
+    assert "| diloco | diloco | outer.lr=0.5 | 1 |" not in table  # bench.methods is not a sweep
+    assert "| diloco | diloco | preset | 1 |" in table
+    assert "adloco bench --config" in text and "## Every run" in text
+    assert "each cell" not in text.lower()  # one seed: no spread to explain
+    results = json.loads((out / "results.json").read_text())
+    assert results["seeds"] == [0] and set(results["variants"]) == {
+        "adloco",
+        "diloco",
+        "ddp",
+        "adloco-no-merge",
+    }
+    assert not results["failed"] and results["compute"]["mode"] == "examples"
+
+
+def test_bench_checks_every_variant_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cmp"
+    code = main(["bench", "--budget", "10", "--methods", "adloco,fedavg", "--out", str(out)])
+    assert code == 2 and not out.exists()
+    assert capsys.readouterr().err.strip() == (
+        "adloco: error: --methods 'adloco,fedavg': 'fedavg' is not one of adloco, diloco, localsgd, ddp"
+    )
+
+
+def test_report_on_one_run_writes_into_it(runs: list[Path]) -> None:
+    assert main(["report", str(runs[0])]) == 0
+    assert (runs[0] / "report.md").read_text().count("\n| fast | adloco |") == 1
+    assert (runs[0] / "plots" / "val_ppl_vs_round.png").is_file()  # the run's own plots, redrawn
+    assert (runs[0] / "plots" / "val_ppl_vs_simulated_time.png").is_file()
+
+
+def test_report_states_the_network_it_priced(runs: list[Path], tmp_path: Path) -> None:
+    assert main(["report", *map(str, runs), "--out", str(tmp_path / "a")]) == 0
+    assert "on 1 MB/s and 10 ms latency" in (tmp_path / "a" / "report.md").read_text()
+    assert main(["report", *map(str, runs), "--out", str(tmp_path / "b"), "--bandwidth", "1e7"]) == 0
+    assert "on 10 MB/s and 10 ms latency" in (tmp_path / "b" / "report.md").read_text()
+
+
+# -- the plots, as matplotlib figures ---------------------------------------------------------------
+
+
+def rewrite(run: Path, edit: Callable[[dict[str, Any]], list[dict[str, Any]]]) -> Path:
+    """Each event of the run's metrics.jsonl replaced by the events ``edit`` returns for it."""
+    path = run / "metrics.jsonl"
+    evs = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(x) + "\n" for e in evs for x in edit(e)))
+    return run
+
+
+def legend_labels(fig: Any) -> set[str]:
+    """Every label of every legend of the figure (the axes' and the figure's own)."""
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None] + list(fig.legends)
+    return {t.get_text() for lg in legends for t in lg.get_texts()}
+
+
+def labelled(ax: Any) -> set[str]:
+    artists = [*ax.lines, *ax.collections, *ax.patches]
+    return {a.get_label() for a in artists if a.get_label() and not a.get_label().startswith("_")}
+
+
+def visible_ticks(axis: Any) -> list[float]:
+    lo, hi = sorted(axis.get_view_interval())
+    return [float(t) for t in axis.get_major_locator()() if lo <= t <= hi]
+
+
+def integer_ticks(axis: Any) -> bool:
+    ticks = visible_ticks(axis)
+    return len(ticks) >= 2 and all(t.is_integer() for t in ticks)
+
+
+@pytest.fixture
+def figures(runs: list[Path], tmp_path: Path) -> dict[str, Any]:
+    return reporting.make_figures(reporting.load_all(runs), target=40.0)
+
+
+def test_every_plot_with_several_series_has_a_legend(figures: dict[str, Any], tmp_path: Path) -> None:
+    one = reporting.make_figures([reporting.load(recorded_run(tmp_path, "one", "adloco", [50.0], 10))])
+    assert (
+        set(figures)
+        == set(one)
+        == {
+            "val_ppl_vs_round.png",
+            "val_ppl_vs_examples.png",
+            "val_ppl_vs_communications.png",
+            "val_ppl_vs_bytes.png",
+            "val_ppl_vs_simulated_time.png",
+            "requests.png",
+            "trainers_alive.png",
+            "allocation.png",
+            "batch.png",
+            "idle_share.png",
+        }
+    )
+    for name, fig in [*figures.items(), *one.items()]:
+        shown = legend_labels(fig)
+        for ax in fig.axes:
+            if len(labelled(ax)) > 1:
+                assert labelled(ax) <= shown, name
+    assert "trainer 0" in legend_labels(figures["allocation.png"])  # the colours explained
+
+
+def test_curves_start_at_the_true_origin_and_say_whose_they_are(figures: dict[str, Any]) -> None:
+    for x in ("round", "examples", "communications", "bytes", "simulated_time"):
+        ax = figures[f"val_ppl_vs_{x}.png"].axes[0]
+        assert ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0, x
+        assert min(visible_ticks(ax.xaxis)) == 0, x  # 0 shown, nothing below it
+        assert "trainer 0 (the lowest id alive" in ax.get_title(), x
+        assert any(t.get_text() == "start: 100 (every run)" for t in ax.texts)  # one common start
+    for x in ("round", "examples", "communications"):  # counts
+        assert integer_ticks(figures[f"val_ppl_vs_{x}.png"].axes[0].xaxis), x
+    bytes_ax = figures["val_ppl_vs_bytes.png"].axes[0]
+    assert bytes_ax.get_xlabel() == "bytes communicated, all workers (MB)"
+    assert bytes_ax.lines[0].get_xdata()[-1] == pytest.approx(6.0)  # 3 rounds of 2 MB
+    time_ax = figures["val_ppl_vs_simulated_time.png"].axes[0]
+    assert "simulated on 1 MB/s and 10 ms latency; compute measured" in time_ax.get_title()
+
+
+def test_a_long_tail_is_clipped_and_drawn_whole_beside(runs: list[Path], tmp_path: Path) -> None:
+    ddp = recorded_run(tmp_path, "ddp", "ddp", [40.0, 30.0, 25.0], 100_000_000)
+    fig = reporting.curve_figure([(r.label, [r]) for r in reporting.load_all([*runs, ddp])], "bytes")
+    ax, legend_axes, whole = fig.axes
+    assert ax.get_xlim() == pytest.approx((0, 1.1 * 12))  # 10% beyond the next longest run (12 MB)
+    assert whole.get_xlim()[1] >= 300 and whole.get_title() == "whole range (shaded: the plot's)"
+    assert [t.get_text() for t in ax.texts if "continues" in t.get_text()] == [
+        "ddp continues to 300 MB (final 25) →"
+    ]
+    assert legend_labels(fig) >= {"fast", "slow", "ddp"}
+    not_clipped = reporting.curve_figure([(r.label, [r]) for r in reporting.load_all(runs)], "bytes")
+    assert len(not_clipped.axes) == 1  # 12 MB against 6 MB: no tail to clip
+
+
+def test_request_plot_marks_merges_and_the_switch_threshold(tmp_path: Path) -> None:
+    merge = events.Merge(
+        round=2, merged=[0, 1], survivor=0, weights={0: 0.5, 1: 0.5}, request=12, trainers_alive=1
+    )
+
+    def add_merge(e: dict[str, Any]) -> list[dict[str, Any]]:
+        return [e, merge.to_dict()] if e["event"] == "trainer" and e["round"] == 2 else [e]
+
+    run = rewrite(
+        recorded_run(
+            tmp_path, "a", "adloco", [50.0, 30.0, 20.0], 10, config={"switch": {"kappa": 2.0, "b_max": 8}}
+        ),
+        add_merge,
+    )
+    ax = reporting.requests_figure([("a", reporting.load(run), 1)]).axes[0]
+    (diamond,) = [line for line in ax.lines if line.get_marker() == "D"]
+    assert (list(diamond.get_xdata()), list(diamond.get_ydata())) == ([2.5], [12])  # between rounds 2 and 3
+    assert any(t.get_text() == "0+1 → 0" for t in ax.texts)
+    (threshold,) = [line for line in ax.lines if line.get_label().startswith("κ·b_max")]
+    assert list(threshold.get_ydata()) == [16, 16]
+    assert "κ: config switch.kappa; b_max: config switch.b_max" in threshold.get_label()
+    assert any(t.get_text() == "κ·b_max = 2 × 8 = 16" for t in ax.texts)
+    assert "Theorem 1 lower bound, from the round before (reconstructed, ALGORITHM.md §8)" in labelled(ax)
+    assert integer_ticks(ax.xaxis) and integer_ticks(ax.yaxis) and ax.get_ylim()[0] == 0
+
+    # a worker that accumulated ran micro-batches of b_max: the events say b_max, before the config
+    def accumulate(e: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{**e, "accum": 2, "effective": 8} if e["event"] == "worker" and e["round"] == 3 else e]
+
+    th = reporting.switch_threshold(reporting.load(rewrite(run, accumulate)))
+    assert th is not None and (th.kappa, th.b_max, th.source) == (2.0, 4, "the workers' micro-batch")
+    plain = reporting.load(recorded_run(tmp_path, "b", "adloco", [50.0], 10))
+    assert reporting.switch_threshold(plain) is None  # nobody reached b_max and the config does not say
+
+
+def test_changes_of_workers_are_marked(tmp_path: Path) -> None:
+    change = events.Membership(
+        round=2, workers=1, workers_before=2, left=[1], joined=[], merged=[], restart_s=1.0, restarts=1
+    )
+
+    def restart(e: dict[str, Any]) -> list[dict[str, Any]]:
+        if e["event"] == "worker" and e["round"] == 3 and e["worker"] == 1:
+            return []  # worker 1 left
+        return [e, change.to_dict()] if e["event"] == "round" and e["round"] == 2 else [e]
+
+    run = reporting.load(rewrite(recorded_run(tmp_path, "a", "adloco", [50.0, 30.0, 20.0], 10), restart))
+    assert reporting.memberships(run) == [change]  # read even where the schema's table lacks it
+    ax = reporting.curve_figure([("a", [run])], "round").axes[0]
+    (line,) = [x for x in ax.lines if "workers" in x.get_label()]
+    assert list(line.get_xdata()) == [2.5, 2.5] and line.get_label() == "2 → 1 workers after round 2"
+    assert any(t.get_text() == "2 → 1 workers" for t in ax.texts)
+    fig = reporting.allocation_figure([("a", run, 1)])
+    ax = fig.axes[0]
+    assert any(t.get_text() == "2 → 1 workers" for t in ax.texts)
+    assert {"trainer 0", "worker not in the run that round", "change of workers"} <= legend_labels(fig)
+    image = ax.get_images()[0].get_array()
+    assert tuple(image[1][2][:3]) == (1.0, 1.0, 1.0)  # worker 1 in round 3: white
+    assert integer_ticks(ax.xaxis) and integer_ticks(ax.yaxis)
+
+
+def test_counts_are_ticked_in_whole_numbers(figures: dict[str, Any]) -> None:
+    alive = figures["trainers_alive.png"].axes[0]
+    assert integer_ticks(alive.yaxis) and integer_ticks(alive.xaxis)
+    fast, slow = alive.lines[:2]  # both 1 trainer throughout: drawn a little apart, both visible
+    assert set(fast.get_ydata()) != set(slow.get_ydata())
+    assert {round(y) for y in [*fast.get_ydata(), *slow.get_ydata()]} == {1}
+    batch = figures["batch.png"]
+    top, bottom = batch.axes[:2]
+    assert (
+        top.get_ylabel() == "examples" and bottom.get_ylabel() == "micro-batches\nper step"
+    )  # one unit each
+    assert integer_ticks(bottom.yaxis)
+
+
+def test_idle_share_per_round(tmp_path: Path) -> None:
+    def idle(e: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{**e, "idle_share": 0.1 * e["round"]} if e["event"] in ("round", "trainer") else e]
+
+    run = reporting.load(rewrite(recorded_run(tmp_path, "a", "adloco", [50.0, 30.0, 20.0], 10), idle))
+    ax = reporting.idle_share_figure([("a", [run])]).axes[0]
+    (mean,) = [x for x in ax.lines if x.get_label() == "mean over trainers (the round's)"]
+    assert list(mean.get_ydata()) == pytest.approx([0.1, 0.2, 0.3])
+    assert ax.yaxis.get_major_formatter()(0.3) == "30%" and ax.get_ylim()[0] == 0
+    assert "trainer 0" in labelled(ax)
