@@ -291,6 +291,21 @@ def test_same_seed_same_trajectory() -> None:
         assert torch.equal(a.algo.theta(t), b.algo.theta(t))
 
 
+def test_dropout_is_seeded_by_the_run_not_by_what_ran_before() -> None:
+    """Imports and model loading may leave the process's generators anywhere; dropout must not care."""
+
+    def worker_losses() -> list[float]:
+        torch.seed()  # a random state, as a library that reseeds on import would leave it
+        d = driver(tiny_config(**{"algorithm": {"rounds": 1}}))
+        for rep in d.algo.replicas.values():
+            for m in rep.model.modules():
+                if hasattr(m, "attention_dropout"):
+                    m.attention_dropout = 0.5
+        return [e["loss"] for e in run_round(d)["events"] if e["event"] == "worker"]
+
+    assert worker_losses() == worker_losses()
+
+
 def test_wire_model() -> None:
     assert wire_bytes("all_reduce", 1, 100) == 0
     assert wire_bytes("all_reduce", 4, 100) == 600

@@ -140,6 +140,10 @@ class Driver:
         self.restarts = 0  # restarts and resumes of this run so far
         self.rounds_lost = 0  # rounds trained, then lost with the processes that trained them
         self.stop_requested: Callable[[], bool] = lambda: False  # set by whoever handles signals
+        # Dropout draws from the process's generators, which imports and model loading may have
+        # advanced or reseeded by then: seed them from the run's seed and this rank, so a run is
+        # reproducible (a resume restores them from its checkpoint instead).
+        torch.manual_seed(a.seed * 1_000_003 + comm.rank)
         self._rng: list[torch.Tensor] = []
 
     @property
