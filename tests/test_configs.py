@@ -34,7 +34,7 @@ def test_the_bench_config_resolves_for_every_variant() -> None:
         target=None,
     )
     settings, todo = variants(args)
-    assert (settings["budget"], settings["seeds"], len(todo)) == (8192, [0, 1, 2], 7)
+    assert (settings["budget"], settings["seeds"], len(todo)) == (4096, [0, 1, 2], 7)
     # every method is tuned on its own grid, and the outer step is an axis of DiLoCo's and AdLoCo's
     grids = settings["grids"]
     assert {m: len(g) for m, g in grids.items()} == {"adloco": 6, "diloco": 4, "localsgd": 3, "ddp": 2}
@@ -42,7 +42,7 @@ def test_the_bench_config_resolves_for_every_variant() -> None:
     for name, sets in todo:
         c = resolve(None, sets, base=settings["raw"])
         # a fixed budget, the same rounds for all, and no warmup that would favour the methods with more steps
-        assert (c.algorithm.budget, c.algorithm.rounds, c.inner.warmup_fraction) == (8192, 43, 0.0), name
+        assert (c.algorithm.budget, c.algorithm.rounds, c.inner.warmup_fraction) == (4096, 22, 0.0), name
     localsgd = resolve(None, dict(todo)["localsgd"], base=settings["raw"])
     assert localsgd.inner.momentum == 0.0  # Stich's plain SGD, not the inherited 0.9
 
