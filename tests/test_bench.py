@@ -442,3 +442,23 @@ def test_two_variants_on_two_seeds_two_at_a_time(tmp_path: Path, text_corpus: Pa
     assert "[4/4]" in p.stdout and " left" in p.stdout
     text = (out / "report.md").read_text()
     assert "| adloco | adloco | preset | 2 |" in text and "ms per example" in text
+    # benchmarks/claims.py reads the same results.json: one ratio per seed both variants ran
+    claims = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).parents[1] / "benchmarks" / "claims.py"),
+            str(out / "results.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert claims.returncode == 0, claims.stderr
+    row = next(x for x in claims.stdout.splitlines() if x.startswith("| lower final perplexity than DiLoCo"))
+    ratio = (
+        results["variants"]["adloco"]["runs"][0]["final"] / results["variants"]["diloco"]["runs"][0]["final"]
+    )
+    assert f"[{ratio:.2f}" in row or f"–{ratio:.2f}]" in row
+    assert row.endswith(("| 2 | confirmed |", "| 2 | refuted |", "| 2 | mixed |"))
+    no_merge = next(x for x in claims.stdout.splitlines() if x.startswith("| merging helps"))
+    assert no_merge.endswith("| 0 | not shown |")  # no ablation ran

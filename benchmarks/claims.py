@@ -1,0 +1,104 @@
+"""The paper's claims, one by one, against a finished `adloco bench` (its results.json).
+
+For every claim, a ratio of two variants' figures on the same seed (AdLoCo over the other: below 1 means
+AdLoCo is lower), its mean and min–max over the seeds both ran, and a verdict: *confirmed* when the
+ratio is on the claim's side of 1 on every seed, *refuted* when it is on the other side on every seed,
+*mixed* otherwise; *not shown* when a figure is missing (a run that never reached the target).
+
+Usage:  python benchmarks/claims.py BENCH_DIR/results.json   (prints a Markdown table)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+# (claim, AdLoCo variant, other variant, figure, where the claim wants the ratio: "<1" or ">1")
+CLAIMS: list[tuple[str, str, str, str, str]] = [
+    ("lower final perplexity than DiLoCo", "adloco", "diloco", "final", "<1"),
+    ("reaches the target in fewer examples than DiLoCo", "adloco", "diloco", "to_target.examples", "<1"),
+    ("reaches the target sooner than DiLoCo (simulated time)", "adloco", "diloco", "to_target.sim_s", "<1"),
+    ("communicates less than DiLoCo to the target", "adloco", "diloco", "to_target.bytes", "<1"),
+    ("communicates less than DiLoCo in the whole run", "adloco", "diloco", "bytes", "<1"),
+    (
+        "adaptive batches help: lower final perplexity than without",
+        "adloco",
+        "adloco-no-adaptive",
+        "final",
+        "<1",
+    ),
+    ("adaptive batches cut the bytes to the target", "adloco", "adloco-no-adaptive", "to_target.bytes", "<1"),
+    ("merging helps: lower final perplexity than without", "adloco", "adloco-no-merge", "final", "<1"),
+    ("switch mode helps: lower final perplexity than capping", "adloco", "adloco-no-switch", "final", "<1"),
+    (
+        "switch mode reaches the target sooner (simulated time)",
+        "adloco",
+        "adloco-no-switch",
+        "to_target.sim_s",
+        "<1",
+    ),
+]
+
+
+def figure(run: dict[str, Any], key: str) -> float | None:
+    x: Any = run
+    for part in key.split("."):
+        if not isinstance(x, dict) or x.get(part) is None:
+            return None
+        x = x[part]
+    return float(x)
+
+
+def ratios(results: dict[str, Any], a: str, b: str, key: str) -> list[float] | None:
+    """The per-seed ratios a/b of ``key``, or None when either variant lacks it on a seed they share."""
+    va, vb = results["variants"].get(a), results["variants"].get(b)
+    if va is None or vb is None:
+        return None
+    by_seed = {r["seed"]: r for r in vb["runs"] if r.get("final") is not None}
+    out = []
+    for r in va["runs"]:
+        other = by_seed.get(r.get("seed"))
+        if r.get("final") is None:  # a failed run is in the report's failures, not in a ratio
+            continue
+        if other is None:
+            continue
+        x, y = figure(r, key), figure(other, key)
+        if x is None or y is None or y == 0:
+            return None
+        out.append(x / y)
+    return out or None
+
+
+def verdict(rs: list[float] | None, side: str) -> str:
+    if rs is None:
+        return "not shown"
+    good = [(r < 1) if side == "<1" else (r > 1) for r in rs]
+    return "confirmed" if all(good) else "refuted" if not any(good) else "mixed"
+
+
+def table(results: dict[str, Any]) -> str:
+    target = results.get("target")
+    lines = [
+        f"Target: validation perplexity {target:.1f}. Ratios are AdLoCo's figure over the other's, per seed.",
+        "",
+        "| claim | ratio, mean [min–max] | seeds | verdict |",
+        "|---|---|---|---|",
+    ]
+    for claim, a, b, key, side in CLAIMS:
+        rs = ratios(results, a, b, key)
+        shown = "—" if rs is None else f"{statistics.fmean(rs):.2f} [{min(rs):.2f}–{max(rs):.2f}]"
+        lines.append(f"| {claim} | {shown} | {0 if rs is None else len(rs)} | {verdict(rs, side)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", type=Path, help="results.json of a finished adloco bench")
+    print(table(json.loads(ap.parse_args().results.read_text())))
+
+
+if __name__ == "__main__":
+    main()
