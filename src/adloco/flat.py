@@ -14,18 +14,19 @@ than dozens.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from torch import nn
 
-_FLAT: weakref.WeakKeyDictionary[nn.Module, FlatModule] = weakref.WeakKeyDictionary()
+# The module's FlatModule lives in the module's own __dict__ (not in a global weak-keyed map, whose
+# values would keep their keys, and so every flattened model, alive forever): the two are freed together.
+_ATTR = "_adloco_flat"
 
 
 def flatten(module: nn.Module) -> FlatModule:
-    """The module's :class:`FlatModule`, created on first use (the parameters move into it)."""
-    flat = _FLAT.get(module)
-    if flat is None:
+    """The module's :class:`FlatModule`, created on first use (the parameters move into it), and again
+    when its parameters no longer live in it (a deep copy of the module, or its parameters moved)."""
+    flat = module.__dict__.get(_ATTR)
+    if not isinstance(flat, FlatModule) or not flat.holds(module):
         flat = FlatModule(module)
     return flat
 
@@ -73,7 +74,17 @@ class FlatModule:
                 g.grad = self.grad[lo:hi]
                 self.groups.append(g)
         self.decay_flags = [True, False] if self.n_decay and self.n_decay < self.numel else [self.n_decay > 0]
-        _FLAT[module] = self
+        module.__dict__[_ATTR] = self
+
+    def holds(self, module: nn.Module) -> bool:
+        """Whether ``module``'s parameters are this flat buffer's views."""
+        base, esize = self.param.data_ptr(), self.param.element_size()
+        end = base + self.numel * esize
+        params = list(module.parameters())
+        return len(params) == len(self.params) and all(
+            p is q and p.dtype == torch.float32 and base <= p.data_ptr() < end
+            for p, q in zip(sorted(params, key=id), sorted(self.params, key=id), strict=True)
+        )
 
     def alias_grads(self) -> None:
         """Point every parameter's ``.grad`` at its view of the flat gradient (after a user's
