@@ -495,8 +495,9 @@ class AdLoCo(Stateful):
         if self.ddp and len(self.replicas) > 1:
             raise ValueError("ddp: hooked optimizers need one worker per process (or per thread: ThreadComm)")
         for w, rep in self.replicas.items():
-            if self.ddp:
-                self._hooks.append(rep.optimizer.register_step_pre_hook(self._hooked_pre(w)))
+            # the round begins (inner_state reset, snapshot) before its first step, not after it
+            pre = self._hooked_pre(w) if self.ddp else (lambda opt, args, kwargs: self._ensure_round())
+            self._hooks.append(rep.optimizer.register_step_pre_hook(pre))
             self._hooks.append(rep.optimizer.register_step_post_hook(self._hooked_post(w)))
         return self
 
@@ -633,6 +634,10 @@ class AdLoCo(Stateful):
                 )
                 if summed is not None:
                     buf.copy_(summed)
+            if len(ws) < len(members[t]):
+                # a worker left out still serves t: its process (possibly hosting no finite worker of t,
+                # hence outside the all-reduce) needs Δ_t too, or its θ_t and momentum go stale
+                self.comm.broadcast(buf, ws[0], members[t], "delta")
             if tr.theta is not None:
                 with torch.no_grad():
                     tr.outer.step(tr.theta, buf)

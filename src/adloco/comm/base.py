@@ -150,7 +150,11 @@ class Comm:
         mine = [w for w in workers if w in parts]
         t0 = time.perf_counter()
         with _named(kind):
-            out = self._compressed(parts, list(workers), dtype, block, feedback) if mine else None
+            if mine:
+                out: torch.Tensor | None = self._compressed(parts, list(workers), dtype, block, feedback)
+            else:  # a process hosting none of them still takes part in what every process must call
+                self._compressed_elsewhere(list(workers))
+                out = None
         self._account(
             kind,
             "all_reduce",
@@ -219,3 +223,8 @@ class Comm:
         feedback: Mapping[int, ErrorFeedback] | None,
     ) -> torch.Tensor:
         raise NotImplementedError
+
+    def _compressed_elsewhere(self, workers: list[int]) -> None:
+        """The compressed all-reduce of a group none of whose workers lives here: what this process must
+        still do so that every process issues the same calls (threads meet at one barrier; every rank
+        creates every torch.distributed group)."""

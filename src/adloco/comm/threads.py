@@ -94,6 +94,9 @@ class ThreadComm(Comm):
     def barrier(self) -> None:
         self._exchange(None)
 
+    def _compressed_elsewhere(self, workers: list[int]) -> None:
+        self._exchange({})  # every thread meets at every exchange, hosting a participant or not
+
     def _compressed(
         self,
         parts: Mapping[int, torch.Tensor],

@@ -108,6 +108,11 @@ class TorchDistComm(Comm):
         self._guard("all_gather", lambda: dist.all_gather(parts, mine))
         return [bytes(p[: int(n)].cpu().tolist()) for p, n in zip(parts, size.tolist(), strict=True)]
 
+    def _compressed_elsewhere(self, workers: list[int]) -> None:
+        ranks = self._ranks(workers)
+        if len(ranks) >= 2:
+            self._group(ranks)  # new_group is collective over the world: every rank creates it, in order
+
     def _compressed(
         self,
         parts: Mapping[int, torch.Tensor],
