@@ -38,6 +38,9 @@ def main() -> None:
         batch=AdaptiveBatch("norm", initial=8, max=256, eta=0.5),
         merge=Merging("smallest", every=2),
         b_max=64,  # the largest micro-batch a worker runs at once: bigger requests accumulate
+        # equal shares, so one process and two give the same numbers; the default, speed, splits a
+        # trainer's examples by its workers' measured speeds, which depend on the machine's load
+        balance="equal",
     )
     streams = {w: torch.Generator().manual_seed(1000 + w) for w in algo.local_workers}  # worker w's data
     for _ in range(ROUNDS):
