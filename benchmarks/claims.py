@@ -5,7 +5,11 @@ AdLoCo is lower), its mean and min–max over the seeds both ran, and a verdict:
 ratio is on the claim's side of 1 on every seed, *refuted* when it is on the other side on every seed,
 *mixed* otherwise; *not shown* when a figure is missing (a run that never reached the target).
 
-Usage:  python benchmarks/claims.py BENCH_DIR/results.json   (prints a Markdown table)
+Several results.json (benches priced alike: the same target, network and seconds per example; see
+`adloco bench --report-only`) are read as one: a later file's variant replaces an earlier one of the same
+name, and a replaced `adloco` takes the earlier file's ablations with it (they ablated another AdLoCo).
+
+Usage:  python benchmarks/claims.py BENCH_DIR/results.json [MORE/results.json ...]   (a Markdown table)
 """
 
 from __future__ import annotations
@@ -94,10 +98,30 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def merged(all_results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One results dict from several benches priced alike (see the module's doc)."""
+    first = all_results[0]
+    out = {**first, "variants": dict(first["variants"])}
+    for other in all_results[1:]:
+        for key in ("target", "network", "compute"):
+            mine = other.get(key) if key != "compute" else (other.get(key) or {}).get("seconds_per_example")
+            theirs = first.get(key) if key != "compute" else (first.get(key) or {}).get("seconds_per_example")
+            if mine != theirs:
+                raise SystemExit(
+                    f"claims: the benches are priced differently ({key}: {theirs} and {mine}); "
+                    "rewrite one with adloco bench --report-only --target/--seconds-per-example"
+                )
+        if "adloco" in other["variants"]:
+            out["variants"] = {k: v for k, v in out["variants"].items() if not k.startswith("adloco-")}
+        out["variants"].update(other["variants"])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", type=Path, help="results.json of a finished adloco bench")
-    print(table(json.loads(ap.parse_args().results.read_text())))
+    ap.add_argument("results", type=Path, nargs="+", help="results.json of finished adloco benches")
+    files = ap.parse_args().results
+    print(table(merged([json.loads(f.read_text()) for f in files])))
 
 
 if __name__ == "__main__":

@@ -462,3 +462,37 @@ def test_two_variants_on_two_seeds_two_at_a_time(tmp_path: Path, text_corpus: Pa
     assert row.endswith(("| 2 | confirmed |", "| 2 | refuted |", "| 2 | mixed |"))
     no_merge = next(x for x in claims.stdout.splitlines() if x.startswith("| merging helps"))
     assert no_merge.endswith("| 0 | not shown |")  # no ablation ran
+
+
+def test_claims_give_per_seed_ratios_and_a_replaced_adloco_drops_its_ablations() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "claims", Path(__file__).parents[1] / "benchmarks" / "claims.py"
+    )
+    assert spec is not None and spec.loader is not None
+    claims = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(claims)
+
+    def bench(**finals: list[float]) -> dict[str, Any]:
+        runs = {
+            v: {"runs": [{"seed": s, "final": f, "bytes": 1.0} for s, f in enumerate(fs)]}
+            for v, fs in finals.items()
+        }
+        return {"target": 300.0, "network": None, "compute": {"seconds_per_example": 0.01}, "variants": runs}
+
+    def row(text: str, claim: str) -> str:
+        return next(x for x in text.splitlines() if x.startswith(f"| {claim}"))
+
+    main = bench(adloco=[200.0, 90.0], diloco=[100.0, 100.0], **{"adloco-no-merge": [400.0, 180.0]})
+    text = claims.table(main)
+    assert row(text, "lower final perplexity than DiLoCo").endswith("| 1.45 [0.90–2.00] | 2 | mixed |")
+    assert row(text, "merging helps").endswith("| 0.50 [0.50–0.50] | 2 | confirmed |")
+    assert row(text, "reaches the target in fewer examples").endswith("| — | 0 | not shown |")
+    again = claims.merged([main, bench(adloco=[300.0, 300.0])])
+    assert row(claims.table(again), "lower final perplexity than DiLoCo").endswith(
+        "| 3.00 [3.00–3.00] | 2 | refuted |"
+    )
+    assert row(claims.table(again), "merging helps").endswith("| — | 0 | not shown |")
+    with pytest.raises(SystemExit, match="priced differently"):
+        claims.merged([main, {**bench(adloco=[1.0]), "target": 250.0}])
