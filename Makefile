@@ -18,7 +18,7 @@ train: $(BIN)/.installed  ## AdLoCo on the embedded default (this Python's stand
 	$(BIN)/adloco train
 
 test: $(BIN)/.installed  ## the default test suite (no network, a few minutes on 2 cores)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --durations=15
 
 test-all: $(BIN)/.installed  ## every test, the slow end-to-end ones included
 	$(BIN)/python -m pytest -q
