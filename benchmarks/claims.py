@@ -3,7 +3,7 @@
 For every claim, a ratio of two variants' figures on the same seed (AdLoCo over the other: below 1 means
 AdLoCo is lower), its mean and min–max over the seeds both ran, and a verdict: *confirmed* when the
 ratio is on the claim's side of 1 on every seed, *refuted* when it is on the other side on every seed,
-*mixed* otherwise; *not shown* when a figure is missing (a run that never reached the target).
+*mixed* otherwise; *no difference* when the two are equal on every seed; *not shown* when a figure is missing (a run that never reached the target).
 
 Several results.json (benches priced alike: the same target, network and seconds per example; see
 `adloco bench --report-only`) are read as one: a later file's variant replaces an earlier one of the same
@@ -79,6 +79,8 @@ def ratios(results: dict[str, Any], a: str, b: str, key: str) -> list[float] | N
 def verdict(rs: list[float] | None, side: str) -> str:
     if rs is None:
         return "not shown"
+    if all(r == 1 for r in rs):
+        return "no difference"  # the two variants ran alike, e.g. an ablation of something never used
     good = [(r < 1) if side == "<1" else (r > 1) for r in rs]
     return "confirmed" if all(good) else "refuted" if not any(good) else "mixed"
 

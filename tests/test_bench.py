@@ -484,10 +484,15 @@ def test_claims_give_per_seed_ratios_and_a_replaced_adloco_drops_its_ablations()
     def row(text: str, claim: str) -> str:
         return next(x for x in text.splitlines() if x.startswith(f"| {claim}"))
 
-    main = bench(adloco=[200.0, 90.0], diloco=[100.0, 100.0], **{"adloco-no-merge": [400.0, 180.0]})
+    main = bench(
+        adloco=[200.0, 90.0],
+        diloco=[100.0, 100.0],
+        **{"adloco-no-merge": [400.0, 180.0], "adloco-no-switch": [200.0, 90.0]},
+    )
     text = claims.table(main)
     assert row(text, "lower final perplexity than DiLoCo").endswith("| 1.45 [0.90–2.00] | 2 | mixed |")
     assert row(text, "merging helps").endswith("| 0.50 [0.50–0.50] | 2 | confirmed |")
+    assert row(text, "switch mode helps").endswith("| 1.00 [1.00–1.00] | 2 | no difference |")
     assert row(text, "reaches the target in fewer examples").endswith("| — | 0 | not shown |")
     again = claims.merged([main, bench(adloco=[300.0, 300.0])])
     assert row(claims.table(again), "lower final perplexity than DiLoCo").endswith(
