@@ -31,7 +31,7 @@ lint: $(BIN)/.installed  ## ruff and mypy
 bench: $(BIN)/.installed  ## engine overhead benchmark (see benchmarks/RESULTS.md)
 	$(BIN)/python benchmarks/engine_overhead.py
 
-bench-cpu: $(BIN)/.installed  ## the methods, tuned, and ablations over 3 seeds on 2 CPU cores (about 2 hours)
+bench-cpu: $(BIN)/.installed  ## the methods, tuned, and ablations over 3 seeds on 2 CPU cores (about an hour and a quarter)
 	$(BIN)/adloco bench --config configs/bench-cpu.yaml --ablations no-adaptive,no-merge,no-switch --jobs 2
 
 clean:
