@@ -67,6 +67,7 @@ def check_whole(run: Path, rounds: int) -> list[dict[str, Any]]:
     return evs
 
 
+@pytest.mark.slow  # over 25 s: CI runs it with the slow tests
 def test_a_killed_process_is_restarted_and_the_run_finishes(tmp_path: Path, text_corpus: Path) -> None:
     """`adloco train --nproc 4 --max-restarts 1`: rank 1 is SIGKILLed at the start of round 3; the agent
     restarts the processes, they continue from round 2's checkpoint, and the run ends with exit 0."""

@@ -41,6 +41,7 @@ def _dry_run(out: Path) -> dict:
     return report
 
 
+@pytest.mark.slow  # over 25 s: CI runs it with the slow tests
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant of the dry run")
 def test_dry_run_on_cpu(tmp_path: Path) -> None:
     report = _dry_run(tmp_path)

@@ -181,6 +181,7 @@ def test_report_refuses_a_folder_that_is_not_a_run(
     )
 
 
+@pytest.mark.slow  # over 25 s: CI runs it with the slow tests
 def test_bench_end_to_end(tmp_path: Path, text_corpus: Path) -> None:
     cfg = tmp_path / "bench.yaml"
     cfg.write_text(

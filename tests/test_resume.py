@@ -144,6 +144,7 @@ def test_ctrl_c_stops_with_130(tmp_path: Path, text_corpus: Path) -> None:
     assert rounds_logged(run) == [1] and [c.name for c in checkpoint.complete(run)] == ["round-000001"]
 
 
+@pytest.mark.slow  # over 25 s: CI runs it with the slow tests
 def test_a_killed_rank_resumes_bit_for_bit(tmp_path: Path, text_corpus: Path) -> None:
     extra = {"runtime__workers_per_process": "2", "runtime__timeout": "20"}
     full, cut = tmp_path / "full", tmp_path / "cut"
