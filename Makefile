@@ -17,7 +17,7 @@ $(BIN)/.installed: pyproject.toml
 train: $(BIN)/.installed  ## AdLoCo on the embedded default (this Python's standard library source)
 	$(BIN)/adloco train
 
-test: $(BIN)/.installed  ## the default test suite (no network, a few minutes on 2 cores)
+test: $(BIN)/.installed  ## the default test suite (no network, about 8 minutes on 2 cores)
 	$(BIN)/python -m pytest -q -m "not slow" --durations=15
 
 test-all: $(BIN)/.installed  ## every test, the slow end-to-end ones included
