@@ -104,15 +104,17 @@ def merged(all_results: list[dict[str, Any]]) -> dict[str, Any]:
     """One results dict from several benches priced alike (see the module's doc)."""
     first = all_results[0]
     out = {**first, "variants": dict(first["variants"])}
+
+    def pricing(r: dict[str, Any]) -> tuple[Any, ...]:
+        return r.get("target"), r.get("network"), (r.get("compute") or {}).get("seconds_per_example")
+
     for other in all_results[1:]:
-        for key in ("target", "network", "compute"):
-            mine = other.get(key) if key != "compute" else (other.get(key) or {}).get("seconds_per_example")
-            theirs = first.get(key) if key != "compute" else (first.get(key) or {}).get("seconds_per_example")
-            if mine != theirs:
-                raise SystemExit(
-                    f"claims: the benches are priced differently ({key}: {theirs} and {mine}); "
-                    "rewrite one with adloco bench --report-only --target/--seconds-per-example"
-                )
+        if pricing(other) != pricing(first):
+            raise SystemExit(
+                f"claims: the benches are priced differently (target, network, seconds per example: "
+                f"{pricing(first)} and {pricing(other)}); rewrite one with adloco bench --report-only "
+                "--target/--seconds-per-example"
+            )
         if "adloco" in other["variants"]:
             out["variants"] = {k: v for k, v in out["variants"].items() if not k.startswith("adloco-")}
         out["variants"].update(other["variants"])

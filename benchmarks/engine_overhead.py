@@ -64,17 +64,24 @@ def engine_tokens_per_s(cfg, data, factory) -> tuple[float, float]:  # type: ign
     return tokens / dt, dt / rounds
 
 
-def plain_tokens_per_s(cfg, data, factory) -> float:  # type: ignore[no-untyped-def]
-    """A plain loop: the same model, AdamW settings, clipping and blocks in the same order."""
-    a, inner = cfg.algorithm, cfg.inner
-    model = factory.build(a.seed)
+def _model_and_adamw(cfg, factory):  # type: ignore[no-untyped-def]
+    """The model at the run's seed and a per-parameter AdamW with the engine's settings (no decay on
+    vectors), as a user's own loop would build them."""
+    model = factory.build(cfg.algorithm.seed)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     other = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": inner.weight_decay}, {"params": other, "weight_decay": 0.0}],
-        lr=inner.lr,
-        betas=tuple(inner.betas),
+        [{"params": decay, "weight_decay": cfg.inner.weight_decay}, {"params": other, "weight_decay": 0.0}],
+        lr=cfg.inner.lr,
+        betas=tuple(cfg.inner.betas),
     )
+    return model, opt
+
+
+def plain_tokens_per_s(cfg, data, factory) -> float:  # type: ignore[no-untyped-def]
+    """A plain loop: the same model, AdamW settings, clipping and blocks in the same order."""
+    a, inner = cfg.algorithm, cfg.inner
+    model, opt = _model_and_adamw(cfg, factory)
     b = cfg.batch.initial
     subset = trainer_subset(data.n_train, 1.0, a.seed, 0)
     total = a.rounds * a.inner_steps  # the same learning-rate schedule as the engine
@@ -103,14 +110,7 @@ def library_tokens_per_s(cfg, data, factory) -> float:  # type: ignore[no-untype
     """A user's own loop: their model and AdamW (per-parameter, not adloco's flat groups) in DiLoCo,
     each inner step through ``algo.step(batch)``, the same blocks and schedule as the plain loop."""
     a, inner = cfg.algorithm, cfg.inner
-    model = factory.build(a.seed)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    other = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": inner.weight_decay}, {"params": other, "weight_decay": 0.0}],
-        lr=inner.lr,
-        betas=tuple(inner.betas),
-    )
+    model, opt = _model_and_adamw(cfg, factory)
     b = cfg.batch.initial
     algo = DiLoCo(model, opt, inner_steps=a.inner_steps, batch_size=b, b_max=b, clip=inner.clip)
     subset = trainer_subset(data.n_train, 1.0, a.seed, 0)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +131,19 @@ def run_threaded(make: Any, owner: dict[int, int], rounds: int) -> list[Any]:
     if errors:
         raise errors[0]
     return drivers
+
+
+def train_once(out: Path, settings: dict[str, str]) -> Path:
+    """``adloco train`` in a subprocess with ``--set`` for every setting and ``logging.out_dir=out``; asserts
+    exit 0 and returns the one run directory it wrote."""
+    args = [a for k, v in {**settings, "logging.out_dir": str(out)}.items() for a in ("--set", f"{k}={v}")]
+    p = subprocess.run(
+        [sys.executable, "-m", "adloco", "train", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    (run,) = list(out.iterdir())
+    return run

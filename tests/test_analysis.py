@@ -6,9 +6,6 @@ import argparse
 import contextlib
 import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +19,7 @@ from adloco.config import BatchConfig
 from adloco.errors import UserError
 from adloco.evaluation import evaluate, spread
 from adloco.flat import FlatModule
-from tests.helpers import build_fn, synthetic_data, tiny_config
+from tests.helpers import build_fn, synthetic_data, tiny_config, train_once
 
 TRAIN = {
     "model.name": "llama-micro",
@@ -38,19 +35,7 @@ TRAIN = {
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> Path:
-    out = tmp_path_factory.mktemp("runs")
-    sets = {**TRAIN, "data.source": str(text_corpus), "logging.out_dir": str(out)}
-    flat = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
-    p = subprocess.run(
-        [sys.executable, "-m", "adloco", "train", *flat],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stderr
-    (run,) = list(out.iterdir())
-    return run
+    return train_once(tmp_path_factory.mktemp("runs"), {**TRAIN, "data.source": str(text_corpus)})
 
 
 def parse(*argv: str) -> argparse.Namespace:

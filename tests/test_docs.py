@@ -17,10 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +26,7 @@ from adloco import config, events
 from adloco.cli import build_parser
 from adloco.engine import rundir
 from adloco.telemetry.metrics import tensorboard_available
+from tests.helpers import train_once
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHM = ROOT / "docs" / "ALGORITHM.md"
@@ -362,19 +360,7 @@ TINY = {
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> Path:
     """The run directory of one tiny `adloco train` (two rounds, trainers merging every round)."""
-    out = tmp_path_factory.mktemp("docs-run")
-    settings = {**TINY, "data.source": str(text_corpus), "logging.out_dir": str(out)}
-    args = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
-    p = subprocess.run(
-        [sys.executable, "-m", "adloco", "train", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stderr
-    (run,) = list(out.iterdir())
-    return run
+    return train_once(tmp_path_factory.mktemp("docs-run"), {**TINY, "data.source": str(text_corpus)})
 
 
 def test_readme_run_directory_is_what_a_run_writes(
