@@ -5,7 +5,7 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 
-.PHONY: train test test-all lint bench bench-cpu clean
+.PHONY: train test test-all lint bench bench-cpu bench-cpu-10m clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,9 @@ bench: $(BIN)/.installed  ## engine overhead benchmark (see benchmarks/RESULTS.m
 
 bench-cpu: $(BIN)/.installed  ## the methods, tuned, and ablations over 3 seeds on 2 CPU cores (about an hour and a quarter)
 	$(BIN)/adloco bench --config configs/bench-cpu.yaml --ablations no-adaptive,no-merge,no-switch --jobs 2
+
+bench-cpu-10m: $(BIN)/.installed  ## the same four methods at their tuned settings on llama-10m, 2 seeds (about an hour)
+	$(BIN)/adloco bench --config configs/bench-cpu-10m.yaml --jobs 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -47,6 +47,24 @@ def test_the_bench_config_resolves_for_every_variant() -> None:
     assert localsgd.inner.momentum == 0.0  # Stich's plain SGD, not the inherited 0.9
 
 
+def test_the_larger_model_comparison_differs_from_the_tuned_one_in_the_model_alone() -> None:
+    """configs/bench-cpu-10m.yaml: bench-cpu.yaml's settings on llama-10m, each method pinned at a
+    setting of its llama-tiny grid, no grid of its own."""
+    from adloco.config import load_yaml
+
+    small, large = load_yaml(CONFIGS / "bench-cpu.yaml"), load_yaml(CONFIGS / "bench-cpu-10m.yaml")
+    small_bench, large_bench = small.pop("bench"), large.pop("bench")
+    assert large.pop("model") == {"name": "llama-10m"} and small.pop("model") == {"name": "llama-tiny"}
+    assert large == small
+    assert large_bench["budget"] == small_bench["budget"] and "sweep" not in large_bench
+    assert len(large_bench["seeds"]) >= 2
+    pins = large_bench["methods"]
+    assert set(pins) == set(small_bench["sweep"])
+    for method, grid in small_bench["sweep"].items():
+        for key, value in pins[method].items():
+            assert key in grid and value in grid[key], (method, key, value)
+
+
 def test_default_yaml_is_the_embedded_default() -> None:
     assert dump_yaml(resolve(CONFIGS / "default.yaml")) == dump_yaml(resolve())
 
