@@ -19,7 +19,7 @@ import pytest
 import yaml
 from test_reporting import recorded_run
 
-from adloco import bench, reporting
+from adloco import bench, plots, reporting, results
 from adloco.cli import main
 
 TESTS = Path(__file__).parent
@@ -88,23 +88,23 @@ def fake_bench(tmp_path: Path, *args: str, config: dict[str, Any] | None = None)
 
 def test_t_quantile_against_closed_forms() -> None:
     # df 1 (Cauchy): tan(π (p − 1/2)); df 2: √(2q²/(1 − q²)) with q = 2p − 1
-    assert reporting.t_quantile(1) == pytest.approx(math.tan(math.pi * 0.475), rel=1e-12)
-    assert reporting.t_quantile(2) == pytest.approx(math.sqrt(2 * 0.95**2 / (1 - 0.95**2)), rel=1e-12)
-    assert reporting.t_quantile(4) == pytest.approx(2.776445105, rel=1e-9)  # printed tables
-    assert reporting.t_quantile(30) == pytest.approx(2.042272456, rel=1e-9)
+    assert results.t_quantile(1) == pytest.approx(math.tan(math.pi * 0.475), rel=1e-12)
+    assert results.t_quantile(2) == pytest.approx(math.sqrt(2 * 0.95**2 / (1 - 0.95**2)), rel=1e-12)
+    assert results.t_quantile(4) == pytest.approx(2.776445105, rel=1e-9)  # printed tables
+    assert results.t_quantile(30) == pytest.approx(2.042272456, rel=1e-9)
 
 
 def test_seeds_aggregate_to_mean_range_and_t_interval() -> None:
-    st = reporting.stats([30.0, 33.0, 36.0])
+    st = results.stats([30.0, 33.0, 36.0])
     assert st is not None
     # mean 33, s = √((9 + 0 + 9)/2) = 3, half-width t_{0.975,2} · 3/√3
     t2 = math.sqrt(2 * 0.95**2 / (1 - 0.95**2))
     assert (st.n, st.mean, st.min, st.max) == (3, 33.0, 30.0, 36.0)
     assert st.half == pytest.approx(t2 * 3 / math.sqrt(3))
     assert st.to_dict()["ci95"] == pytest.approx([33 - t2 * math.sqrt(3), 33 + t2 * math.sqrt(3)])
-    two = reporting.stats([1.0, 2.0])
+    two = results.stats([1.0, 2.0])
     assert two is not None and two.half is None and two.mean == 1.5  # no interval from 2 seeds
-    assert reporting.stats([]) is None
+    assert results.stats([]) is None
     assert reporting.cell(st, "value") == "33.00 [30.00–36.00] ±7.45"
     assert reporting.cell(two, "seconds", of=3) == "1.5 s [1.0–2.0 s] (2/3 reached)"
     assert reporting.cell(None, "count", of=3) == "not reached (0/3)"
@@ -112,7 +112,7 @@ def test_seeds_aggregate_to_mean_range_and_t_interval() -> None:
 
 def test_figures_over_recorded_seeds(tmp_path: Path) -> None:
     runs = [
-        reporting.load(recorded_run(tmp_path, f"a-s{s}", "adloco", ppls, 2_000_000, seed=s))
+        results.load(recorded_run(tmp_path, f"a-s{s}", "adloco", ppls, 2_000_000, seed=s))
         for s, ppls in enumerate([[50.0, 30.0, 20.0], [60.0, 35.0, 26.0], [40.0, 32.0, 23.0]])
     ]
     agg = reporting.aggregate(runs, target=33.0)
@@ -130,30 +130,30 @@ def test_curves_meet_on_a_common_grid_without_extrapolation() -> None:
     # one seed evaluated at x = 0, 2, 4, the other at 0, 3 (its budget ended it sooner)
     a = [(0.0, 100.0), (2.0, 60.0), (4.0, 20.0)]
     b = [(0.0, 120.0), (3.0, 30.0)]
-    assert reporting.interpolate(a, [1.0, 3.0, 5.0]) == [80.0, 40.0, None]
-    xs, mean, lo, hi = reporting.mean_curve([a, b])
+    assert results.interpolate(a, [1.0, 3.0, 5.0]) == [80.0, 40.0, None]
+    xs, mean, lo, hi = results.mean_curve([a, b])
     assert xs == [0.0, 2.0, 3.0]  # the union of x values, up to the shorter curve's end
     assert mean == pytest.approx([110.0, 0.5 * (60 + 60), 0.5 * (40 + 30)])  # b at 2: 120 − 2·30 = 60
     assert lo == pytest.approx([100.0, 60.0, 30.0]) and hi == pytest.approx([120.0, 60.0, 40.0])
     # a repeated x (nothing sent between two evaluations): the later evaluation counts
-    assert reporting.interpolate([(0.0, 9.0), (1.0, 5.0), (1.0, 4.0), (2.0, 2.0)], [1.0, 1.5]) == [4.0, 3.0]
+    assert results.interpolate([(0.0, 9.0), (1.0, 5.0), (1.0, 4.0), (2.0, 2.0)], [1.0, 1.5]) == [4.0, 3.0]
 
 
 def test_variants_over_seeds_are_drawn_as_mean_and_band(tmp_path: Path) -> None:
-    def variant(name: str, per_round: int, ppls: list[float]) -> tuple[str, list[reporting.Run]]:
+    def variant(name: str, per_round: int, ppls: list[float]) -> tuple[str, list[results.Run]]:
         seeds = [
             recorded_run(
                 tmp_path, f"{name}-s{s}", name, [p + s for p in ppls[: len(ppls) - s]], per_round, seed=s
             )
             for s in range(3)
         ]
-        return name, reporting.load_all(seeds)
+        return name, results.load_all(seeds)
 
     groups = [
         variant("adloco", 2_000_000, [60.0, 40.0, 30.0]),
         variant("diloco", 4_000_000, [70.0, 50.0, 40.0]),
     ]
-    figs = reporting.make_figures([r for _, g in groups for r in g], 45.0, groups)
+    figs = plots.make_figures([r for _, g in groups for r in g], 45.0, groups)
     ax = figs["val_ppl_vs_bytes.png"].axes[0]
     assert {"adloco (3 seeds)", "diloco (3 seeds)", "target 45.0"} <= {
         t.get_text() for t in ax.get_legend().get_texts()
@@ -170,26 +170,26 @@ def test_simulated_compute_priced_from_examples(tmp_path: Path) -> None:
         recorded_run(tmp_path, "a", "adloco", [50.0, 30.0, 20.0], 2_000_000),
         recorded_run(tmp_path, "b", "diloco", [80.0, 60.0, 40.0], 4_000_000),
     ]
-    runs = reporting.load_all(paths, compute="examples")
+    runs = results.load_all(paths, compute="examples")
     # every worker event: 50 examples in 1 s or 2 s: median of 1/50 and 2/50 = 0.03 s per example
     assert runs[0].seconds_per_example == pytest.approx(0.03)
     assert "median of compute_s / examples over 12 worker events of 2 runs" in runs[0].compute_note
     # a round: 50 · 0.03 = 1.5 s on the slowest worker + the all-reduce (1 MB at 1 MB/s: 1.02 s)
     assert runs[0].points[1].sim_s == pytest.approx(1.5 + 1.02)
     assert runs[1].points[1].sim_s == pytest.approx(1.5 + 2.02)
-    given = reporting.load_all(paths, compute="examples", seconds_per_example=0.01)
+    given = results.load_all(paths, compute="examples", seconds_per_example=0.01)
     assert given[0].points[3].sim_s == pytest.approx(3 * (0.5 + 1.02))
-    measured = reporting.load_all(paths)
+    measured = results.load_all(paths)
     assert measured[0].points[1].sim_s == pytest.approx(2 + 1.02)
-    assert reporting.median_seconds_per_example(measured)[1] == 12
+    assert results.median_seconds_per_example(measured)[1] == 12
 
 
 # -- selection ----------------------------------------------------------------------------------------
 
 
 def test_the_best_setting_rule(tmp_path: Path) -> None:
-    def run(name: str, ppls: list[float], per_round: int = 2_000_000) -> reporting.Run:
-        return reporting.load(recorded_run(tmp_path, name, "diloco", ppls, per_round))
+    def run(name: str, ppls: list[float], per_round: int = 2_000_000) -> results.Run:
+        return results.load(recorded_run(tmp_path, name, "diloco", ppls, per_round))
 
     a = run("a", [60.0, 40.0, 30.0])
     b = run("b", [50.0, 35.0, 25.0], 8_000_000)  # lowest perplexity, most bytes

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from adloco import events, reporting
+from adloco import events, plots, results
 from adloco.cli import main
 
 
@@ -131,21 +131,21 @@ def runs(tmp_path: Path) -> list[Path]:
 
 
 def test_simulated_time_and_the_target(runs: list[Path]) -> None:
-    fast = reporting.load(runs[0])
+    fast = results.load(runs[0])
     # a round: slowest worker 2 s + all-reduce of 1 MB among 2: 2·1/2 · 1e6/1e6 + 2 · 0.01 = 1.02 s
     assert [p.sim_s for p in fast.points] == pytest.approx([0, 3.02, 6.04, 9.06])
-    got = reporting.reach(fast, 30.0)
+    got = results.reach(fast, 30.0)
     assert got is not None
     assert (got.round, got.examples, got.communications, got.bytes) == (2, 200, 2, 4_000_000)
     assert got.sim_s == pytest.approx(6.04)
-    assert reporting.reach(fast, 10.0) is None
+    assert results.reach(fast, 10.0) is None
     # priced for another network without re-running: 10x the bandwidth
-    assert reporting.load(runs[0], bandwidth=1e7).points[1].sim_s == pytest.approx(2 + 0.1 + 0.02)
+    assert results.load(runs[0], bandwidth=1e7).points[1].sim_s == pytest.approx(2 + 0.1 + 0.02)
 
 
 def test_theorem_1_bound(runs: list[Path]) -> None:
     # σ²/(M η² (‖g‖² + σ²/(M b))) with σ² = 8, ‖g‖² = 1, M = 2, η = 0.5, b = 4: 8/(0.5 (1 + 1)) = 8
-    (first, *_) = reporting.theorem1(reporting.load(runs[0]))
+    (first, *_) = results.theorem1(results.load(runs[0]))
     assert first == (1, 0, pytest.approx(8.0), 8)
 
 
@@ -308,11 +308,11 @@ def integer_ticks(axis: Any) -> bool:
 
 @pytest.fixture
 def figures(runs: list[Path], tmp_path: Path) -> dict[str, Any]:
-    return reporting.make_figures(reporting.load_all(runs), target=40.0)
+    return plots.make_figures(results.load_all(runs), target=40.0)
 
 
 def test_every_plot_with_several_series_has_a_legend(figures: dict[str, Any], tmp_path: Path) -> None:
-    one = reporting.make_figures([reporting.load(recorded_run(tmp_path, "one", "adloco", [50.0], 10))])
+    one = plots.make_figures([results.load(recorded_run(tmp_path, "one", "adloco", [50.0], 10))])
     assert (
         set(figures)
         == set(one)
@@ -355,7 +355,7 @@ def test_curves_start_at_the_true_origin_and_say_whose_they_are(figures: dict[st
 
 def test_a_long_tail_is_clipped_and_drawn_whole_beside(runs: list[Path], tmp_path: Path) -> None:
     ddp = recorded_run(tmp_path, "ddp", "ddp", [40.0, 30.0, 25.0], 100_000_000)
-    fig = reporting.curve_figure([(r.label, [r]) for r in reporting.load_all([*runs, ddp])], "bytes")
+    fig = plots.curve_figure([(r.label, [r]) for r in results.load_all([*runs, ddp])], "bytes")
     ax, legend_axes, whole = fig.axes
     assert ax.get_xlim() == pytest.approx((0, 1.1 * 12))  # 10% beyond the next longest run (12 MB)
     assert whole.get_xlim()[1] >= 300 and whole.get_title() == "whole range (shaded: the plot's)"
@@ -363,7 +363,7 @@ def test_a_long_tail_is_clipped_and_drawn_whole_beside(runs: list[Path], tmp_pat
         "ddp continues to 300 MB (final 25) →"
     ]
     assert legend_labels(fig) >= {"fast", "slow", "ddp"}
-    not_clipped = reporting.curve_figure([(r.label, [r]) for r in reporting.load_all(runs)], "bytes")
+    not_clipped = plots.curve_figure([(r.label, [r]) for r in results.load_all(runs)], "bytes")
     assert len(not_clipped.axes) == 1  # 12 MB against 6 MB: no tail to clip
 
 
@@ -381,7 +381,7 @@ def test_request_plot_marks_merges_and_the_switch_threshold(tmp_path: Path) -> N
         ),
         add_merge,
     )
-    ax = reporting.requests_figure([("a", reporting.load(run), 1)]).axes[0]
+    ax = plots.requests_figure([("a", results.load(run), 1)]).axes[0]
     (diamond,) = [line for line in ax.lines if line.get_marker() == "D"]
     assert (list(diamond.get_xdata()), list(diamond.get_ydata())) == ([2.5], [12])  # between rounds 2 and 3
     assert any(t.get_text() == "0+1 → 0" for t in ax.texts)
@@ -396,10 +396,10 @@ def test_request_plot_marks_merges_and_the_switch_threshold(tmp_path: Path) -> N
     def accumulate(e: dict[str, Any]) -> list[dict[str, Any]]:
         return [{**e, "accum": 2, "effective": 8} if e["event"] == "worker" and e["round"] == 3 else e]
 
-    th = reporting.switch_threshold(reporting.load(rewrite(run, accumulate)))
+    th = results.switch_threshold(results.load(rewrite(run, accumulate)))
     assert th is not None and (th.kappa, th.b_max, th.source) == (2.0, 4, "the workers' micro-batch")
-    plain = reporting.load(recorded_run(tmp_path, "b", "adloco", [50.0], 10))
-    assert reporting.switch_threshold(plain) is None  # nobody reached b_max and the config does not say
+    plain = results.load(recorded_run(tmp_path, "b", "adloco", [50.0], 10))
+    assert results.switch_threshold(plain) is None  # nobody reached b_max and the config does not say
 
 
 def test_changes_of_workers_are_marked(tmp_path: Path) -> None:
@@ -412,13 +412,13 @@ def test_changes_of_workers_are_marked(tmp_path: Path) -> None:
             return []  # worker 1 left
         return [e, change.to_dict()] if e["event"] == "round" and e["round"] == 2 else [e]
 
-    run = reporting.load(rewrite(recorded_run(tmp_path, "a", "adloco", [50.0, 30.0, 20.0], 10), restart))
-    assert reporting.memberships(run) == [change]  # read even where the schema's table lacks it
-    ax = reporting.curve_figure([("a", [run])], "round").axes[0]
+    run = results.load(rewrite(recorded_run(tmp_path, "a", "adloco", [50.0, 30.0, 20.0], 10), restart))
+    assert results.memberships(run) == [change]  # read even where the schema's table lacks it
+    ax = plots.curve_figure([("a", [run])], "round").axes[0]
     (line,) = [x for x in ax.lines if "workers" in x.get_label()]
     assert list(line.get_xdata()) == [2.5, 2.5] and line.get_label() == "2 → 1 workers after round 2"
     assert any(t.get_text() == "2 → 1 workers" for t in ax.texts)
-    fig = reporting.allocation_figure([("a", run, 1)])
+    fig = plots.allocation_figure([("a", run, 1)])
     ax = fig.axes[0]
     assert any(t.get_text() == "2 → 1 workers" for t in ax.texts)
     assert {"trainer 0", "worker not in the run that round", "change of workers"} <= legend_labels(fig)
@@ -445,8 +445,8 @@ def test_idle_share_per_round(tmp_path: Path) -> None:
     def idle(e: dict[str, Any]) -> list[dict[str, Any]]:
         return [{**e, "idle_share": 0.1 * e["round"]} if e["event"] in ("round", "trainer") else e]
 
-    run = reporting.load(rewrite(recorded_run(tmp_path, "a", "adloco", [50.0, 30.0, 20.0], 10), idle))
-    ax = reporting.idle_share_figure([("a", [run])]).axes[0]
+    run = results.load(rewrite(recorded_run(tmp_path, "a", "adloco", [50.0, 30.0, 20.0], 10), idle))
+    ax = plots.idle_share_figure([("a", [run])]).axes[0]
     (mean,) = [x for x in ax.lines if x.get_label() == "mean over trainers (the round's)"]
     assert list(mean.get_ydata()) == pytest.approx([0.1, 0.2, 0.3])
     assert ax.yaxis.get_major_formatter()(0.3) == "30%" and ax.get_ylim()[0] == 0

@@ -81,7 +81,7 @@ TAIL = 20  # lines of a failed run's stderr kept in bench-failure.txt
 
 
 def add_parser(sub: Any) -> None:
-    from adloco import reporting
+    from adloco import results
 
     b = sub.add_parser(
         "bench",
@@ -134,7 +134,7 @@ def add_parser(sub: Any) -> None:
         help="runs at once, each in its own process with runtime.threads=1 unless --set says otherwise "
         "(default 1: one after the other, each run's output shown)",
     )
-    reporting.add_compute_options(b, "examples")
+    results.add_compute_options(b, "examples")
     b.add_argument("--out", help="comparison folder (default: <logging.out_dir>/bench-<timestamp>)")
     b.add_argument(
         "--report-only",
@@ -347,7 +347,7 @@ class Task:
     status: str = "queued"  # queued | running | ok | failed | skipped
     exit_code: int | None = None
     folder: Path | None = None  # its run directory (or the folder of its failure note)
-    run: Any = None  # its reporting.Run once finished
+    run: Any = None  # its results.Run once finished
     started: float = 0.0  # time.monotonic()
     seconds: float = 0.0
     wall: tuple[float, float] = (0.0, 0.0)  # started and finished, seconds since the epoch
@@ -390,17 +390,17 @@ def _name(t: Task, grids: dict[str, list[Setting]]) -> None:
 
 
 def select(candidates: Sequence[tuple[int, Any]], rule: str, target: float | None) -> int | None:
-    """The index of the best setting by ``rule`` (:data:`SELECT`) among ``(index, reporting.Run or
+    """The index of the best setting by ``rule`` (:data:`SELECT`) among ``(index, results.Run or
     None)`` in grid order; a None (failed) setting is never chosen; ties: the first in grid order."""
-    from adloco import reporting
+    from adloco import results
 
-    def key(run: reporting.Run) -> tuple[float, ...]:
+    def key(run: results.Run) -> tuple[float, ...]:
         final = run.final if run.metric == "val_ppl" else -run.final
         if rule == "ppl":
             return (final,)
         if target is None:
             raise UserError(f"--select {rule}: needs a target (--target or bench.target)")
-        got = reporting.reach(run, target)
+        got = results.reach(run, target)
         if got is None:
             return (1.0, final)
         return (0.0, got.sim_s if rule == "time" else float(got.bytes))
@@ -576,7 +576,7 @@ class Bench:
         self.running.append(_Child(t, self.command(t), self.env, self.out / "logs", forward=self.jobs == 1))
 
     def finish(self, c: _Child) -> None:
-        from adloco import reporting
+        from adloco import results
 
         t = c.task
         c.close()
@@ -590,7 +590,7 @@ class Bench:
                 why = "it wrote no run directory"
             else:
                 try:
-                    t.run = reporting.load(t.folder)
+                    t.run = results.load(t.folder)
                 except UserError as exc:
                     why = str(exc)
         if t.exit_code == 0 and not why:
@@ -620,7 +620,7 @@ class Bench:
         )
 
     def resolve_selections(self) -> None:
-        from adloco import reporting
+        from adloco import results
 
         for method, grid in self.grids.items():
             if len(grid) == 1 or method in self.chosen:
@@ -632,7 +632,7 @@ class Bench:
             args = self.args
             spe = args.seconds_per_example
             if args.select == "time" and args.compute == "examples" and spe is None:
-                reporting.price(finished, args.compute, None)
+                results.price(finished, args.compute, None)
                 spe = finished[0].seconds_per_example if finished else None
                 if spe is not None:
                     self.selection_note[method] = (
@@ -640,7 +640,7 @@ class Bench:
                         f"over the {len(finished)} runs finished by then"
                     )
             elif finished:
-                reporting.price(finished, args.compute, spe)
+                results.price(finished, args.compute, spe)
             index = select([(t.grid or 0, t.run) for t in runs], args.select, self.settings["target"])
             self.chosen[method] = None if index is None else grid[index]
             if index is None:
@@ -909,16 +909,16 @@ def _from_results(folder: Path) -> dict[str, Any]:
 
 def _finish(plan: dict[str, Any], out: Path, args: argparse.Namespace) -> Path:
     """Load the finished runs, price them together, write report.md, plots and results.json."""
-    from adloco import reporting
+    from adloco import reporting, results
 
     bandwidth, latency = getattr(args, "bandwidth", None), getattr(args, "latency", None)
-    loaded: dict[Path, reporting.Run] = {}
+    loaded: dict[Path, results.Run] = {}
 
-    def load(e: dict[str, Any]) -> reporting.Run | None:
+    def load(e: dict[str, Any]) -> results.Run | None:
         if e["status"] != "ok" or e["folder"] is None:
             return None
         if e["folder"] not in loaded:
-            loaded[e["folder"]] = reporting.load(e["folder"], bandwidth, latency)
+            loaded[e["folder"]] = results.load(e["folder"], bandwidth, latency)
         return loaded[e["folder"]]
 
     variants = [
@@ -933,7 +933,7 @@ def _finish(plan: dict[str, Any], out: Path, args: argparse.Namespace) -> Path:
     ]
     grid_runs = {m: [load(e) for e in rows] for m, rows in plan["grids"].items()}
     if loaded:
-        reporting.price(list(loaded.values()), args.compute, args.seconds_per_example)
+        results.price(list(loaded.values()), args.compute, args.seconds_per_example)
     compared = [r for v in variants for r in v.runs]
     target = args.target if args.target is not None else plan["target_given"]
     if target is None and compared:
@@ -988,7 +988,7 @@ def _finish(plan: dict[str, Any], out: Path, args: argparse.Namespace) -> Path:
             e.update(reporting.figures(run, target), run=rel(run.path))
         return e
 
-    results = {
+    document = {
         **plan,
         "target": target,
         "metric": first.metric if first else "val_ppl",
@@ -1008,12 +1008,12 @@ def _finish(plan: dict[str, Any], out: Path, args: argparse.Namespace) -> Path:
                         reporting.aggregate(var.runs, target) if var.runs and target else {}
                     ).items()
                 },
-                "reached": sum(reporting.reach(r, target) is not None for r in var.runs) if target else 0,
+                "reached": sum(results.reach(r, target) is not None for r in var.runs) if target else 0,
             }
             for v, var in zip(plan["variants"], variants, strict=True)
         },
         "grids": {m: [written(e) for e in rows] for m, rows in plan["grids"].items()},
         "failed": [written(f) for f in plan["failed"]],
     }
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    (out / "results.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     return report

@@ -105,9 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--target", type=float, help="perplexity to reach (default: the highest final one)")
     r.add_argument("--bandwidth", type=float, help="simulated network: bytes per second (default: the runs')")
     r.add_argument("--latency", type=float, help="simulated network: seconds per hop (default: the runs')")
-    from adloco import reporting
+    from adloco import results
 
-    reporting.add_compute_options(r, "measured")
+    results.add_compute_options(r, "measured")
     r.add_argument("--debug", action="store_true", help="show tracebacks")
     c = sub.add_parser(
         "config",
@@ -287,14 +287,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from adloco import reporting
+    from adloco import reporting, results
 
     if args.bandwidth is not None and args.bandwidth <= 0:
         raise UserError(f"--bandwidth {args.bandwidth}: must be > 0 (bytes per second)")
     if args.latency is not None and args.latency < 0:
         raise UserError(f"--latency {args.latency}: must be >= 0 (seconds)")
     paths = [Path(p) for p in args.runs]
-    runs = reporting.load_all(paths, args.bandwidth, args.latency, args.compute, args.seconds_per_example)
+    runs = results.load_all(paths, args.bandwidth, args.latency, args.compute, args.seconds_per_example)
     out = (
         Path(args.out)
         if args.out

@@ -263,7 +263,7 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
         if run_dir is not None:
             rundir.write_atomic(run_dir / "summary.json", json.dumps(summary.to_dict(), indent=2) + "\n")
             if cfg.logging.plots:
-                from adloco.reporting import plot_run
+                from adloco.plots import plot_run
 
                 plot_run(run_dir)
     except CommFailure as exc:
