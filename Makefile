@@ -31,7 +31,7 @@ lint: $(BIN)/.installed  ## ruff and mypy
 bench: $(BIN)/.installed  ## engine overhead benchmark (see benchmarks/RESULTS.md)
 	$(BIN)/python benchmarks/engine_overhead.py
 
-bench-cpu: $(BIN)/.installed  ## the methods, tuned, and ablations over 3 seeds on 2 CPU cores (about an hour and a quarter)
+bench-cpu: $(BIN)/.installed  ## the methods, tuned, and ablations over 3 seeds on 2 CPU cores (about an hour and a half)
 	$(BIN)/adloco bench --config configs/bench-cpu.yaml --ablations no-adaptive,no-merge,no-switch --jobs 2
 
 bench-cpu-10m: $(BIN)/.installed  ## the same four methods at their tuned settings on llama-10m, 2 seeds (about an hour)
