@@ -273,6 +273,21 @@ def test_seeds_and_a_grid_end_to_end(fake: Path, tmp_path: Path, capsys: pytest.
     assert "![idle_share.png](plots/idle_share.png)" in text
 
 
+def test_settings_pinned_in_the_bench_section_are_reported(
+    fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A method pinned by bench.methods (no grid) is reported at its pins, not as its bare preset."""
+    config = {"bench": {"budget": 300, "methods": {"diloco": {"outer.lr": 0.5, "outer.momentum": 0.0}}}}
+    code, out = fake_bench(tmp_path, "--methods", "adloco,diloco", "--seeds", "0", config=config)
+    assert code == 0, capsys.readouterr().err
+    results = json.loads((out / "results.json").read_text())
+    assert results["variants"]["diloco"]["setting"] == {"outer.lr": 0.5, "outer.momentum": 0.0}
+    assert results["variants"]["adloco"]["setting"] == {}
+    text = (out / "report.md").read_text()
+    assert "| diloco | diloco | outer.lr=0.5, outer.momentum=0.0 | 1 |" in text
+    assert "| adloco | adloco | preset | 1 |" in text
+
+
 def test_a_failed_run_is_reported_and_the_others_still_run(
     fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -306,8 +306,9 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, 
             except UserError as exc:
                 label = f"variant {name}" + (f" at {', '.join(g.sets)}" if g.sets else "")
                 raise UserError(f"{label}: {exc}") from None
-            if owner == name or not g.values:
-                g.values = {k.partition("=")[0]: _get(c, k.partition("=")[0]) for k in g.sets}
+            if owner == name or not g.values:  # a grid's keys, else the bench section's pins
+                shown = [k.partition("=")[0] for k in g.sets] or [str(k) for k in per_method.get(owner) or {}]
+                g.values = {k: _get(c, k) for k in shown}
             per_round = c.algorithm.workers * c.algorithm.inner_steps * c.batch.initial
             needed = max(needed, c.algorithm.rounds, -(-int(budget) // per_round))
     out = [(name, [*s, f"algorithm.rounds={needed}"]) for name, s in out]
