@@ -34,7 +34,7 @@ bench: $(BIN)/.installed  ## engine overhead benchmark (see benchmarks/RESULTS.m
 bench-cpu: $(BIN)/.installed  ## the methods, tuned, and ablations over 3 seeds on 2 CPU cores (about an hour and a half)
 	$(BIN)/adloco bench --config configs/bench-cpu.yaml --ablations no-adaptive,no-merge,no-switch --jobs 2
 
-bench-cpu-10m: $(BIN)/.installed  ## the same four methods at their tuned settings on llama-10m, 2 seeds (about an hour)
+bench-cpu-10m: $(BIN)/.installed  ## the same four methods at their tuned settings on llama-10m, 2 seeds (about 80 minutes)
 	$(BIN)/adloco bench --config configs/bench-cpu-10m.yaml --jobs 2
 
 clean:

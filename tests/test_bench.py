@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -516,3 +517,68 @@ def test_claims_give_per_seed_ratios_and_a_replaced_adloco_drops_its_ablations()
     assert row(claims.table(again), "merging helps").endswith("| — | 0 | not shown |")
     with pytest.raises(SystemExit, match="priced differently"):
         claims.merged([main, {**bench(adloco=[1.0]), "target": 250.0}])
+
+
+def test_link_speed_reprices_a_finished_bench_for_other_links(tmp_path: Path) -> None:
+    """benchmarks/link_speed.py: on a fast link the time ratio is the compute ratio (3 rounds against 2),
+    on a slow one AdLoCo's fewer bytes win; a folder that is not a bench is one line and exit code 2."""
+    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    try:
+        import link_speed
+    finally:
+        sys.path.pop(0)
+    bench_dir = tmp_path / "bench"
+    variants: dict[str, Any] = {}
+    for method, ppls, nbytes in (
+        ("adloco", [50.0, 30.0, 20.0], 1_000_000),
+        ("diloco", [40.0, 20.0, 10.0], 8_000_000),
+    ):
+        runs = []
+        for seed in (0, 1):
+            run = recorded_run(
+                bench_dir / "runs",
+                f"{method}-s{seed}",
+                method,
+                ppls,
+                nbytes,
+                seed,
+                {"model": {"name": "llama-tiny"}},
+            )
+            runs.append({"seed": seed, "run": str(run.relative_to(bench_dir))})
+        variants[method] = {"runs": runs}
+    doc = {
+        "target": 20.0,
+        "compute": {"mode": "examples", "seconds_per_example": 0.01},
+        "network": {"bandwidth": 1e6, "latency": 0.01},
+        "variants": variants,
+    }
+    (bench_dir / "results.json").write_text(json.dumps(doc))
+    pair = ("adloco", "diloco")
+    loaded, runs_by = link_speed._load_bench(bench_dir, pair)
+    fast = link_speed.ratios(loaded, runs_by, pair, 1e12)
+    assert fast == pytest.approx([1.5, 1.5], rel=1e-4)
+    ladder = [
+        statistics.fmean(link_speed.ratios(loaded, runs_by, pair, m * 1e6 / 8)) for m in (1000, 10, 1, 0.1)
+    ]
+    assert ladder == sorted(ladder, reverse=True) and ladder[0] > 1 > ladder[-1]
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(TESTS.parent / "benchmarks" / "link_speed.py"),
+            str(bench_dir),
+            "--mbits",
+            "1e9,0.1",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "| link | `llama-tiny`, 2 seeds (10.0 ms per example) |" in done.stdout
+    assert "| 1e+09 Mbit/s | 1.50 [1.50–1.50] |" in done.stdout
+    bad = subprocess.run(
+        [sys.executable, str(TESTS.parent / "benchmarks" / "link_speed.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "results.json" in bad.stderr

@@ -1,0 +1,156 @@
+"""At which link speed does AdLoCo reach the target sooner than DiLoCo? Finished benches re-priced for
+several simulated links; nothing is re-run.
+
+Each BENCH is a folder holding an `adloco bench` results.json (a bench, or its `--report-only` copy with
+the target and compute price it was given). Its target, seconds per example and latency are read from
+that file; every run of the two variants compared (default: adloco over diloco) is loaded once and its
+simulated time re-priced at each bandwidth (ALGORITHM.md §7). For every link and bench the table gives
+the ratio of the two variants' simulated time to the target, per seed, as mean [min–max]: below 1,
+the first variant is sooner on every seed counted. `--plot FILE` draws the same ratios against the link.
+
+Usage:  python benchmarks/link_speed.py BENCH [BENCH ...] [--mbits 100,50,25,10] [--plot link_speed.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from adloco import results
+from adloco.errors import UserError
+
+
+def _load_bench(folder: Path, variants: tuple[str, str]) -> tuple[dict[str, Any], dict[str, dict[int, Any]]]:
+    path = folder / "results.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc["target"], doc["compute"]["seconds_per_example"], doc["network"]["latency"]  # noqa: B018
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"{str(path)!r}: no readable results.json of adloco bench") from None
+    if doc["target"] is None or doc["compute"].get("mode") != "examples":
+        raise UserError(f"{str(path)!r}: needs a target and --compute examples (re-run with --report-only)")
+    runs: dict[str, dict[int, Any]] = {}
+    for name in variants:
+        if name not in doc["variants"]:
+            raise UserError(f"{str(path)!r}: no variant {name!r} (it has {', '.join(doc['variants'])})")
+        runs[name] = {
+            e["seed"]: results.load((folder / e["run"]).resolve())
+            for e in doc["variants"][name]["runs"]
+            if e.get("run")
+        }
+    return doc, runs
+
+
+def ratios(
+    doc: dict[str, Any], runs: dict[str, dict[int, Any]], variants: tuple[str, str], bandwidth: float
+) -> list[float]:
+    """Per seed (those where both variants reached the target): first variant's simulated time to the
+    target over the second's, every run priced at ``bandwidth`` bytes/s and the bench's compute price."""
+    spe, latency, target = doc["compute"]["seconds_per_example"], doc["network"]["latency"], doc["target"]
+    reached: dict[str, dict[int, float]] = {}
+    for name in variants:
+        reached[name] = {}
+        for seed, run in runs[name].items():
+            run.bandwidth, run.latency = bandwidth, latency
+            results.price([run], "examples", spe)
+            point = results.reach(run, target)
+            if point is not None:
+                reached[name][seed] = point.sim_s
+    a, b = variants
+    return [
+        reached[a][s] / reached[b][s] for s in sorted(reached[a]) if s in reached[b] and reached[b][s] > 0
+    ]
+
+
+def _cell(rs: list[float]) -> str:
+    if not rs:
+        return "not reached"
+    return f"{statistics.fmean(rs):.2f} [{min(rs):.2f}–{max(rs):.2f}]"
+
+
+def _label(doc: dict[str, Any], runs: dict[str, dict[int, Any]], variants: tuple[str, str]) -> str:
+    first = next(iter(runs[variants[0]].values()), None)
+    model = (first.config.get("model") or {}).get("name", "?") if first else "?"
+    seeds = len(runs[variants[0]])
+    return f"`{model}`, {seeds} seed{'s' if seeds != 1 else ''} ({doc['compute']['seconds_per_example'] * 1e3:.1f} ms per example)"
+
+
+def plot(
+    path: Path, mbits: list[float], columns: list[tuple[str, list[list[float]]]], variants: tuple[str, str]
+) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.add_subplot()
+    for label, per_link in columns:
+        xs = [m for m, rs in zip(mbits, per_link, strict=True) if rs]
+        mean = [statistics.fmean(rs) for rs in per_link if rs]
+        line = ax.plot(xs, mean, marker="o", label=label.replace("`", ""))[0]
+        ax.fill_between(
+            xs,
+            [min(rs) for rs in per_link if rs],
+            [max(rs) for rs in per_link if rs],
+            color=line.get_color(),
+            alpha=0.2,
+            linewidth=0,
+        )
+    ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
+    ax.set_xscale("log")
+    ax.set_xticks(mbits, [f"{m:g}" for m in mbits])
+    ax.minorticks_off()
+    ax.set_xlabel("simulated link, Mbit/s")
+    ax.set_ylabel(f"time to target, {variants[0]} / {variants[1]}")
+    ax.set_title(
+        f"below 1: {variants[0]} reaches the target sooner (mean, min–max band over seeds)", fontsize=9
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("benches", nargs="+", type=Path, help="folders holding an adloco bench results.json")
+    p.add_argument("--mbits", default="100,50,25,10", help="simulated links in Mbit/s, comma-separated")
+    p.add_argument("--variants", default="adloco,diloco", help="the two variants compared: A,B (ratio A / B)")
+    p.add_argument("--plot", type=Path, help="draw the ratios against the link into this PNG")
+    args = p.parse_args(argv)
+    try:
+        try:
+            mbits = [float(x) for x in args.mbits.split(",")]
+        except ValueError:
+            raise UserError(f"--mbits {args.mbits!r}: comma-separated positive numbers") from None
+        if not mbits or not all(m > 0 for m in mbits):
+            raise UserError(f"--mbits {args.mbits!r}: comma-separated positive numbers")
+        pair = tuple(v.strip() for v in args.variants.split(","))
+        if len(pair) != 2 or not all(pair):
+            raise UserError(f"--variants {args.variants!r}: two variant names, A,B")
+        variants = (pair[0], pair[1])
+        columns = []
+        for folder in args.benches:
+            doc, runs = _load_bench(folder, variants)
+            columns.append(
+                (_label(doc, runs, variants), [ratios(doc, runs, variants, m * 1e6 / 8) for m in mbits])
+            )
+    except UserError as exc:
+        print(f"link_speed: {exc}", file=sys.stderr)
+        return 2
+    print(f"Simulated time to the target, {variants[0]} / {variants[1]}, per seed: mean [min–max].\n")
+    print("| link | " + " | ".join(label for label, _ in columns) + " |")
+    print("|---|" + "---|" * len(columns))
+    for i, m in enumerate(mbits):
+        print(f"| {m:g} Mbit/s | " + " | ".join(_cell(per_link[i]) for _, per_link in columns) + " |")
+    if args.plot:
+        plot(args.plot, mbits, columns, variants)
+        print(f"\nplot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
