@@ -235,8 +235,8 @@ def test_bench_end_to_end(tmp_path: Path, text_corpus: Path) -> None:
     text = (out / "report.md").read_text()
     table = text[text.index("| variant |") : text.index("Plots:")]
     assert table.count("\n| ") == 4  # four variants, one seed each
-    assert "| diloco | diloco | outer.lr=0.5 | 1 |" not in table  # bench.methods is not a sweep
-    assert "| diloco | diloco | preset | 1 |" in table
+    assert "| diloco | diloco | outer.lr=0.5 | 1 |" in table  # pinned by bench.methods: shown, not "preset"
+    assert "## Grid of diloco" not in text  # and not a sweep
     assert "adloco bench --config" in text and "## Every run" in text
     assert "each cell" not in text.lower()  # one seed: no spread to explain
     results = json.loads((out / "results.json").read_text())
