@@ -14,33 +14,32 @@ Usage:  python benchmarks/link_speed.py BENCH [BENCH ...] [--mbits 100,50,25,10]
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from adloco import results
+from adloco import bench, results
 from adloco.errors import UserError
 
 
 def _load_bench(folder: Path, variants: tuple[str, str]) -> tuple[dict[str, Any], dict[str, dict[int, Any]]]:
-    path = folder / "results.json"
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        doc["target"], doc["compute"]["seconds_per_example"], doc["network"]["latency"]  # noqa: B018
-    except (OSError, ValueError, KeyError, TypeError):
-        raise UserError(f"{str(path)!r}: no readable results.json of adloco bench") from None
-    if doc["target"] is None or doc["compute"].get("mode") != "examples":
-        raise UserError(f"{str(path)!r}: needs a target and --compute examples (re-run with --report-only)")
+    doc = bench.read_results(folder, "link_speed:")
+    if (
+        doc["target"] is None
+        or (doc.get("compute") or {}).get("mode") != "examples"
+        or not doc.get("network")
+    ):
+        raise UserError(
+            f"link_speed: {str(folder)!r}: needs a target and --compute examples (re-run with --report-only)"
+        )
+    by_name = {v["name"]: v for v in doc["variants"]}
     runs: dict[str, dict[int, Any]] = {}
     for name in variants:
-        if name not in doc["variants"]:
-            raise UserError(f"{str(path)!r}: no variant {name!r} (it has {', '.join(doc['variants'])})")
+        if name not in by_name:
+            raise UserError(f"link_speed: {str(folder)!r}: no variant {name!r} (it has {', '.join(by_name)})")
         runs[name] = {
-            e["seed"]: results.load((folder / e["run"]).resolve())
-            for e in doc["variants"][name]["runs"]
-            if e.get("run")
+            e["seed"]: results.load(e["folder"]) for e in by_name[name]["runs"] if e["status"] == "ok"
         }
     return doc, runs
 
@@ -125,12 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             mbits = [float(x) for x in args.mbits.split(",")]
         except ValueError:
-            raise UserError(f"--mbits {args.mbits!r}: comma-separated positive numbers") from None
+            raise UserError(f"link_speed: --mbits {args.mbits!r}: comma-separated positive numbers") from None
         if not mbits or not all(m > 0 for m in mbits):
-            raise UserError(f"--mbits {args.mbits!r}: comma-separated positive numbers")
+            raise UserError(f"link_speed: --mbits {args.mbits!r}: comma-separated positive numbers")
         pair = tuple(v.strip() for v in args.variants.split(","))
         if len(pair) != 2 or not all(pair):
-            raise UserError(f"--variants {args.variants!r}: two variant names, A,B")
+            raise UserError(f"link_speed: --variants {args.variants!r}: two variant names, A,B")
         variants = (pair[0], pair[1])
         columns = []
         for folder in args.benches:
@@ -139,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 (_label(doc, runs, variants), [ratios(doc, runs, variants, m * 1e6 / 8) for m in mbits])
             )
     except UserError as exc:
-        print(f"link_speed: {exc}", file=sys.stderr)
+        print(exc, file=sys.stderr)
         return 2
     print(f"Simulated time to the target, {variants[0]} / {variants[1]}, per seed: mean [min–max].\n")
     print("| link | " + " | ".join(label for label, _ in columns) + " |")

@@ -136,6 +136,11 @@ def run_threaded(make: Any, owner: dict[int, int], rounds: int) -> list[Any]:
 def train_once(out: Path, settings: dict[str, str]) -> Path:
     """``adloco train`` in a subprocess with ``--set`` for every setting and ``logging.out_dir=out``; asserts
     exit 0 and returns the one run directory it wrote."""
+    return train_with_output(out, settings)[0]
+
+
+def train_with_output(out: Path, settings: dict[str, str]) -> tuple[Path, str]:
+    """:func:`train_once`, with what the run printed."""
     args = [a for k, v in {**settings, "logging.out_dir": str(out)}.items() for a in ("--set", f"{k}={v}")]
     p = subprocess.run(
         [sys.executable, "-m", "adloco", "train", *args],
@@ -146,4 +151,4 @@ def train_once(out: Path, settings: dict[str, str]) -> Path:
     )
     assert p.returncode == 0, p.stderr
     (run,) = list(out.iterdir())
-    return run
+    return run, p.stdout

@@ -544,13 +544,17 @@ def test_link_speed_reprices_a_finished_bench_for_other_links(tmp_path: Path) ->
                 seed,
                 {"model": {"name": "llama-tiny"}},
             )
-            runs.append({"seed": seed, "run": str(run.relative_to(bench_dir))})
+            runs.append({"seed": seed, "status": "ok", "folder": str(run.relative_to(bench_dir))})
         variants[method] = {"runs": runs}
     doc = {
         "target": 20.0,
         "compute": {"mode": "examples", "seconds_per_example": 0.01},
         "network": {"bandwidth": 1e6, "latency": 0.01},
         "variants": variants,
+        "grids": {},
+        "failed": [],
+        "intro": [],
+        "target_given": 20.0,
     }
     (bench_dir / "results.json").write_text(json.dumps(doc))
     pair = ("adloco", "diloco")

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import train_with_output
 
 WORDS_POS = ["good", "great", "fine", "lovely", "superb"]
 WORDS_NEG = ["bad", "awful", "poor", "dull", "boring"]
@@ -72,20 +71,10 @@ def test_bert_classification_end_to_end(tmp_path: Path, reviews: Path, bert: Pat
         # lr 3e-3 collapsed to one class for 1 head init in 6; 1e-3 over 40 steps learned all 8 tried
         "inner.lr": "1e-3",
         "eval.max_examples": "null",
-        "logging.out_dir": str(out),
         "logging.progress": "plain",
     }
-    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
-    p = subprocess.run(
-        [sys.executable, "-m", "adloco", "train", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stderr
-    assert "val acc" in p.stdout and "validation accuracy" in p.stdout
-    (run,) = list(out.iterdir())
+    run, printed = train_with_output(out, sets)
+    assert "val acc" in printed and "validation accuracy" in printed
     s = json.loads((run / "summary.json").read_text())
     assert s["final_val_ppl"] is None and s["final_val_accuracy"] > 0.9 > s["initial_val_accuracy"]
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

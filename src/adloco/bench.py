@@ -755,7 +755,7 @@ def report_only(args: argparse.Namespace, argv: list[str]) -> int:
     if args.latency is not None and args.latency < 0:
         raise UserError(f"--latency {args.latency}: must be >= 0 (seconds)")
     source = Path(args.report_only)
-    plan = _from_results(source)
+    plan = read_results(source)
     out = Path(args.out) if args.out else source
     if out.resolve() != source.resolve() and out.exists() and any(out.iterdir()):
         raise UserError(f"--out {str(out)!r}: exists and is not empty (nothing is overwritten)")
@@ -890,8 +890,9 @@ def _intro(bench: Bench, todo: list[tuple[str, list[str]]]) -> list[str]:
     return lines
 
 
-def _from_results(folder: Path) -> dict[str, Any]:
-    """The plan of a finished bench, from its results.json (paths made absolute again)."""
+def read_results(folder: Path, who: str = "--report-only") -> dict[str, Any]:
+    """The plan of a finished bench, from its results.json (paths made absolute again); ``who`` opens
+    the one line said when the folder holds none."""
     path = folder / "results.json"
     try:
         plan = json.loads(path.read_text(encoding="utf-8"))
@@ -904,7 +905,7 @@ def _from_results(folder: Path) -> dict[str, Any]:
             e["folder"] = None if e.get("folder") is None else folder / e["folder"]
         plan["intro"], plan["target_given"]  # noqa: B018 -- present in a bench's results.json
     except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-        raise UserError(f"--report-only {str(folder)!r}: no readable results.json of adloco bench") from None
+        raise UserError(f"{who} {str(folder)!r}: no readable results.json of adloco bench") from None
     return plan
 
 
