@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from adloco import bench, results
+from adloco import bench
 from adloco.errors import UserError
+from adloco.report import results
 
 
 def _load_bench(folder: Path, variants: tuple[str, str]) -> tuple[dict[str, Any], dict[str, dict[int, Any]]]:

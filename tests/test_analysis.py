@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from adloco import analysis
 from adloco.algorithms import batching
 from adloco.config import BatchConfig
+from adloco.engine.evaluation import evaluate, spread
 from adloco.errors import UserError
-from adloco.evaluation import evaluate, spread
 from adloco.flat import FlatModule
+from adloco.report import analysis
 from tests.helpers import build_fn, synthetic_data, tiny_config, train_once
 
 TRAIN = {

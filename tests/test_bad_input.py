@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from adloco import sizing
 from adloco.cli import main
+from adloco.models import sizing
 
 TINY = [
     "model.name=llama-micro",

@@ -20,8 +20,10 @@ import pytest
 import yaml
 from test_reporting import recorded_run
 
-from adloco import bench, plots, reporting, results
+from adloco import bench
 from adloco.cli import main
+from adloco.report import markdown as reporting
+from adloco.report import plots, results
 
 TESTS = Path(__file__).parent
 

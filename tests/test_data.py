@@ -17,8 +17,8 @@ from adloco import models
 from adloco.config import DataConfig, ModelConfig
 from adloco.data import sources
 from adloco.data.tokens import prepare
+from adloco.engine.evaluation import evaluate, perplexity, spread
 from adloco.errors import UserError
-from adloco.evaluation import evaluate, perplexity, spread
 
 TEXTS = [f"document number {i}: " + " ".join(f"word{(i * 7 + j) % 23}" for j in range(40)) for i in range(30)]
 

@@ -331,7 +331,7 @@ def test_a_data_error_on_rank_0_is_said_once(tmp_path: Path) -> None:
 
 
 def test_the_process_group_backend_follows_the_devices() -> None:
-    from adloco.engine.distributed import pick_backend
+    from adloco.engine.dist.join import pick_backend
     from adloco.errors import UserError
 
     assert pick_backend("auto", use_cuda=False, local_processes=4, devices=0) == "gloo"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from adloco.engine.dist.launch import child_env, loopback_interface
 from adloco.engine.memory import largest_fitting
-from adloco.launch import child_env, loopback_interface
 
 
 @pytest.mark.parametrize("limit,hi,want", [(13, 100, 13), (13, 8, 8), (1, 64, 1), (64, 64, 64), (0, 64, 1)])

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from adloco import events, plots, results
+from adloco import events
 from adloco.cli import main
+from adloco.report import plots, results
 
 
 def recorded_run(

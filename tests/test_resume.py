@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from adloco import checkpoint
+from adloco.engine import checkpoint
 from tests.helpers import with_faults
 
 TINY = {

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adloco import sizing
 from adloco.config import resolve
 from adloco.errors import UserError
+from adloco.models import sizing
 
 GIB = 2**30
 

@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue a run from its newest checkpoint (or from RUN_DIR/checkpoints/round-N) with its own "
         f"config.yaml: --config is refused, and --set may change only {RESUMABLE_TEXT}",
     )
-    from adloco import analysis, bench
+    from adloco import bench
+    from adloco.report import analysis
 
     bench.add_parser(sub)
     analysis.add_parser(sub)
@@ -105,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--target", type=float, help="perplexity to reach (default: the highest final one)")
     r.add_argument("--bandwidth", type=float, help="simulated network: bytes per second (default: the runs')")
     r.add_argument("--latency", type=float, help="simulated network: seconds per hop (default: the runs')")
-    from adloco import results
+    from adloco.report import results
 
     results.add_compute_options(r, "measured")
     r.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -148,7 +149,7 @@ def _launch(nproc: int, max_restarts: int, argv: Sequence[str]) -> int:
             next(it, None)  # and its value
         elif not a.startswith(("--nproc=", "--max-restarts=")):
             rest.append(a)
-    from adloco import launch
+    from adloco.engine.dist import launch
 
     if max_restarts > 0:
         return launch.run_elastic(nproc, max_restarts, [*rest, "--set", "runtime.backend=torchdist"])
@@ -186,14 +187,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "report":
             return _report(args)
         if args.command == "analyze-gradients":
-            from adloco import analysis
+            from adloco.report import analysis
 
             return analysis.run(args)
         resume = None
         if getattr(args, "resume", None) is not None:
             from pathlib import Path
 
-            from adloco.checkpoint import locate
+            from adloco.engine.checkpoint import locate
 
             if args.config is not None:
                 raise UserError(
@@ -223,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"runtime.workers_per_process ({wpp})"
                 )
             return _launch(args.nproc, args.max_restarts, argv)
-        from adloco.train import DistributedFailure, Stopped, TrainingFailed, train
+        from adloco.engine.train import DistributedFailure, Stopped, TrainingFailed, train
 
         try:
             run_dir, summary = train(cfg, resume)
@@ -268,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         if args.debug:
             raise
-        from adloco.engine.distributed import PeerFailed
+        from adloco.engine.dist.join import PeerFailed
 
         if not isinstance(exc, PeerFailed) and (rank == 0 or _after_start(exc)):
             prefix = f"rank {rank}: " if distributed and rank != 0 else ""
@@ -287,7 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from adloco import reporting, results
+    from adloco.report import markdown as reporting
+    from adloco.report import results
 
     if args.bandwidth is not None and args.bandwidth <= 0:
         raise UserError(f"--bandwidth {args.bandwidth}: must be > 0 (bytes per second)")
@@ -306,7 +308,9 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _resume_command(run_dir: object) -> str:
-    nproc = os.environ.get("ADLOCO_NPROC")
+    from adloco.engine.dist.env import NPROC_ENV
+
+    nproc = os.environ.get(NPROC_ENV)
     if nproc:
         return f"adloco train --nproc {nproc} --resume {run_dir}"
     if "WORLD_SIZE" in os.environ:

@@ -35,8 +35,8 @@ def _install() -> None:
 
     import torch
 
-    from adloco import checkpoint, method, replica
-    from adloco.engine import driver
+    from adloco import method, replica
+    from adloco.engine import checkpoint, driver
 
     def rank() -> int:
         # a process fault strikes the first attempt only: the processes an elastic agent restarts are spared

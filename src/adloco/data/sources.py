@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adloco import hub
 from adloco.config import DataConfig
 from adloco.errors import UserError
+from adloco.models import hub
 
 TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".text"}
 STRUCTURED = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from adloco import hub
 from adloco.config import DataConfig
 from adloco.data.sources import Document, make_source
 from adloco.errors import UserError
+from adloco.models import hub
 
 EOS = "<|endoftext|>"
 CACHE_VERSION = "2"

@@ -23,9 +23,9 @@ from adloco.comm.base import Comm
 from adloco.config import Config
 from adloco.data.sampling import ShardStream, trainer_subset
 from adloco.data.tokens import Data
+from adloco.engine.evaluation import evaluate, perplexity, spread
 from adloco.engine.inner import lr_at, make_optimizer
 from adloco.errors import UserError
-from adloco.evaluation import evaluate, perplexity, spread
 from adloco.flat import flatten
 from adloco.method import AdLoCo, RoundAborted
 from adloco.models import ModelFactory

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adloco import checkpoint
 from adloco.config import RESUMABLE, RESUMABLE_TEXT, Config
+from adloco.engine import checkpoint
 from adloco.errors import UserError
 
 # RESUMABLE (what --resume may change) and RESUMABLE_TEXT (the same in words) live in adloco.config, beside

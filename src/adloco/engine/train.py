@@ -22,7 +22,7 @@ from adloco.comm.inprocess import InProcessComm
 from adloco.config import Config, dump_yaml
 from adloco.data.tokens import Data, prepare
 from adloco.engine import rundir
-from adloco.engine.checkpointing import Checkpointer
+from adloco.engine.checkpoint.saver import Checkpointer
 from adloco.engine.driver import Driver, TooManyBadRounds
 from adloco.errors import UserError
 from adloco.method import DecisionMismatch, RoundAborted
@@ -59,7 +59,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def backend_of(cfg: Config) -> str:
-    from adloco.engine.distributed import launched_by_torchrun
+    from adloco.engine.dist.env import launched_by_torchrun
 
     if cfg.runtime.backend == "auto":
         return "torchdist" if launched_by_torchrun() else "inprocess"
@@ -68,7 +68,7 @@ def backend_of(cfg: Config) -> str:
 
 def _check_same_data(comm: Comm, data: Data) -> None:
     """Every process must train on the same tokens (machines may differ in their corpus or cache)."""
-    from adloco.engine.distributed import fingerprint_tokens
+    from adloco.engine.dist.join import fingerprint_tokens
 
     fp = float(fingerprint_tokens(*data.arrays()))
     got = comm.all_gather_rows({w: [fp] for w in comm.local_workers}, 1, "check", counted=0)
@@ -119,18 +119,18 @@ class _Signals:
 def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | None, dict[str, Any]]:
     """Train as configured; returns the run directory (None on ranks other than 0) and the summary.
 
-    ``resume``: (run directory, checkpoint folder) to continue from (see :func:`adloco.checkpoint.locate`).
+    ``resume``: (run directory, checkpoint folder) to continue from (see :func:`adloco.engine.checkpoint.locate`).
     Under torchrun's elastic agent (``--max-restarts`` ≥ 1) a run continues from its own newest
     checkpoint after a restart, with the number of workers the restart brought.
     """
-    from adloco import checkpoint
-    from adloco.engine import distributed
+    from adloco.engine import checkpoint
+    from adloco.engine.dist import env, join
 
-    elastic = distributed.elastic_launch()
+    elastic = env.elastic_launch()
     ctx = None
     if backend_of(cfg) == "torchdist":
         rt = cfg.runtime
-        ctx = distributed.start(
+        ctx = join.start(
             cfg.algorithm.workers,
             rt.workers_per_process,
             rt.device,
@@ -143,7 +143,7 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
         comm: Comm = ctx.comm
         device = ctx.device
         # the rank whose disk holds the run (a restart may have given it any rank) writes it
-        distributed.elect_root(ctx, rundir.newest_round(cfg, resume, elastic))
+        join.elect_root(ctx, rundir.newest_round(cfg, resume, elastic))
     else:
         if cfg.runtime.threads:
             torch.set_num_threads(cfg.runtime.threads)
@@ -185,7 +185,7 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
             return load_data()
 
         if ctx is not None:
-            data = distributed.root_first(ctx, prepare_root, cfg.runtime.timeout, others=load_data)
+            data = join.root_first(ctx, prepare_root, cfg.runtime.timeout, others=load_data)
             _check_same_data(comm, data)
         else:
             data = prepare_root()
@@ -263,14 +263,14 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
         if run_dir is not None:
             rundir.write_atomic(run_dir / "summary.json", json.dumps(summary.to_dict(), indent=2) + "\n")
             if cfg.logging.plots:
-                from adloco.plots import plot_run
+                from adloco.report.plots import plot_run
 
                 plot_run(run_dir)
     except CommFailure as exc:
         if ctx is None:
             raise
         r = driver.round + 1 if driver is not None else 0
-        raise DistributedFailure(distributed.failure_line(ctx, exc, r)) from exc
+        raise DistributedFailure(join.failure_line(ctx, exc, r)) from exc
     except DecisionMismatch as exc:
         raise DistributedFailure(f"rank {comm.rank}: {exc}") from exc
     finally:

@@ -3,7 +3,7 @@
 training loop.
 
 Each plot is drawn once, by one function, whatever the number of runs; a variant run on several seeds
-is drawn as its mean curve with a min–max band (:func:`adloco.results.mean_curve`).
+is drawn as its mean curve with a min–max band (:func:`adloco.report.results.mean_curve`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from adloco import events
-from adloco.results import (
+from adloco.report.results import (
     Run,
     interpolate,
     load,

@@ -34,8 +34,8 @@ from adloco.errors import UserError
 if TYPE_CHECKING:  # torch and the model stack load only when the command runs
     import torch
 
-    from adloco.checkpoint import Checkpoint
     from adloco.data.tokens import Data
+    from adloco.engine.checkpoint import Checkpoint
     from adloco.flat import FlatModule
 
     Batch = dict[str, torch.Tensor]
@@ -95,7 +95,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def open_checkpoint(path: Path) -> tuple[Path, Checkpoint]:
     """(run directory, verified checkpoint) for a run directory or a checkpoint folder."""
-    from adloco import checkpoint
+    from adloco.engine import checkpoint
 
     p = path.expanduser()
     if (p / checkpoint.STATE).is_file():

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from adloco import checkpoint, events
+from adloco import events
+from adloco.engine import checkpoint
 from adloco.engine.driver import Driver
 from adloco.telemetry.metrics import MetricsSink
 

@@ -1,6 +1,6 @@
 """Run directories read back: each run's evaluations as points along examples, communications, bytes
-and simulated time; pricing of simulated time; statistics over seeds. What :mod:`adloco.plots` draws
-and :mod:`adloco.reporting` tabulates.
+and simulated time; pricing of simulated time; statistics over seeds. What :mod:`adloco.report.plots` draws
+and :mod:`adloco.report.markdown` tabulates.
 
 Every number comes from a run's ``metrics.jsonl`` (read as typed events, :mod:`adloco.events`),
 ``summary.json`` and ``config.yaml``. Simulated time is recomputed from the logged per-worker compute

@@ -26,11 +26,11 @@ import torch.distributed as dist
 
 from adloco.comm.base import CommFailure
 from adloco.comm.torchdist import TorchDistComm, first_sentence
+from adloco.engine.dist.env import LOOPBACK_ENV, STORE_ENV, launched_by_torchrun
 from adloco.errors import UserError
 
 T = TypeVar("T")
 _STARTUP_KEY = "adloco/startup"
-EXIT_DISTRIBUTED = 3
 
 
 class PeerFailed(UserError):
@@ -115,27 +115,6 @@ class DistContext:
             dist.destroy_process_group()
 
 
-def launched_by_torchrun() -> bool:
-    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
-
-
-def elastic_launch() -> dict[str, Any] | None:
-    """torchrun's elastic agent with restarts (``--max-restarts`` ≥ 1): its run id (``--rdzv-id``) and how
-    many times it restarted these processes; None otherwise."""
-    if not launched_by_torchrun():
-        return None
-    max_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    if max_restarts < 1 or not run_id:
-        return None
-    return {
-        "run_id": run_id,
-        "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
-        "max_restarts": max_restarts,
-    }
-
-
-LOOPBACK_ENV = "ADLOCO_LOOPBACK"
 _KEEP: list[Any] = []  # listening sockets a TCPStore server uses: alive as long as the process
 
 
@@ -212,8 +191,6 @@ def start(
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n_threads = threads or max(1, cores // local_world)
     torch.set_num_threads(n_threads)
-    from adloco.launch import STORE_ENV
-
     store_file = os.environ.get(STORE_ENV)  # `adloco train --nproc`: a file store, no TCP listener
     backend = pick_backend(dist_backend, use_cuda, local_world, torch.cuda.device_count() if use_cuda else 0)
     limit = datetime.timedelta(seconds=timeout)

@@ -19,8 +19,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-STORE_ENV = "ADLOCO_STORE"
-
+from adloco.engine.dist.env import LOOPBACK_ENV, NPROC_ENV, STORE_ENV
 
 def loopback_interface() -> str | None:
     """The loopback interface's name ('lo' on Linux, 'lo0' on macOS), if there is one."""
@@ -41,7 +40,7 @@ def child_env(rank: int, nproc: int, store: str) -> dict[str, str]:
         "GROUP_RANK": "0",
         "MASTER_ADDR": "127.0.0.1",
         STORE_ENV: store,
-        "ADLOCO_NPROC": str(nproc),
+        NPROC_ENV: str(nproc),
     }
     lo = loopback_interface()
     if lo is not None:
@@ -105,8 +104,6 @@ def run_elastic(nproc: int, max_restarts: int, args: Sequence[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from adloco.engine.distributed import LOOPBACK_ENV
-
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -117,7 +114,7 @@ def run_elastic(nproc: int, max_restarts: int, args: Sequence[str]) -> int:
     )
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # the shared store breaks restarts in torch 2.13
     os.environ[LOOPBACK_ENV] = "1"
-    os.environ["ADLOCO_NPROC"] = str(nproc)
+    os.environ[NPROC_ENV] = str(nproc)
     lo = loopback_interface()
     if lo is not None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)

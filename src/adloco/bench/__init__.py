@@ -3,7 +3,7 @@
 Each variant runs once per seed (``--seeds 0,1,2``, default: the config's ``algorithm.seed``) as an
 ordinary run directory ``<out>/runs/<variant>[-g<k>]-s<seed>-<timestamp>``, each in its own process
 (so peak memory is its own), up to ``--jobs`` at a time. Then ``<out>`` gets ``report.md``, plots
-(:mod:`adloco.reporting`) and ``results.json``: every run's figures, their mean, min–max and 95%
+(:mod:`adloco.report.markdown`) and ``results.json``: every run's figures, their mean, min–max and 95%
 t-interval over the seeds, the grid and the selection, for tables made elsewhere.
 
 Grids: ``--sweep section.key=v1,v2`` (repeatable) gives every method a grid, the product of the values;
@@ -81,7 +81,7 @@ TAIL = 20  # lines of a failed run's stderr kept in bench-failure.txt
 
 
 def add_parser(sub: Any) -> None:
-    from adloco import results
+    from adloco.report import results
 
     b = sub.add_parser(
         "bench",
@@ -393,7 +393,7 @@ def _name(t: Task, grids: dict[str, list[Setting]]) -> None:
 def select(candidates: Sequence[tuple[int, Any]], rule: str, target: float | None) -> int | None:
     """The index of the best setting by ``rule`` (:data:`SELECT`) among ``(index, results.Run or
     None)`` in grid order; a None (failed) setting is never chosen; ties: the first in grid order."""
-    from adloco import results
+    from adloco.report import results
 
     def key(run: results.Run) -> tuple[float, ...]:
         final = run.final if run.metric == "val_ppl" else -run.final
@@ -577,7 +577,7 @@ class Bench:
         self.running.append(_Child(t, self.command(t), self.env, self.out / "logs", forward=self.jobs == 1))
 
     def finish(self, c: _Child) -> None:
-        from adloco import results
+        from adloco.report import results
 
         t = c.task
         c.close()
@@ -621,7 +621,7 @@ class Bench:
         )
 
     def resolve_selections(self) -> None:
-        from adloco import results
+        from adloco.report import results
 
         for method, grid in self.grids.items():
             if len(grid) == 1 or method in self.chosen:
@@ -911,7 +911,8 @@ def read_results(folder: Path, who: str = "--report-only") -> dict[str, Any]:
 
 def _finish(plan: dict[str, Any], out: Path, args: argparse.Namespace) -> Path:
     """Load the finished runs, price them together, write report.md, plots and results.json."""
-    from adloco import reporting, results
+    from adloco.report import markdown as reporting
+    from adloco.report import results
 
     bandwidth, latency = getattr(args, "bandwidth", None), getattr(args, "latency", None)
     loaded: dict[Path, results.Run] = {}

@@ -1,6 +1,6 @@
 """The markdown report of one or several runs (``adloco report``, the end of ``adloco train``) and of a
-bench's variants over seeds (``adloco bench``): tables from :mod:`adloco.results`, plots from
-:mod:`adloco.plots`. Never inside the training loop.
+bench's variants over seeds (``adloco bench``): tables from :mod:`adloco.report.results`, plots from
+:mod:`adloco.report.plots`. Never inside the training loop.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 from adloco import events
 from adloco.errors import UserError
-from adloco.plots import draw
-from adloco.results import (
+from adloco.report.plots import draw
+from adloco.report.results import (
     Run,
     Stats,
     compute_sentence,

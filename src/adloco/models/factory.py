@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from adloco import hub
 from adloco.config import ModelConfig
 from adloco.errors import UserError
-from adloco.sizing import PRESETS  # Llama shapes; the vocabulary comes from the tokenizer
+from adloco.models import hub
+from adloco.models.sizing import PRESETS  # Llama shapes; the vocabulary comes from the tokenizer
 
 __all__ = ["PRESETS", "ModelFactory", "count_parameters", "output_layer", "save"]
 
