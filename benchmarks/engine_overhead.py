@@ -27,6 +27,7 @@ from adloco.data.sampling import ShardStream, trainer_subset
 from adloco.data.tokens import prepare
 from adloco.engine.driver import Driver
 from adloco.engine.inner import lr_at
+from adloco.settings import Switch
 
 
 def make_cfg(workers: int, trainers: int, rounds: int, H: int, b: int, probe: bool):  # type: ignore[no-untyped-def]
@@ -112,7 +113,9 @@ def library_tokens_per_s(cfg, data, factory) -> float:  # type: ignore[no-untype
     a, inner = cfg.algorithm, cfg.inner
     model, opt = _model_and_adamw(cfg, factory)
     b = cfg.batch.initial
-    algo = DiLoCo(model, opt, inner_steps=a.inner_steps, batch_size=b, b_max=b, clip=inner.clip)
+    algo = DiLoCo(
+        model, opt, inner_steps=a.inner_steps, batch_size=b, switch=Switch(b_max=b), clip=inner.clip
+    )
     subset = trainer_subset(data.n_train, 1.0, a.seed, 0)
     total = a.rounds * a.inner_steps
 

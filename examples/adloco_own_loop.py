@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from _common import CharModel, corpus, distributed, loss_fn, sample, val_loss
 
-from adloco import AdaptiveBatch, AdLoCo, Merging, Outer
+from adloco import AdaptiveBatch, AdLoCo, Merging, Outer, Switch
 
 ROUNDS, H = 6, 10
 
@@ -37,10 +37,7 @@ def main() -> None:
         outer=Outer("average"),
         batch=AdaptiveBatch("norm", initial=8, max=256, eta=0.5),
         merge=Merging("smallest", every=2),
-        b_max=64,  # the largest micro-batch a worker runs at once: bigger requests accumulate
-        # equal shares, so one process and two give the same numbers; the default, speed, splits a
-        # trainer's examples by its workers' measured speeds, which depend on the machine's load
-        balance="equal",
+        switch=Switch(b_max=64),  # the largest micro-batch a worker runs at once: bigger requests accumulate
     )
     streams = {w: torch.Generator().manual_seed(1000 + w) for w in algo.local_workers}  # worker w's data
     for _ in range(ROUNDS):

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from adloco.algorithms import batching
-from adloco.config import BatchConfig
 from adloco.engine.evaluation import evaluate, spread
 from adloco.errors import UserError
 from adloco.flat import FlatModule
 from adloco.report import analysis
+from adloco.settings import AdaptiveBatch as BatchConfig
 from tests.helpers import build_fn, synthetic_data, tiny_config, train_once
 
 TRAIN = {

@@ -95,10 +95,10 @@ def test_merge_is_batch_weighted_and_moves_workers() -> None:
     captured = {}
     orig = c.algo._maybe_merge
 
-    def spy(r, members):  # type: ignore[no-untyped-def]
+    def spy(members):  # type: ignore[no-untyped-def]
         captured.update({t: tr.theta.clone() for t, tr in c.algo.trainers.items()})
         captured["req"] = dict(c.algo.requests)
-        return orig(r, members)
+        return orig(members)
 
     c.algo._maybe_merge = spy
     out = run_round(c)
@@ -168,14 +168,14 @@ def test_outer_step_average_equals_mean_of_workers() -> None:
     )
     c = driver(cfg)
     captured = {}
-    orig = c.comm.all_reduce
+    orig = c.comm.reduce
 
-    def spy(tensor, workers, kind, dtype=None):  # type: ignore[no-untyped-def]
+    def spy(parts, workers, kind, *args):  # type: ignore[no-untyped-def]
         if kind == "delta":
             captured["mean"] = torch.stack([c.algo.replicas[w].flat.param.clone() for w in workers]).mean(0)
-        return orig(tensor, workers, kind, dtype)
+        return orig(parts, workers, kind, *args)
 
-    c.comm.all_reduce = spy
+    c.comm.reduce = spy
     run_round(c)
     torch.testing.assert_close(c.algo.theta(0), captured["mean"], rtol=1e-6, atol=1e-7)
 
@@ -347,8 +347,7 @@ def test_your_own_loop_gives_adloco_trains_parameters_bit_for_bit() -> None:
         outer=Outer(cfg.outer.optimizer, cfg.outer.lr, cfg.outer.momentum),
         batch=AdaptiveBatch(b.test, b.initial, b.max, b.eta, b.vartheta, b.nu, b.estimator, b.probe_chunks),
         merge=Merging(cfg.merge.policy, cfg.merge.every),
-        switch=Switch(cfg.switch.mode, cfg.switch.kappa),
-        b_max=cfg.switch.b_max,
+        switch=Switch(cfg.switch.mode, cfg.switch.kappa, b_max=cfg.switch.b_max),
         clip=i.clip,
     )
     subsets = {t: trainer_subset(data.n_train, 1.0, a.seed, t) for t in range(a.trainers)}

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from adloco import AdaptiveBatch, AdLoCo, DiLoCo, LocalSGD, Merging, Outer, Switch
+from adloco import AdaptiveBatch, AdLoCo, DiLoCo, LocalSGD, Merging, Outer, Switch, Wire
 from adloco.comm.base import Comm, wire_bytes
 from adloco.comm.inprocess import InProcessComm
 
@@ -55,7 +55,7 @@ def spied(n: int) -> tuple[Any, InProcessComm]:
     real = InProcessComm(n)
     fake = mock.create_autospec(Comm, instance=True)
     fake.n_workers, fake.local_workers, fake.rank, fake.world = n, list(range(n)), 0, 1
-    for name in ("all_reduce", "broadcast", "all_gather_rows", "all_gather_json", "fetch", "drain", "owner"):
+    for name in ("reduce", "broadcast", "all_gather_rows", "all_gather_json", "fetch", "drain", "owner"):
         getattr(fake, name).side_effect = getattr(real, name)
     return fake, real
 
@@ -79,16 +79,15 @@ def calls(fake: Any, name: str, kind: str) -> list[Any]:
 def test_a_round_issues_one_delta_all_reduce_per_trainer_and_counts_its_bytes() -> None:
     fake, real = spied(4)
     ms = models(4)
-    algo = AdLoCo(
-        ms, sgd(ms), inner_steps=3, trainers=2, comm=fake, loss_fn=loss_fn, merge=Merging("none"), b_max=8
-    )
+    algo = AdLoCo(ms, sgd(ms), inner_steps=3, trainers=2, comm=fake, loss_fn=loss_fn, merge=Merging("none"))
     rep = run_round(algo, Data())
-    deltas = calls(fake, "all_reduce", "delta")
+    deltas = calls(fake, "reduce", "delta")
     assert [c.args[1] for c in deltas] == [[0, 1], [2, 3]]  # each trainer's workers
-    assert all(c.args[0].numel() == P for c in deltas)
+    assert [sorted(c.args[0]) for c in deltas] == [[0, 1], [2, 3]]  # every local worker a part
+    assert all(c.args[3].numel() == P and c.args[4] == Wire() for c in deltas)
     gathers = calls(fake, "all_gather_rows", "stats")
     assert len(gathers) == 1 and gathers[0].args[3] == 4  # scalars only: k, c, Σ‖g‖², ‖ḡ_m‖²
-    assert not calls(fake, "all_reduce", "probe")  # the norm test sends no gradient
+    assert not calls(fake, "reduce", "probe")  # the norm test sends no gradient
     assert rep.bytes == 2 * wire_bytes("all_reduce", 2, 4 * P) + wire_bytes("all_gather", 4, 4 * 8)
     # construction broadcast each trainer's θ from its first worker to the other (sync_initial)
     assert [c.args[1:4] for c in fake.broadcast.call_args_list] == [(0, [0, 1], "init"), (2, [2, 3], "init")]
@@ -113,8 +112,8 @@ def test_inner_product_tests_all_reduce_the_mean_probe_gradient_once() -> None:
         merge=Merging("none"),
     )
     rep = run_round(algo, Data())
-    (probe,) = calls(fake, "all_reduce", "probe")
-    assert probe.args[1] == [0, 1] and probe.args[0].numel() == P
+    (probe,) = calls(fake, "reduce", "probe")
+    assert probe.args[1] == [0, 1] and probe.args[3].numel() == P
     stats = calls(fake, "all_gather_rows", "stats")
     counted = [c.args[3] if len(c.args) > 3 else c.kwargs["counted"] for c in stats]
     assert counted == [4, 3]  # the worker scalars, then ‖ḡ‖², Σp, Σp²
@@ -128,8 +127,9 @@ def test_ddp_all_reduces_the_gradient_every_step_and_workers_stay_equal() -> Non
 
     algo = DDP(ms, sgd(ms), inner_steps=4, comm=fake, loss_fn=loss_fn, batch_size=2)
     run_round(algo, Data())
-    grads = calls(fake, "all_reduce", "grad")
-    assert len(grads) == 4 and all(c.kwargs["counted"] == P for c in grads)  # the stop flag rides free
+    grads = calls(fake, "reduce", "grad")
+    # the stop flag rides along as one control value, never counted
+    assert len(grads) == 4 and all(c.args[3].numel() == P + 1 and c.args[6] == 1 for c in grads)
     assert algo.totals.by_kind["grad"] == 4 * 2 * 2 * 4 * P
     assert "delta" not in algo.totals.by_kind
     for m in ms[1:]:
@@ -152,9 +152,9 @@ def test_delta_weights_workers_by_examples() -> None:
         batch=AdaptiveBatch("none", initial=4, statistics=False),
         merge=Merging("none"),
         switch=Switch("cap"),
-        b_max={0: 4, 1: 2},
         clip=0.0,
     )
+    algo.set_b_max({0: 4, 1: 2})
     assert [algo.plans[w].effective for w in (0, 1)] == [4, 2]
     # the same steps by hand
     ref = models(2)
@@ -290,7 +290,7 @@ def test_the_batch_test_matches_brute_force_at_the_common_point(test: str) -> No
             test, initial=8, max=10**6, eta=eta, vartheta=vartheta, nu=nu, probe_chunks=4, exact_mean=True
         ),
         merge=Merging("none"),
-        b_max=8,
+        switch=Switch(b_max=8),
     )
     probe = algo.plans[0].probe
     assert probe is not None and (probe.k, probe.c) == (4, 2)
@@ -331,7 +331,7 @@ def test_the_paper_estimator_uses_each_workers_last_gradient_before_clipping() -
         loss_fn=loss_fn,
         batch=AdaptiveBatch("norm", initial=6, max=10**6, eta=eta, estimator="paper"),
         merge=Merging("none"),
-        b_max=8,
+        switch=Switch(b_max=8),
         clip=0.01,  # clipping is on and large: the statistics must still see the unclipped gradients
     )
     start = models(1)[0]
@@ -378,11 +378,13 @@ def test_the_hooked_mode_refuses_a_batch_test() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"inner_steps": 0}, "inner_steps: 0 must be an integer >= 1"),
-        ({"trainers": 3}, r"trainers: 3 must be an integer in \[1, 2\]"),
-        ({"wire_dtype": "int3"}, "wire_dtype: 'int3' is not one of"),
-        ({"b_max": 0}, "b_max: 0 must be >= 1"),
-        ({"precision": "fp8"}, "precision: 'fp8' is not one of fp32, bf16, fp16"),
+        ({"inner_steps": 0}, "inner_steps = 0: must be an integer >= 1"),
+        ({"trainers": 3}, r"trainers = 3: must be an integer in \[1, 2\]"),
+        ({"wire": "int3"}, "wire: expected an Wire"),
+        ({"balance": "fast"}, "balance = 'fast': must be one of 'equal', 'speed'"),
+        ({"emulate_speed": [1, 2]}, r"emulate_speed = \[1, 2\]: must be empty or 2 numbers in \(0, 1\]"),
+        ({"precision": "fp8"}, "precision = 'fp8': must be one of 'fp32', 'bf16', 'fp16'"),
+        ({"clip": -1.0}, r"clip = -1.0: must be >= 0 \(0 turns clipping off\)"),
         ({"batch": "norm"}, "batch: expected an AdaptiveBatch"),
         ({"outer": "nesterov"}, "outer: expected an Outer"),
     ],
@@ -397,12 +399,15 @@ def test_bad_arguments_name_the_argument(kwargs: dict[str, Any], message: str) -
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: AdaptiveBatch("normal"), "batch.test: 'normal' is not one of norm | inner_product"),
-        (lambda: AdaptiveBatch(initial=8, max=4), r"batch.max: 4 must be >= batch.initial \(8\)"),
-        (lambda: Merging(every=0), "merge.every: 0 must be an integer > 0"),
-        (lambda: Switch(kappa=0.5), "switch.kappa: 0.5 must be >= 1"),
-        (lambda: Outer("adam"), "outer.optimizer: 'adam' is not one of average | sgd | nesterov"),
-        (lambda: Outer("nesterov", momentum=1.0), "outer.momentum: 1.0 must be < 1"),
+        (lambda: AdaptiveBatch("normal"), "batch.test = 'normal': must be one of 'norm', 'inner_product'"),
+        (lambda: AdaptiveBatch(initial=8, max=4), r"batch.max = 4: must be >= batch.initial \(8\)"),
+        (lambda: AdaptiveBatch(initial="4"), "batch.initial = '4': must be an integer"),
+        (lambda: Merging(every=0), "merge.every = 0: must be >= 1"),
+        (lambda: Switch(kappa=0.5), "switch.kappa = 0.5: must be >= 1"),
+        (lambda: Switch(b_max=0), r"switch.b_max = 0: must be >= 1 and <= 1048576, or null"),
+        (lambda: Wire("int3"), "comm.dtype = 'int3': must be one of 'float32', 'bfloat16'"),
+        (lambda: Outer("adam"), "outer.optimizer = 'adam': must be one of 'average', 'sgd', 'nesterov'"),
+        (lambda: Outer("nesterov", momentum=1.0), r"outer.momentum = 1.0: must be in \[0, 1\)"),
     ],
 )
 def test_bad_settings_name_the_field(make: Any, message: str) -> None:
@@ -470,8 +475,7 @@ def test_a_quantized_delta_is_counted_at_its_size_on_the_wire(dtype: str, bits: 
         loss_fn=lambda m, b: ((m(b[0]).squeeze(-1) - b[1]) ** 2).mean(),
         batch=AdaptiveBatch("none", initial=2, statistics=False),
         merge=Merging("none"),
-        wire_dtype=dtype,
-        wire_block=8,
+        wire=Wire(dtype, block=8),
         sync_initial=False,
     )
     g = torch.Generator().manual_seed(3)
@@ -493,9 +497,7 @@ def test_error_feedback_is_kept_per_worker_saved_and_reset_when_the_worker_moves
         loss_fn=loss_fn,
         batch=AdaptiveBatch("none", initial=2, statistics=False),
         merge=Merging("smallest", every=2),
-        wire_dtype="int4",
-        wire_block=4,
-        error_feedback=True,
+        wire=Wire("int4", block=4, error_feedback=True),
     )
     data = Data()
     run_round(algo, data)
@@ -553,7 +555,7 @@ def test_work_follows_measured_speed_so_nobody_waits(balance: str, monkeypatch: 
         loss_fn=loss_fn,
         batch=AdaptiveBatch("none", initial=12, max=12, statistics=False),
         merge=Merging("none"),
-        b_max=64,
+        switch=Switch(b_max=64),
         balance=balance,
         emulate_speed=[1.0, 0.5],
     )
@@ -609,7 +611,9 @@ def test_emulated_speed_really_sleeps(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_speeds_within_20_percent_share_equally() -> None:
     """Timing noise on identical devices must not change a run: shares move only beyond 20%."""
     ms = models(2)
-    algo = AdLoCo(ms, sgd(ms), inner_steps=1, trainers=1, loss_fn=loss_fn, merge=Merging("none"))
+    algo = AdLoCo(
+        ms, sgd(ms), inner_steps=1, trainers=1, loss_fn=loss_fn, merge=Merging("none"), balance="speed"
+    )
     algo.speed = {0: 100.0, 1: 60.0}
     assert algo._relative_speeds([0, 1]) is None  # one device, nothing emulated: speeds are noise
     algo.comm.one_device = False  # as workers in processes of their own

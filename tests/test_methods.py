@@ -71,8 +71,12 @@ def test_localsgd_uses_sgd_inside_and_averages() -> None:
 def test_rounds_report_trainer_0_not_the_best_of_several() -> None:
     """Two independent DiLoCo trainers: the round reports trainer 0's validation even when trainer 1's
     is lower (choosing the best on the reported split would flatter multi-trainer runs)."""
-    cfg = tiny_config(**{"algorithm": {"method": "diloco", "trainers": 2, "workers": 2, "rounds": 2}})
-    cfg.model.init = "independent"
+    cfg = tiny_config(
+        **{
+            "algorithm": {"method": "diloco", "trainers": 2, "workers": 2, "rounds": 2},
+            "model": {"init": "independent"},
+        }
+    )
     c = driver(cfg)
     for _ in range(2):
         out = run_round(c)
@@ -188,7 +192,7 @@ def test_a_budget_reached_between_evaluations_still_evaluates_the_last_round() -
         }
     )
     per_round = 4 * 2 * 2  # workers x H x batch
-    cfg.algorithm.budget = 2 * per_round + 1  # reached in round 3
+    cfg = cfg.replace(algorithm={"budget": 2 * per_round + 1})  # reached in round 3
     c = driver(cfg)
     sink = Keep()
     summary = c.run(sink, Progress())

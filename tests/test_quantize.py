@@ -29,9 +29,9 @@ from adloco.comm.quantize import (
     ErrorFeedback,
     Quantized,
     dequantize,
+    encoded_bytes,
     quantize,
     quantize_roundtrip,
-    wire_bytes,
 )
 
 L = {8: 127, 4: 7}
@@ -132,7 +132,7 @@ def test_int4_packing_layout_and_round_trip() -> None:
     assert int(q.codes[-1]) >> 4 == 0  # the odd length's last high nibble is left 0
     assert torch.equal(dequantize(q), x)
     buf = q.to_bytes()
-    assert buf.numel() == wire_bytes(19, 4, 64) == 10 + 4
+    assert buf.numel() == encoded_bytes(19, 4, 64) == 10 + 4
     # from a misaligned slice of a bigger buffer, as received
     big = torch.cat([torch.zeros(3, dtype=torch.uint8), buf])
     assert torch.equal(dequantize(Quantized.from_bytes(big[3:], 19, 4, 64)), x)
@@ -149,10 +149,10 @@ def test_non_finite_block_stays_non_finite() -> None:
 
 def test_wire_bytes_formula() -> None:
     for P, S in [(1_400_000, 256), (10_000_000, 256), (1000, 64), (1001, 64), (7, 256)]:
-        assert wire_bytes(P, 8, S) == P + 4 * math.ceil(P / S)
-        assert wire_bytes(P, 4, S) == math.ceil(P * 4 / 8) + 4 * math.ceil(P / S)
+        assert encoded_bytes(P, 8, S) == P + 4 * math.ceil(P / S)
+        assert encoded_bytes(P, 4, S) == math.ceil(P * 4 / 8) + 4 * math.ceil(P / S)
         for bits in (8, 4):
-            assert quantize(torch.randn(min(P, 5000)), bits, S).to_bytes().numel() == wire_bytes(
+            assert quantize(torch.randn(min(P, 5000)), bits, S).to_bytes().numel() == encoded_bytes(
                 min(P, 5000), bits, S
             )
     with pytest.raises(ValueError):

@@ -261,11 +261,16 @@ def test_bench_checks_every_variant_before_running(
     )
 
 
-def test_report_on_one_run_writes_into_it(runs: list[Path]) -> None:
-    assert main(["report", str(runs[0])]) == 0
-    assert (runs[0] / "report.md").read_text().count("\n| fast | adloco |") == 1
-    assert (runs[0] / "plots" / "val_ppl_vs_round.png").is_file()  # the run's own plots, redrawn
-    assert (runs[0] / "plots" / "val_ppl_vs_simulated_time.png").is_file()
+def test_report_on_one_run_writes_beside_its_plots_and_says_it_is_one_run(runs: list[Path]) -> None:
+    (runs[0] / "plots").mkdir()
+    (runs[0] / "plots" / "val_ppl_vs_simulated_time.png").write_bytes(b"drawn at the end of the run")
+    own = {p.name: p.read_bytes() for p in (runs[0] / "plots").iterdir()}
+    assert main(["report", str(runs[0]), "--bandwidth", "1e5"]) == 0
+    text = (runs[0] / "report" / "report.md").read_text()
+    assert text.startswith(f"# adloco report: one run, {runs[0].name}\n")
+    assert text.count("\n| fast | adloco |") == 1
+    assert (runs[0] / "report" / "plots" / "val_ppl_vs_simulated_time.png").is_file()
+    assert {p.name: p.read_bytes() for p in (runs[0] / "plots").iterdir()} == own  # the run's own, untouched
 
 
 def test_report_states_the_network_it_priced(runs: list[Path], tmp_path: Path) -> None:

@@ -12,14 +12,14 @@ from adloco.models import sizing
 GIB = 2**30
 
 
-@pytest.mark.parametrize("name", list(sizing.PRESETS))
+@pytest.mark.parametrize("name", list(sizing.SHAPES))
 def test_parameter_count_of_every_preset_is_the_built_models(name: str) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     for vocab in (300, 4096):
         with torch.device("meta"):  # shapes only: the 300M preset allocates nothing
-            model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, **sizing.PRESETS[name]))
-        assert sizing.llama_parameters(sizing.PRESETS[name], vocab) == sum(
+            model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, **sizing.SHAPES[name]))
+        assert sizing.llama_parameters(sizing.SHAPES[name], vocab) == sum(
             p.numel() for p in model.parameters()
         )
 

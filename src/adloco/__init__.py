@@ -1,6 +1,6 @@
 """adloco: low-communication distributed training with AdLoCo, DiLoCo, LocalSGD and DDP.
 
-    from adloco import DiLoCo, AdLoCo, Outer, AdaptiveBatch, Merging, Switch
+    from adloco import DiLoCo, AdLoCo, Outer, AdaptiveBatch, Merging, Switch, Wire
 
 Build an algorithm object from your model and inner optimizer, then either let it run each inner step
 (``algo.step(batch)``, which AdLoCo's batch test needs) or hook your optimizer (``with algo:``). See
@@ -26,6 +26,7 @@ _EXPORTS = {
     "Merging": "adloco.settings",
     "Outer": "adloco.settings",
     "Switch": "adloco.settings",
+    "Wire": "adloco.settings",
     "InProcessComm": "adloco.comm",
     "ThreadComm": "adloco.comm",
     "TorchDistComm": "adloco.comm",

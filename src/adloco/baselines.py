@@ -1,83 +1,79 @@
-"""DiLoCo, LocalSGD and DDP: :class:`adloco.method.AdLoCo` with parts turned off, as named methods."""
+"""DiLoCo, LocalSGD and DDP: :class:`adloco.method.AdLoCo` with parts turned off, as named methods.
+
+Each takes its defaults from the method presets of :data:`adloco.settings.PRESETS`, the table
+``adloco train``'s ``algorithm.method`` reads: one trainer, a constant batch (never capped to b_max), no
+merging, and its outer step (DiLoCo: Nesterov with the ``outer`` section's lr 0.7 and momentum 0.9;
+LocalSGD and DDP: averaging). As in a config, a preset only fills what you leave unset: any dial passed
+explicitly wins (``DiLoCo(..., batch=AdaptiveBatch("norm"))`` is DiLoCo with the norm test).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from adloco.method import AdLoCo
-from adloco.settings import AdaptiveBatch, Merging, Outer, Switch
+from adloco.settings import PRESETS, AdaptiveBatch, Merging, Outer, Switch, preset
 
 
 class DiLoCo(AdLoCo):
     """DiLoCo (Douillard et al. 2023): H local steps, then an outer Nesterov step on the averaged
     pseudo-gradient; constant batch, one trainer (or K independent ones), no merging.
 
-    ``outer`` defaults to Nesterov lr 0.7, momentum 0.9 (the DiLoCo paper's, tuned for H = 500)."""
+    ``batch_size``: the rows of every worker's inner step (default: the ``batch`` section's initial
+    request, 4; or give a whole ``batch=AdaptiveBatch(...)``). In the hooked form (``with algo:``) your
+    loader decides the rows: pass ``batch_size``, or ``totals.examples`` is None (unknown) rather than a
+    number adloco never saw."""
+
+    METHOD: ClassVar[str] = "diloco"
 
     def __init__(
         self,
         model: nn.Module | Sequence[nn.Module],
         inner_optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
         *,
-        inner_steps: int,
-        outer: Outer | None = None,
-        trainers: int = 1,
-        batch_size: int = 4,
+        batch_size: int | None = None,
         **kw: Any,
     ) -> None:
-        _no(kw, "batch", "merge")
-        super().__init__(
-            model,
-            inner_optimizer,
-            inner_steps=inner_steps,
-            trainers=trainers,
-            outer=outer or Outer.nesterov(),
-            batch=AdaptiveBatch("none", initial=batch_size, max=batch_size, statistics=False),
-            merge=Merging("none"),
-            switch=kw.pop("switch", Switch("accumulate")),
-            **kw,
-        )
+        m = self.METHOD
+        if batch_size is not None:
+            if "batch" in kw:
+                raise ValueError("batch_size: give batch_size or batch=AdaptiveBatch(...), not both")
+            if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+                raise ValueError(f"batch_size = {batch_size!r}: must be an integer >= 1")
+            kw["batch"] = preset(
+                m, AdaptiveBatch, initial=batch_size, max=max(batch_size, AdaptiveBatch().max)
+            )
+        kw.setdefault("trainers", PRESETS[m]["algorithm"]["trainers"])
+        for name, cls in (("outer", Outer), ("batch", AdaptiveBatch), ("merge", Merging), ("switch", Switch)):
+            if kw.get(name) is None:
+                kw[name] = preset(m, cls)
+        super().__init__(model, inner_optimizer, **kw)
+        self.stated_batch = batch_size
 
 
 class LocalSGD(DiLoCo):
     """LocalSGD (Stich 2019): local steps, then the workers' parameters averaged (outer ``average``).
     Give it a plain ``torch.optim.SGD`` as inner optimizer to match the paper."""
 
-    def __init__(
-        self,
-        model: nn.Module | Sequence[nn.Module],
-        inner_optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
-        *,
-        inner_steps: int,
-        **kw: Any,
-    ) -> None:
-        _no(kw, "outer")
-        super().__init__(model, inner_optimizer, inner_steps=inner_steps, outer=Outer("average"), **kw)
+    METHOD: ClassVar[str] = "localsgd"
 
 
 class DDP(DiLoCo):
     """Synchronous data parallel: gradients averaged every step, so the workers stay identical; a round
     is only a reporting period of ``inner_steps`` steps."""
 
-    def __init__(
-        self,
-        model: nn.Module | Sequence[nn.Module],
-        inner_optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
-        *,
-        inner_steps: int = 1,
-        **kw: Any,
-    ) -> None:
-        _no(kw, "outer")
-        super().__init__(
-            model, inner_optimizer, inner_steps=inner_steps, outer=Outer("average"), ddp=True, **kw
-        )
+    METHOD: ClassVar[str] = "ddp"
+    ddp = True
 
 
-def _no(kw: Mapping[str, Any], *names: str) -> None:
-    for n in names:
-        if n in kw:
-            raise ValueError(f"{n}: fixed by this method; use AdLoCo(...) to set it")
+METHOD_CLASSES: dict[str, type[AdLoCo]] = {
+    "adloco": AdLoCo,
+    "diloco": DiLoCo,
+    "localsgd": LocalSGD,
+    "ddp": DDP,
+}
+assert set(METHOD_CLASSES) == set(PRESETS)

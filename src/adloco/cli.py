@@ -100,9 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     analysis.add_parser(sub)
     r = sub.add_parser("report", help="redraw plots and the comparison table from run directories alone")
     r.add_argument("runs", nargs="+", metavar="RUN_DIR")
-    r.add_argument(
-        "--out", help="comparison folder (default: the run itself for one run, else report-<time>)"
-    )
+    r.add_argument("--out", help="report folder (default: RUN_DIR/report for one run, else report-<time>)")
     r.add_argument("--target", type=float, help="perplexity to reach (default: the highest final one)")
     r.add_argument("--bandwidth", type=float, help="simulated network: bytes per second (default: the runs')")
     r.add_argument("--latency", type=float, help="simulated network: seconds per hop (default: the runs')")
@@ -297,10 +295,11 @@ def _report(args: argparse.Namespace) -> int:
         raise UserError(f"--latency {args.latency}: must be >= 0 (seconds)")
     paths = [Path(p) for p in args.runs]
     runs = results.load_all(paths, args.bandwidth, args.latency, args.compute, args.seconds_per_example)
+    # one run: beside its own plots, never over them (they were drawn at the end of the run)
     out = (
         Path(args.out)
         if args.out
-        else (paths[0] if len(paths) == 1 else Path(f"report-{time.strftime('%Y%m%d-%H%M%S')}"))
+        else (paths[0] / "report" if len(paths) == 1 else Path(f"report-{time.strftime('%Y%m%d-%H%M%S')}"))
     )
     report = reporting.write(runs, out, args.target, command="adloco " + " ".join(sys.argv[1:]))
     print(f"report: {report}")

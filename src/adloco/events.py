@@ -75,7 +75,7 @@ class Worker(Event):
     worker: int
     trainer: int
     loss: float | None  # mean training loss over the round's steps
-    examples: int  # examples in optimizer steps
+    examples: int | None  # examples in optimizer steps (None: the hooked form, rows never seen)
     probe_examples: int  # extra examples drawn only to probe gradient statistics
     micro: int
     accum: int
@@ -105,7 +105,7 @@ class Trainer(Event):
     micro: int
     accum: int
     idle_share: float = 0.0  # 1 − mean/max of its workers' compute times: the share a worker waited
-    examples: int = 0  # examples in its workers' steps this round
+    examples: int | None = 0  # examples in its workers' steps this round (None: unknown)
 
 
 @dataclass

@@ -3,30 +3,33 @@
 An algorithm object is built from this process's worker replicas (your ``nn.Module`` and inner
 optimizer; several for workers simulated in one process), a communicator, and the dials of
 :mod:`adloco.settings`. It owns the rounds: the loop asks it how many rows the next step needs, hands it
-the batch, and it runs the step (micro-batches, the gradient probe at the round's common point,
-clipping, the inner optimizer). After H steps it synchronizes by itself (``sync``):
+the batch, and it runs the step (micro-batches, the gradient probe at the round's first step, clipping,
+the inner optimizer). After H steps it synchronizes by itself (:meth:`AdLoCo.sync`), in the phases of
+ALGORITHM.md §6, one method each:
 
-  1. every worker's scalars are gathered (statistics, losses, sizes); where the batch test needs it,
-     each trainer's mean probe gradient is all-reduced;
-  2. every trainer's outer step: one all-reduce of Δ = Σ_m (n_m/n)(θ_t − θ_m) among its workers;
-  3. every trainer's batch test -> new requests;
-  4. every f rounds while K > 1: merge by policy, reallocate workers, send θ to moved workers;
-  5. workers load their trainer's θ; the next round's plan is made.
+  1. :meth:`~AdLoCo._gather`: every worker's scalars (statistics, losses, sizes) on every process, and
+     where the batch test needs it each trainer's mean probe gradient (:meth:`~AdLoCo._shared_mean`);
+  2. :meth:`~AdLoCo._outer_steps`: every trainer's outer step on Δ = Σ_m (n_m/n)(θ_t − θ_m);
+  3. :meth:`~AdLoCo._batch_tests`: every trainer's batch test -> new requests;
+  4. :meth:`~AdLoCo._maybe_merge`: every f rounds while K > 1, merge by policy, reallocate workers, send
+     θ to moved workers;
+  5. :meth:`~AdLoCo._next_round`: workers load their trainer's θ; totals, the report, the next plan.
 
-Every decision is a pure function of gathered scalars, computed identically on every process, so no
-process is special. ``with algo:`` instead hooks each replica's ``optimizer.step`` (your loop does the
-forward and backward, as with torchft's DiLoCo); that mode has no gradient probe, so it suits DiLoCo,
-LocalSGD, DDP and AdLoCo without a batch test.
+Every vector collective goes through the communicator's one reducer (:meth:`adloco.comm.Comm.reduce`)
+with the :class:`~adloco.settings.Wire` it travels as; every decision is a pure function of gathered
+scalars, computed identically on every process, so no process is special. ``with algo:`` instead hooks
+each replica's ``optimizer.step`` (:mod:`adloco.hooked`).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,26 +37,44 @@ from torch import nn
 from adloco import events
 from adloco.algorithms import allocation, batching, merging, switch
 from adloco.algorithms.outer import OuterOptimizer
-from adloco.comm.base import Comm
+from adloco.comm.base import Comm, Part
 from adloco.comm.quantize import ErrorFeedback
-from adloco.replica import Batch, LossFn, Probe, Replica, n_rows
+from adloco.hooked import HookedMode
+from adloco.replica import Batch, LossFn, Replica, n_rows
 from adloco.round import (
     WIDTH,
+    Clock,
     DecisionMismatch,
     RoundAborted,
     RoundReport,
     Totals,
     TrainerState,
     WorkerPlan,
+    WorkerProgress,
     WorkerRound,
-    _Clock,
-    _Progress,
+    plan_round,
+    relative_speeds,
 )
-from adloco.settings import AdaptiveBatch, Merging, Outer, Switch
-from adloco.state import Stateful
+from adloco.settings import (
+    FLOAT32,
+    AdaptiveBatch,
+    Balance,
+    Dial,
+    InnerState,
+    Merging,
+    OnResize,
+    Outer,
+    Precision,
+    Switch,
+    Wire,
+    check_speeds,
+    choice,
+)
+from adloco.state import AlgorithmState
+
+__all__ = ["AdLoCo", "DecisionMismatch", "RoundAborted"]
 
 log = logging.getLogger("adloco")
-WIRE = ("float32", "bfloat16", "float16", "int8", "int4")
 
 
 def _as_list(x: Any, what: str) -> list[Any]:
@@ -64,7 +85,15 @@ def _as_list(x: Any, what: str) -> list[Any]:
     return [x]
 
 
-class AdLoCo(Stateful):
+def _dial(name: str, value: Any, cls: type[Dial]) -> Any:
+    if value is None:
+        return cls()
+    if not isinstance(value, cls):
+        raise ValueError(f"{name}: expected an {cls.__name__}(...) from adloco, got {value!r}")
+    return value
+
+
+class AdLoCo(HookedMode, AlgorithmState):
     """AdLoCo (arXiv 2508.18182): multi-instance training with trainer merging, adaptive batch sizes and
     switch mode, on DiLoCo rounds. DiLoCo, LocalSGD and DDP (:mod:`adloco.baselines`) are this class with
     parts turned off.
@@ -78,56 +107,52 @@ class AdLoCo(Stateful):
         trainers: K0, model instances at start (each gets at least one worker).
         comm: the communicator; default: torch.distributed's default group when it is initialized
             (``TorchDistComm``), else all workers in this process (``InProcessComm``).
-        outer, batch, merge, switch: the dials (:mod:`adloco.settings`).
         loss_fn: ``loss_fn(model, batch)`` -> the mean loss over the batch's rows; default
             ``model(**batch).loss``.
-        b_max: the largest micro-batch of a worker (an int, or {worker: int} for this process's workers).
+        outer, batch, merge, switch, wire: the dials (:mod:`adloco.settings`), each the config section of
+            the same name (``wire`` is ``comm``); ``switch.b_max`` is every local worker's largest
+            micro-batch (``set_b_max`` sets one per worker).
         clip: inner gradient clipping (global norm; 0 turns it off).
         precision: fp32, or bf16 / fp16 autocast on CUDA (fp16 with dynamic loss scaling).
         inner_state: keep (DiLoCo) or reset the inner optimizer every round (the reference).
-        wire_dtype: what is all-reduced every round (Δ, probe gradients, DDP gradients) travels as:
-            float32, or through the compressed all-reduce (bfloat16, float16, int8, int4: block-wise
-            absmax quantization in blocks of ``wire_block`` values; :mod:`adloco.comm.compressed`).
-        error_feedback: each worker adds what quantization dropped from its Δ to its next round's Δ.
-        ddp: average gradients every step (synchronous data parallel) instead of rounds of local steps.
-        sync_initial: broadcast each trainer's θ from its first worker to the others at construction
-            (counted as ``init``); pass False when every process built identical replicas.
+        balance: equal gives every worker of a trainer its request b (bit for bit reproducible); speed
+            shares each trainer's M·b examples per step among its workers by their measured speed, and
+            workers among trainers by capacity (ALGORITHM.md §9.3): faster on uneven devices, but the run
+            then depends on timings.
+        emulate_speed: one factor in (0, 1] per worker (all of them, by id): worker w takes 1/s_w as long
+            per step (it sleeps the difference): heterogeneous devices emulated on identical hardware.
+        on_resize: loading the state of a run with another number of workers (ALGORITHM.md §9.2):
+            per_trainer keeps each trainer's examples per step (b re-derived from M·b), per_worker keeps b.
         snapshot: keep the inner state at each round's start in host memory, so an aborted round is
             undone in place (``adloco train`` uses it to stop on a signal).
-        on_resize: loading the state of a run with another number of workers (ALGORITHM.md §9.2): per_trainer
-            keeps each trainer's examples per step (b re-derived from M·b), per_worker keeps b.
-        balance: speed shares each trainer's M·b examples per step among its workers by their measured
-            speed, and workers among trainers by capacity (ALGORITHM.md §9.3); equal gives every worker b.
-        emulate_speed: one factor per worker (all of them, by id): worker w takes 1/s_w as long per step
-            (it sleeps the difference): heterogeneous devices emulated on identical hardware.
+        sync_initial: broadcast each trainer's θ from its first worker to the others at construction
+            (counted as ``init``); pass False when every process built identical replicas.
     """
+
+    ddp = False  # DDP: gradients averaged every step instead of rounds of local steps
 
     def __init__(
         self,
         model: nn.Module | Sequence[nn.Module],
         inner_optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
         *,
-        inner_steps: int,
+        inner_steps: int = 12,
         trainers: int = 4,
         comm: Comm | None = None,
+        loss_fn: LossFn | None = None,
         outer: Outer | None = None,
         batch: AdaptiveBatch | None = None,
         merge: Merging | None = None,
         switch: Switch | None = None,
-        loss_fn: LossFn | None = None,
-        b_max: int | Mapping[int, int] = 8,
+        wire: Wire | None = None,
         clip: float = 1.0,
-        precision: str = "fp32",
-        inner_state: str = "keep",
-        wire_dtype: str = "float32",
-        wire_block: int = 256,
-        error_feedback: bool = False,
-        ddp: bool = False,
-        sync_initial: bool = True,
-        snapshot: bool = False,
-        on_resize: str = "per_trainer",
-        balance: str = "speed",
+        precision: Precision = "fp32",
+        inner_state: InnerState = "keep",
+        balance: Balance = "equal",
         emulate_speed: Sequence[float] | None = None,
+        on_resize: OnResize = "per_trainer",
+        snapshot: bool = False,
+        sync_initial: bool = True,
     ) -> None:
         models = _as_list(model, "model")
         optimizers = _as_list(inner_optimizer, "inner_optimizer")
@@ -135,23 +160,19 @@ class AdLoCo(Stateful):
             raise ValueError(
                 f"inner_optimizer: {len(optimizers)} optimizer(s) for {len(models)} model(s); give one per model"
             )
-        if not isinstance(inner_steps, int) or inner_steps < 1:
+        if not isinstance(inner_steps, int) or isinstance(inner_steps, bool) or inner_steps < 1:
             raise ValueError(
-                f"inner_steps: {inner_steps!r} must be an integer >= 1 (H counts optimizer steps)"
+                f"inner_steps = {inner_steps!r}: must be an integer >= 1 (H counts optimizer steps)"
             )
-        if balance not in ("speed", "equal"):
-            raise ValueError(f"balance: {balance!r} is not one of speed | equal")
-        self.balance = balance
-        if on_resize not in ("per_trainer", "per_worker"):
-            raise ValueError(f"on_resize: {on_resize!r} is not one of per_trainer | per_worker")
-        self.on_resize = on_resize
-        self.membership: dict[str, Any] | None = None  # the last load_state_dict's change of workers
-        if inner_state not in ("keep", "reset"):
-            raise ValueError(f"inner_state: {inner_state!r} is not one of keep | reset")
-        if wire_dtype not in WIRE:
-            raise ValueError(f"wire_dtype: {wire_dtype!r} is not one of {' | '.join(WIRE)}")
-        if not isinstance(wire_block, int) or wire_block < 1:
-            raise ValueError(f"wire_block: {wire_block!r} must be an integer >= 1 (values per scale)")
+        choice("balance", balance, Balance)
+        choice("on_resize", on_resize, OnResize)
+        choice("inner_state", inner_state, InnerState)
+        self.balance, self.on_resize, self.inner_state = balance, on_resize, inner_state
+        self.outer_spec = _dial("outer", outer, Outer)
+        self.batch = _dial("batch", batch, AdaptiveBatch)
+        self.merging = _dial("merge", merge, Merging)
+        self.switch = _dial("switch", switch, Switch)
+        self.wire = _dial("wire", wire, Wire)
         self.comm = comm if comm is not None else _default_comm(len(models))
         if len(self.comm.local_workers) != len(models):
             raise ValueError(
@@ -161,33 +182,18 @@ class AdLoCo(Stateful):
         n = self.comm.n_workers
         if not isinstance(trainers, int) or not 1 <= trainers <= n:
             raise ValueError(
-                f"trainers: {trainers!r} must be an integer in [1, {n}] (every trainer needs a worker)"
+                f"trainers = {trainers!r}: must be an integer in [1, {n}]: every trainer needs a worker (pass "
+                "a list of models for several workers in one process, or run one process per worker)"
             )
         self.H = inner_steps
-        if emulate_speed is not None and (
-            len(emulate_speed) != self.comm.n_workers or not all(0 < x <= 1e6 for x in emulate_speed)
-        ):
-            raise ValueError(
-                f"emulate_speed: {list(emulate_speed)!r} must hold {self.comm.n_workers} positive numbers (one per worker)"
-            )
-        self.emulate = list(emulate_speed) if emulate_speed else None
+        self.emulate = check_speeds(emulate_speed or [], n, "emulate_speed") or None
         self.speed: dict[int, float] = {}  # measured examples per second of every worker (a moving average)
-        self.outer_spec = _setting("outer", outer, Outer)
-        self.batch = _setting("batch", batch, AdaptiveBatch)
-        self.merging = _setting("merge", merge, Merging)
-        self.switch = _setting("switch", switch, Switch)
-        self.ddp = ddp
-        self.inner_state = inner_state
-        self.wire, self.wire_block = wire_dtype, wire_block
+        self.membership: dict[str, Any] | None = None  # the last load_state_dict's change of workers
         self.keep_snapshot = snapshot
-        if isinstance(b_max, Mapping):
-            local_b = {w: int(b_max[w]) for w in self.comm.local_workers}
-        else:
-            local_b = dict.fromkeys(self.comm.local_workers, int(b_max))
-        if any(b < 1 for b in local_b.values()):
-            raise ValueError(f"b_max: {b_max!r} must be >= 1")
+        self.counts_rows = True  # False in the hooked form when the rows of a step are unknown
+        b_max = self.switch.b_max_or_default
         self.replicas: dict[int, Replica] = {
-            w: Replica(m, o, loss_fn, clip=clip, precision=precision, b_max=local_b[w])
+            w: Replica(m, o, loss_fn, clip=clip, precision=precision, b_max=b_max)
             for w, m, o in zip(self.comm.local_workers, models, optimizers, strict=True)
         }
         sizes = {r.flat.numel for r in self.replicas.values()}
@@ -199,7 +205,7 @@ class AdLoCo(Stateful):
         # error feedback of each local worker's Δ (reset when it moves; in its state dict)
         self.feedback: dict[int, ErrorFeedback] | None = (
             {w: ErrorFeedback() for w in self.replicas}
-            if error_feedback and wire_dtype != "float32"
+            if self.wire.error_feedback and self.wire.compressed
             else None
         )
         self.device = next(iter(self.replicas.values())).device
@@ -210,7 +216,7 @@ class AdLoCo(Stateful):
             t: TrainerState(t, self.batch.initial, self._new_outer()) for t in range(trainers)
         }
         self.allocation = allocation.allocate(self.requests, n, mode=self.merging.allocation)
-        self.b_max = self._agree({w: [b] for w, b in local_b.items()})
+        self.b_max = self._agree({w: [b_max] for w in self.replicas})
         self.bad_rounds = 0
         self.totals = Totals()
         self.last_report: RoundReport | None = None
@@ -241,6 +247,8 @@ class AdLoCo(Stateful):
         self._h = 0  # inner steps done in the current round
         self._hooks: list[Any] = []
         self._snap: dict[int, tuple[dict[str, torch.Tensor], list[float]]] = {}
+        self._progress: dict[int, WorkerProgress] | None = None
+        self._ddp_buf: torch.Tensor | None = None  # DDP's gradients and its stop request, one buffer
         self._plan()
 
     # -- replicated state --------------------------------------------------------------------------
@@ -315,85 +323,41 @@ class AdLoCo(Stateful):
 
     # -- the plan ----------------------------------------------------------------------------------
     def _plan(self) -> None:
-        """This round's plan for every worker (computed alike everywhere; decisions need the others')."""
-        mode = switch.mode_for(self.switch.schedule, self.switch.mode, len(self.trainers))
-        self.mode = mode
+        """This round's plan for every local worker (computed alike everywhere: it needs the others')."""
+        self.mode = switch.mode_for(self.switch.schedule, self.switch.mode, len(self.trainers))
         members = self.members()
-        share: dict[int, int] = {}  # examples per step each worker is asked for
-        for t, ws in members.items():
-            b_t = self.trainers[t].request
-            speeds = self._relative_speeds(ws)
-            share.update(allocation.split(len(ws) * b_t, speeds) if speeds else dict.fromkeys(ws, b_t))
-        plans = {w: switch.plan(share[w], self.b_max[w], mode, self.switch.kappa) for w in self.allocation}
-        probes: dict[int, Probe] = {}
-        b = self.batch
-        if b.estimator == "pooled" and b.probing:
-            need_p = b.test in ("inner_product", "augmented_inner_product")
-            shared = batching.needs_shared_mean(b.test, b.estimator, b.exact_mean)
-            keep = "chunks" if need_p else ("sum" if shared else "none")
-            for ws in members.values():
-                # one chunk size c for the trainer (from its smallest step); a worker with a larger share
-                # contributes more chunks of c, up to probe_chunks (ALGORITHM.md §9.3): the pooled statistics stay exact
-                k, c, extra = batching.probe_layout([plans[w].effective for w in ws], b.probe_chunks)
-                for w in ws:
-                    k_w = k if extra else max(1, min(plans[w].effective // c, b.probe_chunks))
-                    probes[w] = Probe(k_w, c, extra, keep)
-        self.plans = {
-            w: WorkerPlan(
-                w,
-                t,
-                members[t].index(w),
-                len(members[t]),
-                self.trainers[t].request,
-                plans[w].micro,
-                plans[w].accum,
-                plans[w].capped,
-                probes.get(w),
-            )
-            for w, t in self.allocation.items()
-            if w in self.replicas
-        }
+        speeds = {t: self._relative_speeds(ws) for t, ws in members.items()}
+        every = plan_round(self.requests, members, self.b_max, self.mode, self.switch, self.batch, speeds)
+        self.plans = {w: p for w, p in every.items() if w in self.replicas}
 
     def _relative_speeds(self, workers: Sequence[int]) -> dict[int, float] | None:
-        """Workers' speeds relative to the fastest, in steps of 1/8, or None for equal shares: with balance
-        equal; when every worker runs on this process's one device and nothing is emulated (their speeds
-        differ by noise alone); before every worker was measured; for DDP (its gradients are averaged
-        with equal weights) and the paper estimator (its samples are whole steps of one size); and when
-        the slowest is within 20% of the fastest."""
-        if (
-            self.balance == "equal"
-            or self.ddp
-            or len(workers) < 2
-            or any(w not in self.speed for w in workers)
-        ):
+        """Shares by measured speed (:func:`adloco.round.relative_speeds`), or None for equal shares: with
+        balance equal; for DDP (its gradients are averaged with equal weights) and the paper estimator (its
+        samples are whole steps of one size); and when every worker runs on this process's one device with
+        nothing emulated (their speeds differ by noise alone)."""
+        if self.balance == "equal" or self.ddp or self.batch.estimator == "paper":
             return None
         if self.emulate is None and self.comm.one_device:
             return None
-        if self.batch.estimator == "paper":  # its samples need one batch size per trainer (c = the step's)
-            return None
-        top = max(self.speed[w] for w in workers)
-        rel = {w: self.speed[w] / top for w in workers}
-        if min(rel.values()) > 0.8:
-            return None
-        return {w: max(1, round(8 * r)) / 8 for w, r in rel.items()}
+        return relative_speeds(self.speed, workers)
 
     # -- inner steps -------------------------------------------------------------------------------
-    def _begin_round(self) -> None:
-        for w, rep in self.replicas.items():
-            if self.inner_state == "reset":
-                rep.reset_optimizer()
-            if self.keep_snapshot:
-                self._snap[w] = (
-                    {k: v.to("cpu", copy=True) for k, v in rep.inner_state().items()},
-                    rep.scalars(),
-                )
-        self._progress = {
-            w: _Progress(_Clock(self.device), skipped_before=rep.skipped) for w, rep in self.replicas.items()
-        }
-
-    def _ensure_round(self) -> None:
-        if not hasattr(self, "_progress"):
-            self._begin_round()
+    def _round_progress(self) -> dict[int, WorkerProgress]:
+        """This round's bookkeeping, begun (inner state reset, snapshot) before its first step."""
+        if self._progress is None:
+            for w, rep in self.replicas.items():
+                if self.inner_state == "reset":
+                    rep.reset_optimizer()
+                if self.keep_snapshot:
+                    self._snap[w] = (
+                        {k: v.to("cpu", copy=True) for k, v in rep.inner_state().items()},
+                        rep.scalars(),
+                    )
+            self._progress = {
+                w: WorkerProgress(Clock(self.device), skipped_before=rep.skipped)
+                for w, rep in self.replicas.items()
+            }
+        return self._progress
 
     def step(self, batch: Batch, *, stop: bool = False) -> torch.Tensor:
         """One inner step of the only local worker on ``batch`` (``batch_size()`` rows); returns its mean
@@ -413,12 +377,12 @@ class AdLoCo(Stateful):
                 f"batches: keyed by workers {sorted(batches)}; this process hosts {self.local_workers}"
             )
         h = self._h
-        self._ensure_round()
+        progress = self._round_progress()
         if stop and not self.ddp:
             self.sync(abort=True)
         losses: dict[int, torch.Tensor] = {}
         for w in self.local_workers:
-            plan, rep, pr = self.plans[w], self.replicas[w], self._progress[w]
+            plan, rep, pr = self.plans[w], self.replicas[w], progress[w]
             got = n_rows(batches[w])
             if got != plan.rows(h):
                 raise ValueError(
@@ -442,40 +406,30 @@ class AdLoCo(Stateful):
             pr.examples += plan.effective
             losses[w] = loss
         if self.ddp:
-            self._ddp_reduce(stop)
+            self._ddp_step(stop)
         self._h += 1
         if self._h == self.H:
             self.sync()
         return losses
 
-    def _ddp_reduce(self, stop: bool) -> None:
-        """Synchronous data parallel: every trainer's workers average their gradients (one all-reduce of
-        P values, counted as ``grad``) and take the same step. A stop request rides along as one more
-        value (not counted), so every worker of a trainer stops at the same step."""
-        buf = torch.zeros(self.n_params + 1, device=self.device)
+    def _ddp_step(self, stop: bool) -> None:
+        """Synchronous data parallel: every trainer's workers average their gradients (one reduction of P
+        values, counted as ``grad``) and take the same step. A stop request rides along as control, so
+        every worker of a trainer stops at the same step."""
+        if self._ddp_buf is None:
+            self._ddp_buf = torch.empty(self.n_params + 1, device=self.device)
+        buf = self._ddp_buf
         members = self.members()
+        progress = self._round_progress()
         for t in self.alive:
             ws = members[t]
-            buf.zero_()
-            if self.wire == "float32":
-                for w in self._local(ws):
-                    buf[:-1].add_(self.replicas[w].flat.grad, alpha=1.0 / len(ws))
-                buf[-1] = float(stop)
-                self.comm.all_reduce(buf, ws, "grad", counted=self.n_params)
-            else:  # compressed: the gradients through the compressed all-reduce, the flag on its own
-                parts = {w: self.replicas[w].flat.grad / len(ws) for w in self._local(ws)}
-                got = self.comm.all_reduce_compressed(
-                    parts, ws, "grad", self.wire, self.wire_block, self.n_params
-                )
-                if got is not None:
-                    buf[:-1].copy_(got)
-                buf[-1] = float(stop)
-                self.comm.all_reduce(buf[-1:], ws, "control", counted=0)
+            buf[-1] = float(stop)
+            self._reduce(ws, "grad", buf, functools.partial(self._add_grad, scale=1.0 / len(ws)), control=1)
             if float(buf[-1]) > 0:
                 stop = True
                 continue
             for w in self._local(ws):
-                pr, rep = self._progress[w], self.replicas[w]
+                pr, rep = progress[w], self.replicas[w]
                 pr.clock.start()
                 rep.flat.grad.copy_(buf[:-1])
                 rep.optimizer_step()
@@ -483,92 +437,64 @@ class AdLoCo(Stateful):
         if stop:
             self.sync(abort=True)
 
-    # -- the hooked mode ---------------------------------------------------------------------------
-    def __enter__(self) -> AdLoCo:
-        """Hook every local replica's ``optimizer.step``: your loop runs forward, backward and step; every
-        H steps the round synchronizes. There is no gradient probe in this mode."""
-        if self.batch.test != "none" or self.batch.statistics:
-            raise ValueError(
-                "batch: the batch test needs the gradient probe at the round's first step, which only "
-                "step()/step_all() can take; use them, or AdaptiveBatch(test='none', statistics=False)"
-            )
-        if self.ddp and len(self.replicas) > 1:
-            raise ValueError("ddp: hooked optimizers need one worker per process (or per thread: ThreadComm)")
-        for w, rep in self.replicas.items():
-            # the round begins (inner_state reset, snapshot) before its first step, not after it
-            pre = self._hooked_pre(w) if self.ddp else (lambda opt, args, kwargs: self._ensure_round())
-            self._hooks.append(rep.optimizer.register_step_pre_hook(pre))
-            self._hooks.append(rep.optimizer.register_step_post_hook(self._hooked_post(w)))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-
-    def _hooked_pre(self, w: int) -> Callable[..., None]:
-        def hook(opt: Any, args: Any, kwargs: Any) -> None:
-            self._ensure_round()
-            rep = self.replicas[w]
-            g = rep.flat.gather_grads()
-            ws = self.members()[self.allocation[w]]
-            g.div_(len(ws))
-            if self.wire == "float32":
-                self.comm.all_reduce(g, ws, "grad")
-            else:
-                got = self.comm.all_reduce_compressed(
-                    {w: g}, ws, "grad", self.wire, self.wire_block, self.n_params
-                )
-                assert got is not None
-                g.copy_(got)
-            rep.flat.scatter_grads()
-
-        return hook
-
-    def _hooked_post(self, w: int) -> Callable[..., None]:
-        def hook(opt: Any, args: Any, kwargs: Any) -> None:
-            self._ensure_round()
-            pr = self._progress[w]
-            pr.steps += 1
-            pr.examples += self.plans[w].effective
-            if all(p.steps >= self.H for p in self._progress.values()):
-                self._h = self.H
-                self.sync()
-
-        return hook
+    def _reduce(
+        self,
+        workers: Sequence[int],
+        kind: str,
+        out: torch.Tensor,
+        add: Callable[[int, torch.Tensor], None],
+        wire: Wire | None = None,
+        feedback: Mapping[int, ErrorFeedback] | None = None,
+        control: int = 0,
+    ) -> bool:
+        """The communicator's reducer over ``workers`` with this process's of them as the parts, each
+        ``add(w, buffer)``; on the round's wire unless told otherwise."""
+        parts: dict[int, Part] = {w: functools.partial(add, w) for w in self._local(workers)}
+        return self.comm.reduce(
+            parts, workers, kind, out, self.wire if wire is None else wire, feedback, control
+        )
 
     # -- the synchronization -----------------------------------------------------------------------
     def sync(self, abort: bool = False) -> RoundReport:
-        """End the round on every process (see the module docstring); returns its report.
+        """End the round on every process, phase by phase (see the module docstring); returns its report.
 
         Called by the H-th step; call it yourself only to end a round early. ``abort``: undo it instead
         (every process raises :class:`RoundAborted`)."""
-        self._ensure_round()
-        r = self.round
-        b = self.batch
         members = self.members()
         trainer_of = dict(self.allocation)
-        plans = self.plans
-        shared = b.probing and batching.needs_shared_mean(b.test, b.estimator, b.exact_mean)
-        need_p = b.test in ("inner_product", "augmented_inner_product")
+        results, fault_events = self._gather(abort, members)  # 1.
+        ok = {t: [w for w in members[t] if results[w].finite] for t in self.alive}
+        stats = {w: res.stats for w, res in results.items()}
+        self._outer_steps(members, ok, results)  # 2.
+        trainer_events = self._batch_tests(members, ok, results, stats)  # 3.
+        merge_event, alloc_event = self._maybe_merge(members)  # 4.
+        return self._next_round(
+            results, trainer_of, trainer_events, fault_events, merge_event, alloc_event
+        )  # 5.
 
-        # 1. gather every worker's scalars (and stop requests)
+    def _gather(
+        self, abort: bool, members: dict[int, list[int]]
+    ) -> tuple[dict[int, WorkerRound], list[events.Fault]]:
+        """Phase 1: every worker's scalars on every process (with stop requests: a request anywhere aborts
+        the round everywhere), out-of-memory b_max changes, measured speeds, and non-finite workers."""
+        progress = self._round_progress()
+        b, r, plans = self.batch, self.round, self.plans
         local: dict[int, list[float]] = {}
         for w, rep in self.replicas.items():
-            pr = self._progress[w]
-            stats = pr.stats
+            pr = progress[w]
+            st = pr.stats
             if b.estimator == "paper" and b.probing and pr.steps:  # the last gradient, unclipped: c = e
                 sq, entries = rep.last_gradient()
-                stats = batching.WorkerStats(1, plans[w].effective, sq, sq, sum_entries=entries)
+                st = batching.WorkerStats(1, plans[w].effective, sq, sq, sum_entries=entries)
             mean = (pr.loss / pr.steps).item() if pr.steps and pr.loss is not None else math.nan
             finite = pr.steps > 0 and (math.isfinite(mean) or pr.loss is None) and rep.finite()
             local[w] = WorkerRound(
-                k=stats.n if stats else 0,
-                c=stats.c if stats else 0,
-                sum_sq=stats.sum_sq if stats else math.nan,
-                mean_sq=stats.mean_sq if stats else math.nan,
-                sum_entries=stats.sum_entries if stats else math.nan,
-                has_stats=stats is not None,
+                k=st.n if st else 0,
+                c=st.c if st else 0,
+                sum_sq=st.sum_sq if st else math.nan,
+                mean_sq=st.mean_sq if st else math.nan,
+                sum_entries=st.sum_entries if st else math.nan,
+                has_stats=st is not None,
                 loss=mean,
                 steps=pr.steps,
                 examples=pr.examples,
@@ -589,7 +515,7 @@ class AdLoCo(Stateful):
             self._undo()
             raise RoundAborted(r + 1)
         self._h = 0
-        del self._progress
+        self._progress = None
         for w, res in results.items():
             if res.b_max != self.b_max[w]:
                 log.warning(
@@ -600,13 +526,13 @@ class AdLoCo(Stateful):
             if res.compute_s > 0 and res.examples > 0:
                 v = (res.examples + res.probe_examples) / res.compute_s
                 self.speed[w] = v if w not in self.speed else 0.5 * v + 0.5 * self.speed[w]
-        fault_events = self._faults(r, members, results)
-        ok = {t: [w for w in members[t] if results[w].finite] for t in self.alive}
-        stats_of = {w: res.stats for w, res in results.items()}
-        gbar_sq, dots = self._shared_mean(ok, stats_of, need_p) if shared else ({}, {})
+        return results, self._faults(r, members, results)
 
-        # 2. outer step of every trainer on Δ_t = Σ_m (n_m / n)(θ_t − θ_m): the pseudo-gradients, not
-        #    the parameters, are all-reduced, so a compressed wire dtype keeps them
+    def _outer_steps(
+        self, members: dict[int, list[int]], ok: dict[int, list[int]], results: dict[int, WorkerRound]
+    ) -> None:
+        """Phase 2: every trainer's outer step on Δ_t = Σ_m (n_m / n)(θ_t − θ_m), over its finite workers.
+        The pseudo-gradients, not the parameters, are reduced, so a compressed wire keeps them."""
         for t in self.alive:
             ws = ok[t]
             if not ws:
@@ -618,35 +544,37 @@ class AdLoCo(Stateful):
                     tr.theta.copy_(self.replicas[mine[0]].flat.param)
                 continue
             n_ex = sum(results[w].examples for w in ws)
-            buf = self.scratch.zero_()
-            if self.wire == "float32":
-                for w in self._local(ws):
-                    torch.sub(self.theta(t), self.replicas[w].flat.param, out=self.scratch2)  # θ_t − θ_m
-                    buf.add_(self.scratch2, alpha=results[w].examples / n_ex)
-                self.comm.all_reduce(buf, ws, "delta")
-            else:  # every worker's own (n_m/n)(θ_t − θ_m) is a participant of the compressed all-reduce
-                parts = {
-                    w: torch.sub(self.theta(t), self.replicas[w].flat.param).mul_(results[w].examples / n_ex)
-                    for w in self._local(ws)
-                }
-                summed = self.comm.all_reduce_compressed(
-                    parts, ws, "delta", self.wire, self.wire_block, self.n_params, self.feedback
-                )
-                if summed is not None:
-                    buf.copy_(summed)
+
+            def add_delta(w: int, out: torch.Tensor, t: int = t, n_ex: int = n_ex) -> None:
+                torch.sub(self.theta(t), self.replicas[w].flat.param, out=self.scratch2)  # θ_t − θ_m
+                out.add_(self.scratch2, alpha=results[w].examples / n_ex)
+
+            buf = self.scratch
+            self._reduce(ws, "delta", buf, add_delta, feedback=self.feedback)
             if len(ws) < len(members[t]):
                 # a worker left out still serves t: its process (possibly hosting no finite worker of t,
-                # hence outside the all-reduce) needs Δ_t too, or its θ_t and momentum go stale
+                # hence outside the reduction) needs Δ_t too, or its θ_t and momentum go stale
                 self.comm.broadcast(buf, ws[0], members[t], "delta")
             if tr.theta is not None:
                 with torch.no_grad():
                     tr.outer.step(tr.theta, buf)
 
-        # 3. batch test -> new requests
-        trainer_events = []
+    def _batch_tests(
+        self,
+        members: dict[int, list[int]],
+        ok: dict[int, list[int]],
+        results: dict[int, WorkerRound],
+        stats: dict[int, batching.WorkerStats | None],
+    ) -> list[events.Trainer]:
+        """Phase 3: every trainer's batch test on its finite workers' pooled statistics -> new requests."""
+        b, r = self.batch, self.round
+        shared = b.probing and batching.needs_shared_mean(b.test, b.estimator, b.exact_mean)
+        need_p = b.test in ("inner_product", "augmented_inner_product")
+        gbar_sq, dots = self._shared_mean(ok, stats, need_p) if shared else ({}, {})
+        out = []
         for t in self.alive:
             ws = members[t]
-            samples = [stats_of[w] for w in ok[t]]
+            samples = [stats[w] for w in ok[t]]
             pooled = None
             if samples and all(s is not None for s in samples) and len({s.c for s in samples if s}) == 1:
                 got = [s for s in samples if s is not None]
@@ -676,7 +604,7 @@ class AdLoCo(Stateful):
             lead = results[ws[0]]
             times = [results[w].compute_s for w in ws]
             idle = 1.0 - (sum(times) / len(times)) / max(times) if len(times) > 1 and max(times) > 0 else 0.0
-            trainer_events.append(
+            out.append(
                 events.Trainer(
                     round=r + 1,
                     trainer=t,
@@ -693,116 +621,16 @@ class AdLoCo(Stateful):
                     micro=lead.micro,
                     accum=lead.accum,
                     idle_share=idle,
-                    examples=n_ex,
+                    examples=n_ex if self.counts_rows else None,
                 )
             )
             tr.request = dec.request
-
-        # 4. merge and reallocate
-        merge_event, alloc_event = self._maybe_merge(r, members)
-
-        # 5. workers load their trainer's θ; bookkeeping; the next round's plan
-        for w, rep in self.replicas.items():
-            rep.load(self.theta(self.allocation[w]))
-        # training examples read: the steps' and the probe's extra rows (a budget counts both)
-        examples = sum(res.examples + res.probe_examples for res in results.values())
-        self.totals.examples += examples
-        self.round += 1
-        self._check_agreement()
-        nbytes, msgs, comm_s, collectives = self._collect()
-        self._plan()
-        worker_events = [
-            events.Worker(
-                round=r + 1,
-                worker=w,
-                trainer=trainer_of[w],
-                loss=events.num(res.loss),
-                examples=res.examples,
-                probe_examples=res.probe_examples,
-                micro=res.micro,
-                accum=res.accum,
-                effective=res.micro * res.accum,
-                capped=res.capped,
-                finite=res.finite,
-                compute_s=res.compute_s,
-                skipped=res.skipped,
-            )
-            for w, res in results.items()
-        ]
-        stepped = sum(res.examples for res in results.values())
-        total_loss = sum(res.loss * res.examples for res in results.values())
-        self.last_report = RoundReport(
-            round=self.round,
-            workers=worker_events,
-            trainers=trainer_events,
-            faults=fault_events,
-            merge=merge_event,
-            allocation=alloc_event,
-            switch_mode=self.mode,
-            examples=examples,
-            loss=events.num(total_loss / max(stepped, 1)),
-            bytes=nbytes,
-            messages=msgs,
-            comm_s=comm_s,
-            collectives=collectives,
-            compute_s={w: res.compute_s for w, res in results.items()},
-            idle_share=sum(e.idle_share for e in trainer_events) / max(len(trainer_events), 1),
-        )
-        return self.last_report
-
-    def _undo(self) -> None:
-        """An aborted round: workers back to θ (and, with ``snapshot``, their inner state) at its start."""
-        self._h = 0
-        if hasattr(self, "_progress"):
-            del self._progress
-        for w, rep in self.replicas.items():
-            if self.keep_snapshot and w in self._snap:
-                state, scalars = self._snap[w]
-                rep.load_inner_state(state)
-                rep.load_scalars(scalars)
-            rep.load(self.theta(self.allocation[w]))
-        self.comm.drain()
-
-    def _faults(
-        self, r: int, members: dict[int, list[int]], results: dict[int, WorkerRound]
-    ) -> list[events.Fault]:
-        """Non-finite workers: left out of the outer step and batch test, inner state reset, counted."""
-        out: list[events.Fault] = []
-        bad = [w for w in sorted(results) if not results[w].finite and results[w].steps > 0]
-        self.bad_rounds = self.bad_rounds + 1 if bad else 0
-        for w in bad:
-            out.append(
-                events.Fault(
-                    round=r + 1,
-                    trainer=self.allocation[w],
-                    kind="non_finite",
-                    action="left out of the outer step; inner optimizer state reset",
-                    worker=w,
-                )
-            )
-            if w in self.replicas:
-                self.replicas[w].reset_optimizer()
-        for t in self.alive:
-            if members[t] and all(w in bad for w in members[t]):
-                out.append(
-                    events.Fault(
-                        round=r + 1,
-                        trainer=t,
-                        kind="trainer_skipped",
-                        action="no finite worker: θ and request kept",
-                    )
-                )
-        if bad:
-            log.warning(
-                f"round {r + 1}: worker(s) {', '.join(map(str, bad))} produced a non-finite loss or update; "
-                f"left out of the outer step ({self.bad_rounds} bad round(s) in a row)"
-            )
         return out
 
     def _shared_mean(
         self, members: dict[int, list[int]], stats: dict[int, batching.WorkerStats | None], need_p: bool
     ) -> tuple[dict[int, float], dict[int, dict[int, tuple[float, float]]]]:
-        """All-reduce every trainer's mean probe gradient ḡ (P values) among its workers; returns ‖ḡ‖² per
+        """Reduce every trainer's mean probe gradient ḡ (P values) among its workers; returns ‖ḡ‖² per
         trainer and, for the inner-product tests, every worker's (Σ_j <g_j, ḡ>, Σ_j <g_j, ḡ>²).
 
         Only processes hosting a worker of trainer t see its ḡ, so ‖ḡ‖² and the dot products travel in
@@ -817,21 +645,8 @@ class AdLoCo(Stateful):
                 continue
             pooled.append(t)
             n_t = sum(s.n for s in got if s)
-            buf = self.scratch.zero_()
-            if self.wire == "float32":
-                for w in self._local(members[t]):
-                    self.replicas[w].add_sample_sum(buf, paper)
-                self.comm.all_reduce(buf, members[t], "probe")
-            else:
-                parts = {}
-                for w in self._local(members[t]):
-                    parts[w] = torch.zeros_like(buf)
-                    self.replicas[w].add_sample_sum(parts[w], paper)
-                summed = self.comm.all_reduce_compressed(
-                    parts, members[t], "probe", self.wire, self.wire_block, self.n_params
-                )
-                if summed is not None:
-                    buf.copy_(summed)
+            buf = self.scratch
+            self._reduce(members[t], "probe", buf, functools.partial(self._add_sample_sum, paper=paper))
             gbar = buf.div_(n_t)  # ḡ: (P,)
             g2 = float(torch.dot(gbar, gbar))
             for w in self._local(members[t]):
@@ -845,10 +660,19 @@ class AdLoCo(Stateful):
         )
         return {t: gathered[members[t][0]][0] for t in pooled}, dots
 
+    def _add_grad(self, w: int, out: torch.Tensor, scale: float) -> None:
+        out.add_(self.replicas[w].flat.grad, alpha=scale)
+
+    def _add_sample_sum(self, w: int, out: torch.Tensor, paper: bool) -> None:
+        self.replicas[w].add_sample_sum(out, paper)
+
     def _maybe_merge(
-        self, r: int, members: dict[int, list[int]]
+        self, members: dict[int, list[int]]
     ) -> tuple[events.Merge | None, events.Allocation | None]:
-        m = self.merging
+        """Phase 4: every f rounds while K > 1, merge the trainers the policy selects into the lowest id
+        (θ and the outer momentum weighted by requests), then share the workers again and move those that
+        change trainer (ALGORITHM.md §3–4)."""
+        m, r = self.merging, self.round
         if m.policy == "none" or len(self.trainers) < 2 or (r + 1) % m.every != 0:
             return None, None
         S = merging.select(self.requests, m.policy, m.size)
@@ -857,24 +681,24 @@ class AdLoCo(Stateful):
         w = merging.weights(self.requests, S)
         keep = merging.survivor(S)
         union = sorted(x for t in S for x in members[t])
-        hosts_union = any(x in self.replicas for x in union)
-        # θ_r = Σ_{j∈S} w_j θ_j, and the outer momentum alike: each process sums the trainers it leads,
-        # so the SUM over the union's processes counts every trainer exactly once.
-        parts: list[tuple[str, Callable[[TrainerState], torch.Tensor | None]]] = [
-            ("theta", lambda tr: tr.theta)
-        ]
-        if self._new_outer().has_state:
-            parts.append(("momentum", lambda tr: tr.momentum()))
+        # θ_r = Σ_{j∈S} w_j θ_j, and the outer momentum alike: a trainer's part is added by its first
+        # worker's process, so the sum over the union's processes counts every trainer exactly once.
+        led = {members[t][0]: t for t in S if members[t][0] in self.replicas}
         merged: dict[str, torch.Tensor] = {}
-        for name, get in parts:
-            led = {t: get(self.trainers[t]) for t in S if members[t][0] in self.replicas}
-            buf = merging.weighted_merge(
-                {t: v for t, v in led.items() if v is not None}, w, like=self.scratch
-            )
-            self.comm.all_reduce(buf, union, "merge")
+        for name in ("theta", "momentum") if self._new_outer().has_state else ("theta",):
+
+            def add(x: int, out: torch.Tensor, name: str = name) -> None:
+                tr = self.trainers[led[x]]
+                value = tr.theta if name == "theta" else tr.momentum()
+                if value is not None:
+                    out.add_(value, alpha=w[led[x]])
+
+            buf = torch.empty_like(self.scratch)
+            parts: dict[int, Part] = {x: functools.partial(add, x) for x in sorted(led, key=lambda x: led[x])}
+            self.comm.reduce(parts, union, "merge", buf, FLOAT32)
             merged[name] = buf
         survivor = self.trainers[keep]
-        if hosts_union:
+        if any(x in self.replicas for x in union):
             survivor.theta = merged["theta"]
             survivor.outer = self._new_outer()
             if "momentum" in merged:
@@ -929,6 +753,117 @@ class AdLoCo(Stateful):
                 tr.outer = self._new_outer()
         return moved, changed
 
+    def _next_round(
+        self,
+        results: dict[int, WorkerRound],
+        trainer_of: dict[int, int],
+        trainer_events: list[events.Trainer],
+        fault_events: list[events.Fault],
+        merge_event: events.Merge | None,
+        alloc_event: events.Allocation | None,
+    ) -> RoundReport:
+        """Phase 5: workers load their trainer's θ; the round counted (examples, bytes), its decisions
+        checked for agreement, the next round planned, and the report made."""
+        for w, rep in self.replicas.items():
+            rep.load(self.theta(self.allocation[w]))
+        # training examples read: the steps' and the probe's extra rows (a budget counts both)
+        examples = sum(res.examples + res.probe_examples for res in results.values())
+        if self.counts_rows and self.totals.examples is not None:
+            self.totals.examples += examples
+        else:  # the hooked mode without a batch size: the rows of a step were never seen
+            self.totals.examples = None
+        self.round += 1
+        self._check_agreement()
+        nbytes, msgs, comm_s, collectives = self._collect()
+        self._plan()
+        known = self.counts_rows
+        worker_events = [
+            events.Worker(
+                round=self.round,
+                worker=w,
+                trainer=trainer_of[w],
+                loss=events.num(res.loss),
+                examples=res.examples if known else None,
+                probe_examples=res.probe_examples,
+                micro=res.micro,
+                accum=res.accum,
+                effective=res.micro * res.accum,
+                capped=res.capped,
+                finite=res.finite,
+                compute_s=res.compute_s,
+                skipped=res.skipped,
+            )
+            for w, res in results.items()
+        ]
+        stepped = sum(res.examples for res in results.values())
+        total_loss = sum(res.loss * res.examples for res in results.values())
+        self.last_report = RoundReport(
+            round=self.round,
+            workers=worker_events,
+            trainers=trainer_events,
+            faults=fault_events,
+            merge=merge_event,
+            allocation=alloc_event,
+            switch_mode=self.mode,
+            examples=examples if known else None,
+            loss=events.num(total_loss / max(stepped, 1)),
+            bytes=nbytes,
+            messages=msgs,
+            comm_s=comm_s,
+            collectives=collectives,
+            compute_s={w: res.compute_s for w, res in results.items()},
+            idle_share=sum(e.idle_share for e in trainer_events) / max(len(trainer_events), 1),
+        )
+        return self.last_report
+
+    def _undo(self) -> None:
+        """An aborted round: workers back to θ (and, with ``snapshot``, their inner state) at its start."""
+        self._h = 0
+        self._progress = None
+        for w, rep in self.replicas.items():
+            if self.keep_snapshot and w in self._snap:
+                state, scalars = self._snap[w]
+                rep.load_inner_state(state)
+                rep.load_scalars(scalars)
+            rep.load(self.theta(self.allocation[w]))
+        self.comm.drain()
+
+    def _faults(
+        self, r: int, members: dict[int, list[int]], results: dict[int, WorkerRound]
+    ) -> list[events.Fault]:
+        """Non-finite workers: left out of the outer step and batch test, inner state reset, counted."""
+        out: list[events.Fault] = []
+        bad = [w for w in sorted(results) if not results[w].finite and results[w].steps > 0]
+        self.bad_rounds = self.bad_rounds + 1 if bad else 0
+        for w in bad:
+            out.append(
+                events.Fault(
+                    round=r + 1,
+                    trainer=self.allocation[w],
+                    kind="non_finite",
+                    action="left out of the outer step; inner optimizer state reset",
+                    worker=w,
+                )
+            )
+            if w in self.replicas:
+                self.replicas[w].reset_optimizer()
+        for t in self.alive:
+            if members[t] and all(w in bad for w in members[t]):
+                out.append(
+                    events.Fault(
+                        round=r + 1,
+                        trainer=t,
+                        kind="trainer_skipped",
+                        action="no finite worker: θ and request kept",
+                    )
+                )
+        if bad:
+            log.warning(
+                f"round {r + 1}: worker(s) {', '.join(map(str, bad))} produced a non-finite loss or update; "
+                f"left out of the outer step ({self.bad_rounds} bad round(s) in a row)"
+            )
+        return out
+
     def _collect(self) -> tuple[int, int, float, list[list[Any]]]:
         """(bytes, messages, seconds in counted collectives, [kind, op, n, payload, count] rows) since the
         last call; added to the totals. The rows are what the network model prices (simulated time)."""
@@ -960,17 +895,6 @@ class AdLoCo(Stateful):
                 f"round {self.round}: processes disagree on requests, merges or allocation ({groups}); "
                 "this is a bug or non-deterministic arithmetic, please report it with the run directory"
             )
-
-
-S = TypeVar("S")
-
-
-def _setting(name: str, value: Any, cls: type[S]) -> S:
-    if value is None:
-        return cls()
-    if not isinstance(value, cls):
-        raise ValueError(f"{name}: expected an {cls.__name__}(...) from adloco, got {value!r}")
-    return value
 
 
 def _default_comm(n_local: int) -> Comm:

@@ -22,10 +22,11 @@ from torch import nn
 
 from adloco.algorithms.batching import WorkerStats
 from adloco.flat import FlatModule, flatten
+from adloco.settings import Precision, choice
 
 Batch = Any  # a tensor, or a dict / list / tuple of tensors, rows along dimension 0
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
-AMP = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+AMP: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def hf_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -110,10 +111,9 @@ class Replica:
             raise ValueError(
                 f"inner_optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}"
             )
-        if precision not in AMP:
-            raise ValueError(f"precision: {precision!r} is not one of {', '.join(AMP)}")
-        if clip < 0 or not math.isfinite(clip):
-            raise ValueError(f"clip: {clip} must be a finite number >= 0 (0: no clipping)")
+        choice("precision", precision, Precision)
+        if not isinstance(clip, (int, float)) or clip < 0 or not math.isfinite(clip):
+            raise ValueError(f"clip = {clip!r}: must be >= 0 (0 turns clipping off)")
         self.model = model
         self.flat: FlatModule = flatten(model)
         self.optimizer = optimizer

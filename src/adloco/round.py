@@ -1,21 +1,23 @@
-"""What a round is made of: each worker's plan, what it reports, the trainers' state, the totals, and
-the report a round returns. Plain data; :mod:`adloco.method` runs the round."""
+"""What a round is made of: each worker's plan (and how it is made), what it reports, the trainers'
+state, the totals, and the report a round returns. Plain data and pure functions; :mod:`adloco.method`
+runs the round."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from adloco import events
-from adloco.algorithms import batching
+from adloco.algorithms import allocation, batching, switch
 from adloco.algorithms.outer import OuterOptimizer
 from adloco.replica import Probe
+from adloco.settings import AdaptiveBatch, Switch
 
 
 class RoundAborted(Exception):
@@ -125,7 +127,7 @@ class TrainerState:
 
 @dataclass
 class Totals:
-    examples: int = 0
+    examples: int | None = 0  # None: the hooked form never saw the rows of a step
     bytes: int = 0
     messages: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
@@ -142,7 +144,7 @@ class RoundReport:
     merge: events.Merge | None
     allocation: events.Allocation | None
     switch_mode: str
-    examples: int
+    examples: int | None
     loss: float | None
     bytes: int
     messages: int
@@ -158,7 +160,7 @@ class RoundReport:
         return out
 
 
-class _Clock:
+class Clock:
     """Compute time of one worker: host clock on CPU, CUDA events on a GPU (no synchronization per step)."""
 
     def __init__(self, device: torch.device) -> None:
@@ -202,13 +204,72 @@ class _Clock:
 
 
 @dataclass
-class _Progress:
+class WorkerProgress:
     """A local worker's bookkeeping within the current round."""
 
-    clock: _Clock
+    clock: Clock
     loss: torch.Tensor | None = None  # sum of step losses (None when the user's loop runs the steps)
     steps: int = 0
     examples: int = 0
     probe_examples: int = 0
     stats: batching.WorkerStats | None = None
     skipped_before: int = 0
+
+
+def relative_speeds(speed: Mapping[int, float], workers: Sequence[int]) -> dict[int, float] | None:
+    """Workers' measured speeds relative to the fastest, in steps of 1/8 (ALGORITHM.md §9.3), or None for
+    equal shares: before every worker was measured, and when the slowest is within 20% of the fastest
+    (timing noise must never change a run)."""
+    if len(workers) < 2 or any(w not in speed for w in workers):
+        return None
+    top = max(speed[w] for w in workers)
+    rel = {w: speed[w] / top for w in workers}
+    if min(rel.values()) > 0.8:
+        return None
+    return {w: max(1, round(8 * r)) / 8 for w, r in rel.items()}
+
+
+def plan_round(
+    requests: Mapping[int, int],
+    members: Mapping[int, Sequence[int]],
+    b_max: Mapping[int, int],
+    mode: str,
+    sw: Switch,
+    batch: AdaptiveBatch,
+    speeds: Mapping[int, Mapping[int, float] | None],
+) -> dict[int, WorkerPlan]:
+    """Every worker's plan for a round: trainer t's M·b_t examples per inner step shared among its M
+    workers (equally, or by ``speeds[t]``), each share cut into micro-batches by switch mode against the
+    worker's own b_max (ALGORITHM.md §5, ALGORITHM.md §9.3), and the pooled probe's chunks: one chunk size c per trainer
+    (from its smallest step), a worker with a larger share contributing more chunks of c, up to
+    probe_chunks, so the pooled statistics stay exact (ALGORITHM.md §2.5)."""
+    share: dict[int, int] = {}  # examples per step each worker is asked for
+    for t, ws in members.items():
+        sp = speeds.get(t)
+        share.update(allocation.split(len(ws) * requests[t], sp) if sp else dict.fromkeys(ws, requests[t]))
+    cut = {w: switch.plan(share[w], b_max[w], mode, sw.kappa) for w in share}
+    probes: dict[int, Probe] = {}
+    if batch.estimator == "pooled" and batch.probing:
+        need_p = batch.test in ("inner_product", "augmented_inner_product")
+        shared = batching.needs_shared_mean(batch.test, batch.estimator, batch.exact_mean)
+        keep = "chunks" if need_p else ("sum" if shared else "none")
+        for ws in members.values():
+            k, c, extra = batching.probe_layout([cut[w].effective for w in ws], batch.probe_chunks)
+            for w in ws:
+                k_w = k if extra else max(1, min(cut[w].effective // c, batch.probe_chunks))
+                probes[w] = Probe(k_w, c, extra, keep)
+    return {
+        w: WorkerPlan(
+            w,
+            t,
+            list(ws).index(w),
+            len(ws),
+            requests[t],
+            cut[w].micro,
+            cut[w].accum,
+            cut[w].capped,
+            probes.get(w),
+        )
+        for t, ws in members.items()
+        for w in ws
+    }

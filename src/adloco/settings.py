@@ -1,82 +1,294 @@
-"""The dials of the algorithm objects, as small frozen dataclasses checked at construction.
+"""The dials of the algorithm: small frozen dataclasses, each one section of ``adloco train``'s config.
 
-Each mirrors one section of ``adloco train``'s config (``batch``, ``merge``, ``switch``, ``outer``) and
-cites the section of ALGORITHM.md it parametrizes. A bad value raises ``ValueError`` naming the argument, the value
-and what is allowed.
+A field is declared once, here: its type (a ``Literal`` for a choice), default, allowed range and one-line
+doc. The library objects take these dataclasses; ``adloco train`` builds the very same classes from YAML
+and ``--set`` (:mod:`adloco.config` adds the sections that only the application has, with the same
+:func:`setting`); ``adloco config`` prints their docs. A bad value raises ``ValueError`` naming
+``section.key``, the value and what is allowed, whichever way the dataclass was built.
+
+    Outer          the ``outer`` section: the outer step on Δ (ALGORITHM.md §1)
+    AdaptiveBatch  ``batch``: the batch test that grows each trainer's request (ALGORITHM.md §2)
+    Merging        ``merge``: trainer merging and worker allocation (ALGORITHM.md §3, ALGORITHM.md §4)
+    Switch         ``switch``: when gradient accumulation pays (ALGORITHM.md §5)
+    Wire           ``comm``: what the round's all-reduces travel as (ALGORITHM.md §9.4)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Any
+import numbers
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
-TESTS = ("norm", "inner_product", "augmented_inner_product", "none")
-ESTIMATORS = ("pooled", "paper")
-FORMULAS = ("spec", "reference")
-POLICIES = ("smallest", "largest_with_smallest", "none")
-SURVIVOR = ("max", "own")
-ALLOCATIONS = ("requests", "demand")
-MODES = ("threshold", "accumulate", "cap")
-SCHEDULES = ("fixed", "reference")
-OUTERS = ("average", "sgd", "nesterov")
+# Choices used outside one dial are named once here.
+WireDtype = Literal["float32", "bfloat16", "float16", "int8", "int4"]
+WIRE_DTYPES: tuple[str, ...] = typing.get_args(WireDtype)
+Balance = Literal["equal", "speed"]
+OnResize = Literal["per_trainer", "per_worker"]
+InnerState = Literal["keep", "reset"]
+Precision = Literal["fp32", "bf16", "fp16"]
+Method = Literal["adloco", "diloco", "localsgd", "ddp"]
+METHODS: tuple[str, ...] = typing.get_args(Method)
 
 
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}: {value!r} is not one of {' | '.join(allowed)}")
-
-
-def _positive(name: str, value: float, *, integer: bool = False, zero: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and math.isfinite(value) and (value >= 0 if zero else value > 0)
-    if integer:
-        ok = ok and float(value).is_integer()
-    if not ok:
-        kind = "an integer" if integer else "a finite number"
-        raise ValueError(f"{name}: {value!r} must be {kind} {'>= 0' if zero else '> 0'}")
+# --------------------------------------------------------------------------------------------------
+# Declaring a field, and checking one
+# --------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class AdaptiveBatch:
-    """The batch test that grows each trainer's request b (ALGORITHM.md §2).
+class Range:
+    """Bounds of a number (each element, for a list); ``allowed`` words them when the default phrasing
+    (``>= 1``, ``> 0``, ``in [0, 1)``) says too little."""
 
-    ``test``: norm (η) | inner_product (ϑ) | augmented_inner_product (ϑ and ν) | none (constant b).
-    ``estimator``: pooled chunk gradients at the round's common point, or paper (each worker's last
-    gradient, the reference's; needs two or more workers per trainer). ``statistics``: probe even when
-    ``test`` is none (to log them). ``exact_mean``: the norm test all-reduces the mean probe gradient
-    (P values) instead of sending scalars only. ``formula``: ``spec``, the inner-product tests as
-    ALGORITHM.md §2.2–2.4 writes them, or ``reference``, as the reference implementation computed them (ν
-    in both parts, no c and no 1/M, a per-entry variance of the orthogonal parts; ALGORITHM.md §9.1), for
-    reproducing the paper's setting.
-    """
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    allowed: str = ""
 
-    test: str = "norm"
-    initial: int = 4
-    max: int = 32
-    eta: float = 0.65
-    vartheta: float = 0.01
-    nu: float = 0.3
-    estimator: str = "pooled"
-    probe_chunks: int = 8
-    statistics: bool = True
-    exact_mean: bool = False
-    formula: str = "spec"
+    def ok(self, x: float) -> bool:
+        if self.lo is not None and (x <= self.lo if self.lo_open else x < self.lo):
+            return False
+        return not (self.hi is not None and (x >= self.hi if self.hi_open else x > self.hi))
+
+    def text(self) -> str:
+        if self.allowed:
+            return self.allowed
+        if self.lo is not None and self.hi is not None:
+            return f"in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
+        if self.lo is not None:
+            return f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
+        assert self.hi is not None
+        return f"{'<' if self.hi_open else '<='} {_num(self.hi)}"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def setting(
+    default: Any,
+    doc: str,
+    *,
+    at_least: float | None = None,
+    above: float | None = None,
+    at_most: float | None = None,
+    below: float | None = None,
+    allowed: str = "",
+) -> Any:
+    """A dataclass field with its one-line doc and, for a number, its range (``at_least``/``above`` a lower
+    bound, ``at_most``/``below`` an upper one; ``allowed`` words the range for messages)."""
+    rng = None
+    if any(b is not None for b in (at_least, above, at_most, below)) or allowed:
+        rng = Range(
+            lo=above if above is not None else at_least,
+            hi=below if below is not None else at_most,
+            lo_open=above is not None,
+            hi_open=below is not None,
+            allowed=allowed,
+        )
+    meta = {"doc": doc, "range": rng}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def describe(tp: Any) -> str:
+    """What a value of type ``tp`` must be, in words ('an integer', "one of 'a', 'b'")."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(describe(a) for a in args) + " or null"
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        return f"a list of {describe(inner)}s"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def conform(value: Any, tp: Any) -> Any:
+    """``value`` as type ``tp``, strictly (an int is a float, nothing is parsed from text), or raise
+    ValueError. YAML and ``--set`` text are read by :mod:`adloco.config` before they get here."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value in typing.get_args(tp) and not isinstance(value, bool):
+            return value
+        raise ValueError
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        for arg in typing.get_args(tp):
+            if arg is type(None):
+                continue
+            try:
+                return conform(value, arg)
+            except ValueError:
+                continue
+        raise ValueError
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise ValueError
+        return [conform(v, inner) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError
+    if tp is int:
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return int(value)
+        raise ValueError
+    if tp is float:
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        raise ValueError
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError
+    raise TypeError(f"unsupported setting type {tp}")
+
+
+class Dial:
+    """Base of every dial and config section: ``__post_init__`` checks each field's type and range, then
+    the rules between fields (:meth:`check`). Subclasses are frozen dataclasses with ``SECTION`` set."""
+
+    SECTION: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
-        _choice("batch.test", self.test, TESTS)
-        _choice("batch.formula", self.formula, FORMULAS)
-        _choice("batch.estimator", self.estimator, ESTIMATORS)
-        _positive("batch.initial", self.initial, integer=True)
-        _positive("batch.max", self.max, integer=True)
-        if self.max < self.initial:
-            raise ValueError(f"batch.max: {self.max} must be >= batch.initial ({self.initial})")
-        for name in ("eta", "vartheta", "nu"):
-            _positive(f"batch.{name}", getattr(self, name))
-        _positive("batch.probe_chunks", self.probe_chunks, integer=True)
-        if self.probe_chunks < 2:
-            raise ValueError(
-                f"batch.probe_chunks: {self.probe_chunks} must be >= 2 (a variance needs two samples)"
-            )
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            where = f"{self.SECTION}.{f.name} = {value!r}"
+            try:
+                value = conform(value, hints[f.name])
+            except ValueError:
+                raise ValueError(f"{where}: must be {describe(hints[f.name])}") from None
+            rng: Range | None = f.metadata.get("range")
+            if rng is not None and value is not None:
+                values = value if isinstance(value, list) else [value]
+                if not all(rng.ok(x) for x in values):
+                    raise ValueError(f"{where}: must be {rng.text()}")
+            object.__setattr__(self, f.name, value)
+        self.check()
+
+    def check(self) -> None:
+        """Rules between this dial's fields (a subclass's); raise ValueError naming the field."""
+
+    def need(self, ok: bool, key: str, allowed: str) -> None:
+        if not ok:
+            raise ValueError(f"{self.SECTION}.{key} = {getattr(self, key)!r}: must be {allowed}")
+
+    @classmethod
+    def docs(cls) -> list[tuple[str, Any, str]]:
+        """(key, default, doc) of every field, in declaration order; a choice's doc begins with its allowed
+        values (``(norm | inner_product | ...)``)."""
+        hints = typing.get_type_hints(cls)
+        out = []
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            doc = f.metadata.get("doc", "")
+            if typing.get_origin(hints[f.name]) is Literal:
+                doc = f"({' | '.join(map(str, typing.get_args(hints[f.name])))}) {doc}"
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc,operator]
+            out.append((f.name, default, doc))
+        return out
+
+
+def check_speeds(speeds: Sequence[float], workers: int, name: str = "runtime.emulate_speed") -> list[float]:
+    """``runtime.emulate_speed``: empty, or one factor in (0, 1] per worker (worker w takes 1/s_w as long per
+    step). The one check of it, for the library (``name``: its argument) and the config."""
+    values = list(speeds)
+    if values and (
+        len(values) != workers
+        or not all(isinstance(x, numbers.Real) and not isinstance(x, bool) and 0 < x <= 1 for x in values)
+    ):
+        raise ValueError(
+            f"{name} = {values!r}: must be empty or {workers} numbers in (0, 1] "
+            "(one per worker: 0.5 takes twice as long)"
+        )
+    return [float(x) for x in values]
+
+
+def choice(name: str, value: Any, tp: Any) -> None:
+    """A plain argument's value among the ``Literal`` ``tp``'s (the same words as the config's)."""
+    if value not in typing.get_args(tp):
+        raise ValueError(f"{name} = {value!r}: must be {describe(tp)}")
+
+
+# --------------------------------------------------------------------------------------------------
+# The dials
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outer(Dial):
+    """The outer step on the pseudo-gradient Δ (ALGORITHM.md §1, step 4): ``average`` (θ ← the workers'
+    mean), ``sgd`` (θ ← θ − lr·Δ) or ``nesterov`` (PyTorch SGD semantics; DiLoCo's lr 0.7, momentum 0.9)."""
+
+    SECTION: ClassVar[str] = "outer"
+    optimizer: Literal["average", "sgd", "nesterov"] = setting(
+        "average", "outer step on the pseudo-gradient (ALGORITHM.md §1)"
+    )
+    lr: float = setting(0.7, "outer learning rate (sgd, nesterov)", above=0)
+    momentum: float = setting(0.9, "outer Nesterov momentum", at_least=0, below=1)
+
+    @classmethod
+    def nesterov(cls, lr: float | None = None, momentum: float | None = None) -> Outer:
+        """Nesterov momentum; lr and momentum default to the fields' (0.7, 0.9)."""
+        d = cls()
+        return cls("nesterov", d.lr if lr is None else lr, d.momentum if momentum is None else momentum)
+
+    @classmethod
+    def sgd(cls, lr: float | None = None) -> Outer:
+        """Plain SGD on Δ; lr defaults to the field's (0.7)."""
+        return cls("sgd", cls().lr if lr is None else lr)
+
+
+@dataclass(frozen=True)
+class AdaptiveBatch(Dial):
+    """The batch test that grows each trainer's request b (ALGORITHM.md §2); ``test: none`` keeps b."""
+
+    SECTION: ClassVar[str] = "batch"
+    test: Literal["norm", "inner_product", "augmented_inner_product", "none"] = setting(
+        "norm", "adaptive batch test (ALGORITHM.md §2); none keeps the request constant but logs statistics"
+    )
+    initial: int = setting(4, "initial request b (per-worker batch size)", at_least=1)
+    max: int = setting(32, "cap on any request", at_most=1_048_576)
+    eta: float = setting(0.65, "norm test parameter η (ALGORITHM.md §2.1; the paper uses 0.8)", above=0)
+    vartheta: float = setting(0.01, "inner-product test parameter (ALGORITHM.md §2.2)", above=0)
+    nu: float = setting(0.3, "orthogonality test parameter (ALGORITHM.md §2.3)", above=0)
+    estimator: Literal["pooled", "paper"] = setting(
+        "pooled",
+        "gradient samples: pooled chunks at the round's common point, or each worker's last gradient "
+        "(ALGORITHM.md §2.5)",
+    )
+    probe_chunks: int = setting(
+        8,
+        "pooled estimator: chunks per step batch (k = min(e, probe_chunks), e the trainer's smallest; "
+        "ALGORITHM.md §2.5)",
+        at_least=2,
+    )
+    statistics: bool = setting(
+        True,
+        "probe gradient statistics every round even when test is none (k small backward passes at step 1)",
+    )
+    exact_mean: bool = setting(
+        False, "norm test: all-reduce the trainer's mean probe gradient (P values) instead of scalars only"
+    )
+    formula: Literal["spec", "reference"] = setting(
+        "spec",
+        "spec: the inner-product tests as ALGORITHM.md §2.2–2.4 writes them; reference: the reference "
+        "implementation's (ν in both, no c or 1/M, per-entry variance; ALGORITHM.md §9.1)",
+    )
+
+    def check(self) -> None:
+        self.need(self.max >= self.initial, "max", f">= batch.initial ({self.initial})")
 
     @property
     def probing(self) -> bool:
@@ -85,62 +297,105 @@ class AdaptiveBatch:
 
 
 @dataclass(frozen=True)
-class Merging:
+class Merging(Dial):
     """Trainer merging and worker allocation (ALGORITHM.md §3–4): every ``every`` rounds while more than one
     trainer lives, ``size`` trainers chosen by ``policy`` merge into the lowest id."""
 
-    policy: str = "smallest"
-    every: int = 2
-    size: int = 2
-    survivor_batch: str = "max"
-    allocation: str = "requests"
-
-    def __post_init__(self) -> None:
-        _choice("merge.policy", self.policy, POLICIES)
-        _choice("merge.survivor_batch", self.survivor_batch, SURVIVOR)
-        _choice("merge.allocation", self.allocation, ALLOCATIONS)
-        _positive("merge.every", self.every, integer=True)
-        _positive("merge.size", self.size, integer=True)
-        if self.size < 2:
-            raise ValueError(f"merge.size: {self.size} must be >= 2 (trainers merged into one)")
+    SECTION: ClassVar[str] = "merge"
+    policy: Literal["smallest", "largest_with_smallest", "none"] = setting(
+        "smallest", "which trainers merge (ALGORITHM.md §3); none disables merging"
+    )
+    every: int = setting(2, "merge every f rounds while more than one trainer is alive", at_least=1)
+    size: int = setting(2, "|S|: trainers merged into one at each merge", at_least=2)
+    survivor_batch: Literal["max", "own"] = setting(
+        "max", "request of the merged trainer: max over the merged, or the survivor's own"
+    )
+    allocation: Literal["requests", "demand"] = setting(
+        "requests",
+        "workers shared in proportion to requests, or to workers x request (reference; ALGORITHM.md §4)",
+    )
 
 
 @dataclass(frozen=True)
-class Switch:
+class Switch(Dial):
     """When gradient accumulation pays (ALGORITHM.md §5): ``threshold`` accumulates only when b > κ·b_max."""
 
-    mode: str = "threshold"
-    kappa: float = 2.0
-    schedule: str = "fixed"
+    SECTION: ClassVar[str] = "switch"
+    mode: Literal["threshold", "accumulate", "cap"] = setting(
+        "threshold", "gradient accumulation policy (ALGORITHM.md §5)"
+    )
+    kappa: float = setting(2.0, "threshold mode: accumulate only when b > kappa * b_max", at_least=1)
+    schedule: Literal["fixed", "reference"] = setting(
+        "fixed", "fixed: always `mode`; reference: accumulate while >1 trainer lives, then threshold"
+    )
+    b_max: int | None = setting(
+        None,
+        "largest micro-batch of one worker; null: on CUDA searched under memory_fraction of free memory, "
+        "on CPU (and in the library) 8",
+        at_least=1,
+        at_most=1_048_576,
+        allowed=">= 1 and <= 1048576, or null",
+    )
 
-    def __post_init__(self) -> None:
-        _choice("switch.mode", self.mode, MODES)
-        _choice("switch.schedule", self.schedule, SCHEDULES)
-        _positive("switch.kappa", self.kappa)
-        if self.kappa < 1:
-            raise ValueError(f"switch.kappa: {self.kappa} must be >= 1")
+    B_MAX_DEFAULT: ClassVar[int] = 8  # what b_max null means where nothing searches for it
+
+    @property
+    def b_max_or_default(self) -> int:
+        return self.b_max if self.b_max is not None else self.B_MAX_DEFAULT
 
 
 @dataclass(frozen=True)
-class Outer:
-    """The outer step on the pseudo-gradient Δ (ALGORITHM.md §1, step 4): ``average`` (θ ← mean of the workers),
-    ``sgd`` (θ ← θ − lr·Δ) or ``nesterov`` (PyTorch SGD semantics, DiLoCo: lr 0.7, momentum 0.9)."""
+class Wire(Dial):
+    """What the round's all-reduces (Δ, the probe's mean gradient, DDP's gradients) travel as (ALGORITHM.md
+    §9.4): float32 as it is, or the compressed all-reduce (bfloat16, float16, or int8 / int4 block-wise
+    absmax quantization in blocks of ``block`` values). θ always travels in float32."""
 
-    optimizer: str = "average"
-    lr: float = 1.0
-    momentum: float = 0.0
+    SECTION: ClassVar[str] = "comm"
+    dtype: WireDtype = setting(
+        "float32",
+        "what is all-reduced each round (Δ, probe and DDP gradients) travels as; θ always in float32 "
+        "(ALGORITHM.md §9.4)",
+    )
+    block: int = setting(
+        256,
+        "int8/int4: values per absmax scale (a 4-byte scale per block)",
+        at_least=1,
+        at_most=1 << 24,
+        allowed="between 1 and 16777216 values",
+    )
+    error_feedback: bool = setting(
+        False,
+        "each worker adds what quantization dropped from its Δ to its next round's Δ (ALGORITHM.md §9.4)",
+    )
 
-    def __post_init__(self) -> None:
-        _choice("outer.optimizer", self.optimizer, OUTERS)
-        _positive("outer.lr", self.lr)
-        _positive("outer.momentum", self.momentum, zero=True)
-        if self.momentum >= 1:
-            raise ValueError(f"outer.momentum: {self.momentum} must be < 1")
+    @property
+    def compressed(self) -> bool:
+        return self.dtype != "float32"
 
-    @classmethod
-    def nesterov(cls, lr: float = 0.7, momentum: float = 0.9) -> Outer:
-        return cls("nesterov", lr, momentum)
 
-    @classmethod
-    def sgd(cls, lr: float = 0.5) -> Outer:
-        return cls("sgd", lr)
+FLOAT32 = Wire()  # what merges, moves and initial broadcasts travel as
+
+
+# What each method fixes (ALGORITHM.md §6), section by section. The library's DiLoCo, LocalSGD and DDP
+# take their defaults from here, and ``adloco train`` fills what a config leaves unset from the same
+# table (:mod:`adloco.config` adds LocalSGD's inner SGD, which only the application builds).
+_ONE_TRAINER_CONSTANT_BATCH: dict[str, dict[str, Any]] = {
+    "algorithm": {"trainers": 1},
+    "batch": {"test": "none", "statistics": False},
+    "merge": {"policy": "none"},
+    "switch": {"mode": "accumulate"},  # a constant batch is honoured: never capped to b_max
+}
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "adloco": {},
+    "diloco": {**_ONE_TRAINER_CONSTANT_BATCH, "outer": {"optimizer": "nesterov"}},
+    "localsgd": {**_ONE_TRAINER_CONSTANT_BATCH, "outer": {"optimizer": "average"}},
+    "ddp": {**_ONE_TRAINER_CONSTANT_BATCH, "outer": {"optimizer": "average"}},
+}
+assert set(PRESETS) == set(METHODS)
+
+D = typing.TypeVar("D", bound=Dial)
+
+
+def preset(method: str, cls: type[D], **changes: Any) -> D:
+    """The dial ``cls`` as ``method`` sets it (its preset over the field defaults), with ``changes``."""
+    return cls(**{**PRESETS[method].get(cls.SECTION, {}), **changes})

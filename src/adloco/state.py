@@ -1,6 +1,6 @@
 """The state of an algorithm object (``state_dict`` / ``load_state_dict``): what a checkpoint holds, and
-how it continues on another number of workers (ALGORITHM.md §9.2). A mixin of :class:`adloco.method.AdLoCo`,
-kept apart so the round reads in one sitting."""
+how it continues on another number of workers (ALGORITHM.md §9.2). A mixin of :class:`adloco.method.AdLoCo`
+(not torch's ``Stateful`` protocol, which it satisfies), kept apart so the round reads in one sitting."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from adloco.settings import AdaptiveBatch, Merging
 
 
-class Stateful:
+class AlgorithmState:
     """``state_dict`` (this process's part), ``full_state_dict`` (everything, on the root rank) and
     ``load_state_dict`` (either; resized when written with another number of workers)."""
 

@@ -36,7 +36,7 @@ def _install() -> None:
     import torch
 
     from adloco import method, replica
-    from adloco.engine import checkpoint, driver
+    from adloco.engine import checkpoint
 
     def rank() -> int:
         # a process fault strikes the first attempt only: the processes an elastic agent restarts are spared
@@ -44,24 +44,23 @@ def _install() -> None:
             return -1
         return int(os.environ.get("RANK", "0"))
 
-    start, step = driver.Driver.on_round_start, driver.Driver.on_step
+    step_all = method.AdLoCo.step_all
 
-    def on_round_start(self, round_):  # type: ignore[no-untyped-def]
-        for action, sig in (("kill", signal.SIGKILL), ("stop", signal.SIGSTOP), ("term", signal.SIGTERM)):
-            for r, n, *at in _faults(action):
-                if int(r) == rank() and int(n) == round_ and not at:
-                    os.kill(os.getpid(), sig)
-        return start(self, round_)
-
-    def on_step(self, round_, h):  # type: ignore[no-untyped-def]
+    def faulty_step_all(self, batches, *, stop=False):  # type: ignore[no-untyped-def]
+        round_, h = self.round + 1, self.step_in_round
+        if h == 0:  # the start of a round
+            for action, sig in (("kill", signal.SIGKILL), ("stop", signal.SIGSTOP), ("term", signal.SIGTERM)):
+                for r, n, *at in _faults(action):
+                    if int(r) == rank() and int(n) == round_ and not at:
+                        os.kill(os.getpid(), sig)
+        out = step_all(self, batches, stop=stop)
         for action, sig in (("term", signal.SIGTERM), ("int", signal.SIGINT)):
             for r, n, *at in _faults(action):
-                if int(r) == rank() and int(n) == round_ and at and int(at[0]) == h:
+                if int(r) == rank() and int(n) == round_ and at and int(at[0]) == h + 1:
                     os.kill(os.getpid(), sig)
-        return step(self, round_, h)
+        return out
 
-    driver.Driver.on_round_start = on_round_start
-    driver.Driver.on_step = on_step
+    method.AdLoCo.step_all = faulty_step_all
 
     init, sync = method.AdLoCo.__init__, method.AdLoCo.sync
 

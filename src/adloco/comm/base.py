@@ -16,14 +16,18 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from adloco.settings import FLOAT32, Wire
+
 if TYPE_CHECKING:
     from adloco.comm.quantize import ErrorFeedback
+
+Part = Callable[[torch.Tensor], None]  # adds one worker's part of a reduction into the buffer given
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,10 @@ class Comm:
         """The rank of the process hosting ``worker``."""
         return 0
 
+    def workers_of(self, rank: int) -> list[int]:
+        """The workers hosted by process ``rank``, ascending."""
+        return [w for w in range(self.n_workers) if self.owner(w) == rank]
+
     def _account(self, kind: str, op: str, n: int, payload: int, seconds: float = 0.0) -> None:
         self.records.append(CommRecord(kind, op, n, payload, wire_bytes(op, n, payload), seconds))
 
@@ -101,57 +109,79 @@ class Comm:
         return out
 
     # -- the protocol --------------------------------------------------------------------------------
-    def all_reduce(
+    def reduce(
         self,
-        tensor: torch.Tensor,
+        parts: Mapping[int, Part],
         workers: Sequence[int],
         kind: str,
-        dtype: torch.dtype | None = None,
-        counted: int | None = None,
-    ) -> None:
-        """In place: ``tensor`` ← Σ over the processes hosting ``workers`` of their partials.
+        out: torch.Tensor,
+        wire: Wire = FLOAT32,
+        feedback: Mapping[int, ErrorFeedback] | None = None,
+        control: int = 0,
+    ) -> bool:
+        """The one reducer of the round: ``out`` ← Σ over ``workers`` of each worker's float32 part.
 
-        ``dtype``: precision on the wire (compression); the result is cast back into ``tensor``.
-        ``counted``: how many leading values the algorithm needs (None: all); the rest is control
-        that rides along uncounted.
-        """
-        wire = tensor if dtype is None or dtype == tensor.dtype else tensor.to(dtype)
+        ``parts`` holds this process's workers of the group (possibly none: every process calls every
+        collective), each a function adding that worker's vector into the buffer it is given; in
+        float32 they are summed in the order given, then all-reduced among the processes. Through a
+        compressed ``wire`` every worker is a participant of the compressed all-reduce (its chunks
+        encoded, each chunk summed in float32 in worker order by its owner, the sums encoded and
+        gathered: the same bits in every backend), with ``feedback`` (each worker's error) when kept.
+        ``control``: the last values of ``out`` are not part of the sum over workers but control that each
+        process writes before the call (a stop request); they are summed over processes and never
+        counted. Returns whether this process hosts a worker of the group (only then is ``out`` the
+        sum). Counted as one all-reduce of the body's bytes on the wire (ALGORITHM.md §7, ALGORITHM.md §9.4)."""
+        body = out[: out.numel() - control] if control else out
+        if not wire.compressed:
+            body.zero_()
+            for add in parts.values():
+                add(body)
+            self._all_reduce_counted(out, workers, kind, body.numel() * body.element_size())
+        else:
+            vectors = {}
+            for w, add in parts.items():
+                vectors[w] = torch.zeros_like(body)
+                add(vectors[w])
+            got = self._reduce_compressed(vectors, workers, kind, wire, body.numel(), feedback)
+            if got is not None:
+                body.copy_(got)
+            if control:
+                self._all_reduce_counted(out[-control:], workers, "control", 0)
+        return any(w in self.local_workers for w in workers)
+
+    def _all_reduce_counted(
+        self, tensor: torch.Tensor, workers: Sequence[int], kind: str, nbytes: int
+    ) -> None:
+        """In place: ``tensor`` ← Σ over the processes hosting ``workers`` of their partials; ``nbytes`` of
+        it counted (0: control, not communication)."""
         t0 = time.perf_counter()
         with _named(kind):
-            self._all_reduce(wire, workers)
-        if wire is not tensor:
-            tensor.copy_(wire)
-        values = wire.numel() if counted is None else counted
-        if values > 0:  # counted=0: control that rides on its own (a stop request), not communication
-            self._account(
-                kind, "all_reduce", len(workers), values * wire.element_size(), time.perf_counter() - t0
-            )
+            self._all_reduce(tensor, workers)
+        if nbytes > 0:
+            self._account(kind, "all_reduce", len(workers), nbytes, time.perf_counter() - t0)
 
-    def all_reduce_compressed(
+    def _reduce_compressed(
         self,
         parts: Mapping[int, torch.Tensor],
         workers: Sequence[int],
         kind: str,
-        dtype: str,
-        block: int,
+        wire: Wire,
         numel: int,
-        feedback: Mapping[int, ErrorFeedback] | None = None,
+        feedback: Mapping[int, ErrorFeedback] | None,
     ) -> torch.Tensor | None:
-        """Σ over ``workers`` of each worker's float32 vector of ``numel`` values (``parts``: this
-        process's workers of the group; every process calls it, as every collective), every worker a participant of the compressed all-reduce (:mod:`adloco.comm.compressed`):
-        its chunks encoded in ``dtype`` (bfloat16, float16, int8, int4), each chunk summed in float32 in
-        worker order by its owner, the sums encoded and gathered. Every backend computes it bit for bit
-        alike. Returns the sum where this process hosts a worker of the group, else None.
-
-        Counted as one all-reduce of B bytes, B the encoded vector with its scales (2(n−1)·B on the
-        wire: what the all-to-all and the all-gather move together, as much as a ring all-reduce)."""
+        """The compressed all-reduce (:mod:`adloco.comm.compressed`) of this process's workers' vectors;
+        the sum where this process hosts one of ``workers``, else None. Counted as one all-reduce of B
+        bytes, B the encoded vector with its scales (2(n−1)·B on the wire: what the all-to-all and the
+        all-gather move together, as much as a ring all-reduce)."""
         from adloco.comm.compressed import payload_bytes
 
         mine = [w for w in workers if w in parts]
         t0 = time.perf_counter()
         with _named(kind):
             if mine:
-                out: torch.Tensor | None = self._compressed(parts, list(workers), dtype, block, feedback)
+                out: torch.Tensor | None = self._compressed(
+                    parts, list(workers), wire.dtype, wire.block, feedback
+                )
             else:  # a process hosting none of them still takes part in what every process must call
                 self._compressed_elsewhere(list(workers))
                 out = None
@@ -159,7 +189,7 @@ class Comm:
             kind,
             "all_reduce",
             len(workers),
-            payload_bytes(numel, len(workers), dtype, block),
+            payload_bytes(numel, len(workers), wire.dtype, wire.block),
             time.perf_counter() - t0,
         )
         return out
@@ -197,9 +227,6 @@ class Comm:
 
         JSON, never pickle: what travels between processes is data, not code."""
         return [json.loads(b) for b in self._all_gather_bytes(json.dumps(obj).encode())]
-
-    def barrier(self) -> None:
-        pass
 
     # -- backends ------------------------------------------------------------------------------------
     def _all_reduce(self, tensor: torch.Tensor, workers: Sequence[int]) -> None:

@@ -41,7 +41,7 @@ every chunk is a whole number of blocks (and of bytes, for int4), and slightly m
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -50,12 +50,11 @@ from adloco.comm.quantize import (
     ErrorFeedback,
     Quantized,
     dequantize,
+    encoded_bytes,
     quantize,
-    wire_bytes,
 )
+from adloco.settings import WIRE_DTYPES, WireDtype
 
-WireDtype = Literal["float32", "bfloat16", "float16", "int8", "int4"]
-WIRE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "int8", "int4")
 _FLOATS = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 _BITS = {"int8": 8, "int4": 4}
 
@@ -89,7 +88,7 @@ def piece_bytes(numel: int, dtype: str | torch.dtype, block: int = DEFAULT_BLOCK
     """b(c): bytes of one encoded chunk of ``numel`` values (4c for float32, unencoded)."""
     d = wire_dtype(dtype)
     if d in _BITS:
-        return wire_bytes(numel, _BITS[d], block)
+        return encoded_bytes(numel, _BITS[d], block)
     return numel * (2 if d in _FLOATS else 4)
 
 

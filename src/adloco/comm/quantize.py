@@ -73,7 +73,7 @@ def code_bytes(numel: int, bits: int) -> int:
     return numel if bits == 8 else (numel + 1) // 2
 
 
-def wire_bytes(numel: int, bits: int, block: int) -> int:
+def encoded_bytes(numel: int, bits: int, block: int) -> int:
     """Exact bytes of one quantized vector of P values: codes + 4·⌈P / S⌉ (float32 scales).
 
     ALGORITHM.md §9.4's P·bits/8 + 4·⌈P/S⌉, with P·bits/8 rounded up to whole bytes for an odd int4 length.
@@ -99,7 +99,7 @@ class Quantized:
 
     @property
     def nbytes(self) -> int:
-        return wire_bytes(self.numel, self.bits, self.block)
+        return encoded_bytes(self.numel, self.bits, self.block)
 
     def to_bytes(self) -> torch.Tensor:
         """One uint8 buffer for the wire: the scales' bytes first (so they stay 4-byte aligned), then codes."""
@@ -110,9 +110,9 @@ class Quantized:
         """The inverse of :meth:`to_bytes`, given the vector's length, bits and block."""
         _check(bits, block)
         nb = n_blocks(numel, block)
-        if buf.dtype != torch.uint8 or buf.numel() != wire_bytes(numel, bits, block):
+        if buf.dtype != torch.uint8 or buf.numel() != encoded_bytes(numel, bits, block):
             raise ValueError(
-                f"expected {wire_bytes(numel, bits, block)} uint8 bytes, got {buf.numel()} {buf.dtype}"
+                f"expected {encoded_bytes(numel, bits, block)} uint8 bytes, got {buf.numel()} {buf.dtype}"
             )
         head = buf[: 4 * nb]
         if head.storage_offset() % 4:  # a slice of a received buffer: viewing as float32 needs alignment
@@ -263,11 +263,6 @@ class ErrorFeedback:
         self.error = None if err is None else err.detach().clone()
 
 
-def max_error(scales: torch.Tensor, bits: int) -> torch.Tensor:
-    """scale_j / (2L): the bound on |x_i − x̂_i| in block j (exact arithmetic)."""
-    return scales / (2 * LEVELS[bits])
-
-
 __all__ = [
     "DEFAULT_BLOCK",
     "LEVELS",
@@ -275,9 +270,8 @@ __all__ = [
     "Quantized",
     "code_bytes",
     "dequantize",
-    "max_error",
     "n_blocks",
     "quantize",
     "quantize_roundtrip",
-    "wire_bytes",
+    "encoded_bytes",
 ]

@@ -91,9 +91,6 @@ class ThreadComm(Comm):
         if self.rank == self.root:
             tensor.copy_(deposits[self._owner[src]])
 
-    def barrier(self) -> None:
-        self._exchange(None)
-
     def _compressed_elsewhere(self, workers: list[int]) -> None:
         self._exchange({})  # every thread meets at every exchange, hosting a participant or not
 

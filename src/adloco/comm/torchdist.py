@@ -149,9 +149,6 @@ class TorchDistComm(Comm):
             if host is not tensor:
                 tensor.copy_(host)
 
-    def barrier(self) -> None:
-        self._guard("barrier", lambda: dist.barrier())
-
 
 def first_sentence(text: str) -> str:
     """gloo/NCCL error text without source locations, cut to its first sentence."""

@@ -304,10 +304,16 @@ def prepare(
         log(f"reading {source.description}")
         train_docs, val_docs = source.load(cfg, need_label=task == "classification")
         if not pretrained:
-            log(
-                f"training a byte-level BPE tokenizer ({cfg.tokenizer[4:]} tokens) on {len(train_docs)} documents"
+            asked = int(cfg.tokenizer[4:])
+            log(f"training a byte-level BPE tokenizer (up to {asked} tokens) on {len(train_docs)} documents")
+            tokenizer = _train_bpe(train_docs, asked, cfg.seq_len)
+            got = len(tokenizer)
+            short = (
+                f", fewer than the {asked} asked: the corpus is too small for more merges"
+                if got < asked
+                else ""
             )
-            tokenizer = _train_bpe(train_docs, int(cfg.tokenizer[4:]), cfg.seq_len)
+            log(f"tokenizer: a vocabulary of {got} tokens{short}")
         eos, pad = _special_ids(tokenizer, task, cfg.tokenizer)
         log(f"tokenizing {len(train_docs) + len(val_docs)} documents (cached for later runs)")
 

@@ -9,16 +9,18 @@ itself is the library's: there is no second copy of it here.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import math
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
 
 from adloco import events, netmodel
+from adloco.baselines import METHOD_CLASSES
 from adloco.comm.base import Comm
 from adloco.config import Config
 from adloco.data.sampling import ShardStream, trainer_subset
@@ -29,7 +31,6 @@ from adloco.errors import UserError
 from adloco.flat import flatten
 from adloco.method import AdLoCo, RoundAborted
 from adloco.models import ModelFactory
-from adloco.settings import AdaptiveBatch, Merging, Outer, Switch
 from adloco.telemetry.metrics import MetricsSink
 from adloco.telemetry.progress import Progress
 
@@ -43,7 +44,7 @@ def build_algorithm(
 ) -> AdLoCo:
     """The algorithm object of a config: replicas built per trainer (one seed, or one per trainer, with
     the output layer redrawn if asked), inner optimizers on the flat parameter groups."""
-    a, b, m, s, o = cfg.algorithm, cfg.batch, cfg.merge, cfg.switch, cfg.outer
+    a, b, m = cfg.algorithm, cfg.batch, cfg.merge
     from adloco.algorithms import allocation
 
     trainers = min(a.trainers, a.workers)  # a run continuing on fewer workers merges down to them
@@ -62,44 +63,28 @@ def build_algorithm(
         model.train()
         models.append(model)
         optimizers.append(make_optimizer(flatten(model), cfg.inner))
-    return AdLoCo(
+    return METHOD_CLASSES[a.method](
         models,
         optimizers,
         inner_steps=a.inner_steps,
-        ddp=a.method == "ddp",
+        trainers=trainers,
         comm=comm,
-        b_max=b_max,
+        outer=cfg.outer,
+        batch=b,
+        merge=m,
+        switch=dataclasses.replace(cfg.switch, b_max=b_max),
+        wire=cfg.comm,
         clip=cfg.inner.clip,
         precision=cfg.model.precision,
         inner_state=cfg.inner.state,
-        wire_dtype=cfg.comm.dtype,
-        wire_block=cfg.comm.block,
-        error_feedback=cfg.comm.error_feedback,
-        sync_initial=False,  # every process built its replicas from the same seeds
-        snapshot=True,  # a signal stops a round part-way: undo it in place
-        on_resize=cfg.elastic.batch,
         balance=cfg.runtime.balance,
         # one speed per worker id; a run that continues on more workers than listed runs the rest at 1
         emulate_speed=(list(cfg.runtime.emulate_speed) + [1.0] * a.workers)[: a.workers]
         if cfg.runtime.emulate_speed
         else None,
-        trainers=trainers,
-        outer=Outer(o.optimizer, o.lr, o.momentum),
-        batch=AdaptiveBatch(
-            b.test,
-            b.initial,
-            b.max,
-            b.eta,
-            b.vartheta,
-            b.nu,
-            b.estimator,
-            b.probe_chunks,
-            b.statistics,
-            b.exact_mean,
-            b.formula,
-        ),
-        merge=Merging(m.policy, m.every, m.size, m.survivor_batch, m.allocation),
-        switch=Switch(s.mode, s.kappa, s.schedule),
+        on_resize=cfg.elastic.batch,
+        snapshot=True,  # a signal stops a round part-way: undo it in place
+        sync_initial=False,  # every process built its replicas from the same seeds
     )
 
 
@@ -149,6 +134,11 @@ class Driver:
     @property
     def round(self) -> int:
         return self.algo.round
+
+    @property
+    def examples(self) -> int:
+        """Training examples read so far (the driver runs the steps itself: always known)."""
+        return self.algo.totals.examples or 0
 
     def _search_b_max(self, hi: int) -> None:
         """b_max on CUDA (ALGORITHM.md §5): the same search on every process, agreed through a gather.
@@ -247,14 +237,13 @@ class Driver:
         algo, cfg = self.algo, self.cfg
         a = cfg.algorithm
         r = algo.round
-        self.on_round_start(r + 1)
         t_start = time.perf_counter()
         streams = {
             w: ShardStream(self.subsets[p.trainer], a.seed, p.trainer, r, p.index, p.of)
             for w, p in algo.plans.items()
         }
         total_steps = a.rounds * a.inner_steps
-        self._rng = _rng_state()
+        self._rng = rng_state()
         for h in range(a.inner_steps):
             lr = lr_at(r * a.inner_steps + h, total_steps, cfg.inner)
             for rep in algo.replicas.values():
@@ -266,17 +255,16 @@ class Driver:
             try:
                 algo.step_all(batches, stop=self.stop_requested())
             except RoundAborted:
-                _set_rng_state(self._rng)
+                set_rng_state(self._rng)
                 raise
             on_step(len(batches))
-            self.on_step(r + 1, h + 1)
         report = algo.last_report
         assert report is not None and report.round == r + 1
         train_s = time.perf_counter() - t_start
         net = cfg.network
         sim_s = netmodel.round_seconds(report.compute_s, report.collectives, net.bandwidth, net.latency)
         self.sim_s += sim_s
-        final = algo.round == a.rounds or (a.budget is not None and algo.totals.examples >= a.budget)
+        final = algo.round == a.rounds or (a.budget is not None and self.examples >= a.budget)
         val = self.evaluate() if algo.round % cfg.eval.every == 0 or final else None
         out = report.events()
         summary = events.Round(
@@ -286,8 +274,8 @@ class Driver:
             allocation=dict(algo.allocation),
             switch_mode=report.switch_mode,
             loss=report.loss,
-            examples=report.examples,
-            examples_total=algo.totals.examples,
+            examples=report.examples or 0,
+            examples_total=self.examples,
             bytes=report.bytes,
             bytes_total=algo.totals.bytes,
             communications=report.messages,
@@ -310,12 +298,6 @@ class Driver:
             out += [events.Eval(round=algo.round, trainer=t, **self.val_metrics(t)) for t in val]
         out.append(summary)
         return out
-
-    def on_round_start(self, round_: int) -> None:
-        """A seam for tests (fault injection); nothing happens here."""
-
-    def on_step(self, round_: int, step: int) -> None:
-        """A seam for tests (fault injection); nothing happens here."""
 
     # -- whole run ---------------------------------------------------------------------------------
     def run(
@@ -348,7 +330,7 @@ class Driver:
                 ).to_dict()
             )
         progress.start(a.rounds, a.inner_steps * len(algo.replicas), self.initial_metrics)
-        while algo.round < a.rounds and algo.totals.examples < budget:
+        while algo.round < a.rounds and self.examples < budget:
             progress.round_started(algo.round + 1)
             out = self.run_round(progress.step)
             for e in out:
@@ -356,7 +338,7 @@ class Driver:
             progress.round_done(out[-1].to_dict())
             self.elapsed = time.perf_counter() - t0
             failing = algo.bad_rounds >= self.cfg.faults.max_bad_rounds
-            after_round(algo.round == a.rounds or algo.totals.examples >= budget or failing)
+            after_round(algo.round == a.rounds or self.examples >= budget or failing)
             if failing:
                 raise TooManyBadRounds(
                     f"round {algo.round}: {algo.bad_rounds} rounds in a row with a non-finite worker loss or "
@@ -376,7 +358,7 @@ class Driver:
             final_val_loss=final["val_loss"],
             trainers_final=len(algo.trainers),
             requests_final=algo.requests,
-            examples_total=algo.totals.examples,
+            examples_total=self.examples,
             communications_total=algo.totals.messages,
             bytes_total=algo.totals.bytes,
             bytes_by_kind=dict(sorted(algo.totals.by_kind.items())),
@@ -409,112 +391,23 @@ class Driver:
         rep.load(self.algo.theta(self.algo.allocation[w]))
         return state
 
-    # -- checkpoints -------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any] | None:
-        """Everything a checkpoint holds, on the root rank (None elsewhere); every process calls it."""
-        algo = self.algo.full_state_dict()
-        rng = torch.cat([x.to(torch.uint8).reshape(-1) for x in _rng_state()]).to(self.device)
-        first = {self.comm.owner(w): w for w in reversed(range(self.comm.n_workers))}
-        rngs = {}
-        for q in sorted(first):
-            got = rng.clone()
-            self.comm.fetch(got, first[q])
-            rngs[f"rank-{q}"] = got.cpu()
-        if algo is None:
-            return None
+    # -- the driver's own state (a checkpoint's ``driver`` component: adloco.engine.checkpoint.state) --
+    def state_dict(self) -> dict[str, Any]:
+        """The run's progress: what the algorithm object does not hold."""
         return {
-            "algorithm": algo,
-            "rng": rngs,
-            "driver": {
-                "initial_metrics": self.initial_metrics,
-                "last_eval": {str(t): v for t, v in self.last_eval.items()},
-                "last_accuracy": {str(t): v for t, v in self.last_accuracy.items()},
-                "elapsed_s": self.elapsed,
-                "sim_s": self.sim_s,
-                "idle": self.idle,
-                "restarts": self.restarts,
-                "rounds_lost": self.rounds_lost,
-                "model": self.fingerprint(),
-                "processes": self.comm.world,
-            },
+            "initial_metrics": self.initial_metrics,
+            "last_eval": {str(t): v for t, v in self.last_eval.items()},
+            "last_accuracy": {str(t): v for t, v in self.last_accuracy.items()},
+            "elapsed_s": self.elapsed,
+            "sim_s": self.sim_s,
+            "idle": self.idle,
+            "restarts": self.restarts,
+            "rounds_lost": self.rounds_lost,
+            "model": self.fingerprint(),
+            "processes": self.comm.world,
         }
 
-    def share_state(self, state: dict[str, Any] | None) -> dict[str, Any]:
-        """The checkpoint's state, read by the root rank alone (``state`` elsewhere None), on every process: the
-        metadata and every trainer's tensors to all, each worker's inner state to the process that will
-        host that worker id. No shared file system is needed; the transfers are not counted."""
-        comm = self.comm
-        if comm.world == 1:
-            assert state is not None
-            return state
-        root = comm.rank == comm.root
-        src = comm.root * (comm.n_workers // comm.world)  # a worker of the root rank's process
-
-        def shapes(d: dict[str, torch.Tensor]) -> dict[str, list[int]]:
-            return {k: list(v.shape) for k, v in d.items()}
-
-        meta: dict[str, Any] = {}
-        if root:
-            assert state is not None
-            algo = state["algorithm"]
-            meta = {
-                "algorithm": {k: v for k, v in algo.items() if k not in ("trainers", "replicas")},
-                "trainers": {str(t): shapes(v) for t, v in algo["trainers"].items()},
-                "replicas": {
-                    str(w): {"scalars": r["scalars"], "inner": shapes(r["inner"])}
-                    for w, r in algo["replicas"].items()
-                },
-                "rng": shapes(state["rng"]),
-                "driver": state["driver"],
-            }
-        meta = cast(dict[str, Any], comm.all_gather_json(meta)[comm.root])
-        everyone = list(range(comm.n_workers))
-        # every trainer's tensors to every process (resizing may merge any of them)
-        trainers: dict[int, dict[str, torch.Tensor]] = {}
-        for t, keys in sorted(meta["trainers"].items(), key=lambda x: int(x[0])):
-            trainers[int(t)] = {}
-            for k, shape in sorted(keys.items()):
-                buf = torch.zeros(shape, device=self.device)
-                if root:
-                    buf.copy_(state["algorithm"]["trainers"][int(t)][k])  # type: ignore[index]
-                comm.broadcast(buf, src, everyone, "restore")
-                trainers[int(t)][k] = buf
-        # worker w's inner state to the process that hosts worker id w now
-        replicas: dict[int, dict[str, Any]] = {}
-        for w, info in sorted(meta["replicas"].items(), key=lambda x: int(x[0])):
-            w = int(w)
-            if w >= comm.n_workers:
-                continue
-            inner: dict[str, torch.Tensor] = {}
-            for k, shape in sorted(info["inner"].items()):
-                dtype = torch.float32
-                buf = torch.zeros(shape, device=self.device, dtype=dtype)
-                if root:
-                    buf.copy_(state["algorithm"]["replicas"][w]["inner"][k])  # type: ignore[index]
-                comm.broadcast(buf, src, sorted({src, w}), "restore")
-                inner[k] = buf
-            if w in comm.local_workers or root:
-                replicas[w] = {"scalars": info["scalars"], "inner": inner}
-        # each rank's generators to that rank
-        rng: dict[str, torch.Tensor] = {}
-        first = {comm.owner(w): w for w in reversed(everyone)}
-        for key, shape in sorted(meta["rng"].items()):
-            q = int(key.split("-")[1])
-            if q not in first:
-                continue
-            buf = torch.zeros(shape, dtype=torch.uint8, device=self.device)
-            if root:
-                buf.copy_(state["rng"][key])  # type: ignore[index]
-            comm.broadcast(buf, src, sorted({src, first[q]}), "restore")
-            if comm.rank == q:  # its own generators only (a rank new to the run keeps fresh ones)
-                rng[key] = buf.cpu()
-        comm.drain()  # a restart's transfers, not training
-        algo_state = {**meta["algorithm"], "trainers": trainers, "replicas": replicas}
-        return {"algorithm": algo_state, "rng": rng, "driver": meta["driver"]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.algo.load_state_dict(state["algorithm"])
-        d = state["driver"]
+    def load_state_dict(self, d: dict[str, Any]) -> None:
         self.initial_metrics = dict(d["initial_metrics"])
         self.last_eval = {int(t): float(v) for t, v in d["last_eval"].items()}
         self.last_accuracy = {int(t): float(v) for t, v in d["last_accuracy"].items()}
@@ -523,11 +416,6 @@ class Driver:
         self.idle = [float(x) for x in d.get("idle", [])]
         self.restarts = int(d.get("restarts", 0))
         self.rounds_lost = int(d.get("rounds_lost", 0))
-        rngs = state["rng"]
-        mine = rngs.get(f"rank-{self.comm.rank}")
-        sizes = [x.numel() for x in _rng_state()]
-        if mine is not None and mine.numel() == sum(sizes):
-            _set_rng_state(list(torch.split(mine.to(torch.uint8), sizes)))
 
 
 def _peak_memory(device: torch.device) -> int:
@@ -541,7 +429,7 @@ def _peak_memory(device: torch.device) -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
 
 
-def _rng_state() -> list[torch.Tensor]:
+def rng_state() -> list[torch.Tensor]:
     """This process's torch generators (dropout draws from them): CPU, then its current CUDA device."""
     out = [torch.get_rng_state()]
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -549,7 +437,7 @@ def _rng_state() -> list[torch.Tensor]:
     return out
 
 
-def _set_rng_state(states: list[torch.Tensor]) -> None:
+def set_rng_state(states: list[torch.Tensor]) -> None:
     if not states:
         return
     torch.set_rng_state(states[0].contiguous())

@@ -23,6 +23,7 @@ from adloco.config import Config, dump_yaml
 from adloco.data.tokens import Data, prepare
 from adloco.engine import rundir
 from adloco.engine.checkpoint.saver import Checkpointer
+from adloco.engine.checkpoint.state import RunState
 from adloco.engine.driver import Driver, TooManyBadRounds
 from adloco.errors import UserError
 from adloco.method import DecisionMismatch, RoundAborted
@@ -139,7 +140,7 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
             rt.dist_backend,
             flexible=elastic is not None or resume is not None,
         )
-        cfg.algorithm.workers = ctx.comm.n_workers
+        cfg = cfg.replace(algorithm={"workers": ctx.comm.n_workers})
         comm: Comm = ctx.comm
         device = ctx.device
         # the rank whose disk holds the run (a restart may have given it any rank) writes it
@@ -217,7 +218,8 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
                 f"starting with {cfg.algorithm.workers} trainers"
             )
         if continues:
-            driver.load_state_dict(driver.share_state(checkpoint.load(ck) if ck is not None else None))
+            run_state = RunState(driver)
+            run_state.load(run_state.share(checkpoint.load(ck) if ck is not None else None))
         procs = f", {comm.world} processes x {ctx.threads} thread(s)" if ctx is not None else ""
         unit = f"blocks of {cfg.data.seq_len} tokens" if data.task == "causal_lm" else "labelled examples"
         say(

@@ -16,11 +16,11 @@ from torch import nn
 from adloco.config import ModelConfig
 from adloco.errors import UserError
 from adloco.models import hub
-from adloco.models.sizing import PRESETS  # Llama shapes; the vocabulary comes from the tokenizer
+from adloco.models.sizing import SHAPES  # Llama shapes; the vocabulary comes from the tokenizer
 
-__all__ = ["PRESETS", "ModelFactory", "count_parameters", "output_layer", "save"]
+__all__ = ["SHAPES", "ModelFactory", "count_parameters", "output_layer", "save"]
 
-MODEL_HINT = f"use a preset ({', '.join(PRESETS)}) or a local checkpoint folder"
+MODEL_HINT = f"use a preset ({', '.join(SHAPES)}) or a local checkpoint folder"
 
 
 def _auto_class(task: str) -> Any:
@@ -53,10 +53,10 @@ class ModelFactory:
         if label_names and cfg.task == "classification":
             labels["id2label"] = dict(enumerate(label_names))
             labels["label2id"] = {n: i for i, n in enumerate(label_names)}
-        if cfg.name in PRESETS:
+        if cfg.name in SHAPES:
             from transformers import LlamaConfig
 
-            shape = dict(PRESETS[cfg.name])
+            shape = dict(SHAPES[cfg.name])
             shape["max_position_embeddings"] = max(shape.get("max_position_embeddings", 0), seq_len)
             # A pad token only for classification (it finds each row's last token by it): in Llama it also
             # becomes the embedding's padding_idx, a zero row that never learns, and in a language model

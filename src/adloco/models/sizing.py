@@ -20,7 +20,7 @@ from typing import Any
 from adloco.errors import UserError
 
 # Llama shapes built from a config only. Vocabulary size comes from the tokenizer.
-PRESETS: dict[str, dict[str, Any]] = {
+SHAPES: dict[str, dict[str, Any]] = {  # model presets: the model.name values that are shapes, not checkpoints
     # ~1.4M parameters with a 4096-token vocabulary: ~12k tokens/s on 2 CPU cores.
     "llama-tiny": dict(
         hidden_size=128,

@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from adloco.algorithms import batching
-from adloco.config import BatchConfig, Config, resolve
+from adloco.config import Config, resolve
 from adloco.data.sampling import trainer_subset
 from adloco.errors import UserError
+from adloco.settings import AdaptiveBatch
 
 if TYPE_CHECKING:  # torch and the model stack load only when the command runs
     import torch
@@ -192,7 +193,7 @@ class Estimate:
     target: float  # norm-test T per worker
 
     @classmethod
-    def of(cls, st: batching.TrainerStats | None, batch: BatchConfig) -> Estimate:
+    def of(cls, st: batching.TrainerStats | None, batch: AdaptiveBatch) -> Estimate:
         if st is None:
             return cls(math.nan, math.nan, math.nan)
         return cls(st.sigma2, st.gbar_sq, batching.target("norm", st, batch.eta, batch.vartheta, batch.nu))
@@ -236,7 +237,7 @@ def analyze(
     sizes: Sequence[int],
     repeats: int,
     workers: int,
-    batch: BatchConfig,
+    batch: AdaptiveBatch,
     rng: np.random.Generator,
     log: Callable[[str], None],
 ) -> Result:

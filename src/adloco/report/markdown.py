@@ -110,8 +110,15 @@ def write(runs: list[Run], out: Path, target: float | None = None, command: str 
     out.mkdir(parents=True, exist_ok=True)
     if target is None:
         target = default_target(runs)
-    drawn = draw(runs, out / "plots", target)
-    lines = ["# adloco comparison", ""]
+    one = len(runs) == 1
+    # one run: no target line on its plots (its own final value would be one), and a title that says so
+    drawn = draw(runs, out / "plots", target if not one or target != default_target(runs) else None)
+    lines = [
+        f"# adloco report: one run, {runs[0].path.name}"
+        if one
+        else f"# adloco comparison of {len(runs)} runs",
+        "",
+    ]
     if command:
         lines += ["Made by:", "", "```bash", command, "```", ""]
     what = _what(runs)

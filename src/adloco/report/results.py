@@ -164,7 +164,7 @@ def median_seconds_per_example(runs: Sequence[Run]) -> tuple[float, int]:
         w.compute_s / n
         for r in runs
         for w in r.of(events.Worker)
-        if (n := w.examples + w.probe_examples) > 0 and math.isfinite(w.compute_s)
+        if (n := (w.examples or 0) + w.probe_examples) > 0 and math.isfinite(w.compute_s)
     ]
     if not ratios:
         raise UserError(
@@ -203,7 +203,7 @@ def _points(run: Run) -> None:
     compute: dict[int, dict[int, float]] = {}
     spe = run.seconds_per_example
     for we in run.of(events.Worker):
-        c = we.compute_s if spe is None else (we.examples + we.probe_examples) * spe
+        c = we.compute_s if spe is None else ((we.examples or 0) + we.probe_examples) * spe
         compute.setdefault(we.round, {})[we.worker] = c
     start = run.of(events.Start)[0]
     sim = 0.0

@@ -19,6 +19,7 @@ import torch
 
 from adloco import events
 from adloco.engine import checkpoint
+from adloco.engine.checkpoint.state import RunState
 from adloco.engine.driver import Driver
 from adloco.telemetry.metrics import MetricsSink
 
@@ -49,7 +50,9 @@ class Checkpointer:
         if self.saved_round == round_:
             return checkpoint.name(round_)
         t0 = time.perf_counter()
-        state = self.driver.state_dict()  # a collective: every rank takes part, the writing rank gets it
+        state = RunState(
+            self.driver
+        ).gather()  # a collective: every rank takes part, the writing rank gets it
         self.saved_round = round_
         name = checkpoint.name(round_)
         if self.run_dir is None or state is None:

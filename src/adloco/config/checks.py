@@ -1,0 +1,107 @@
+"""Rules across sections, checked once the sections are built: every trainer has a worker, the layout of
+workers over processes, one emulated speed per worker, and that a preset model fits where it will run.
+Each is one :class:`~adloco.errors.UserError` naming the field, the value and what is allowed."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from adloco.config.schema import Config
+from adloco.errors import UserError
+from adloco.models import sizing
+from adloco.settings import check_speeds
+
+
+def _need(ok: bool, name: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise UserError(f"config: {name} = {value!r}: must be {allowed}")
+
+
+def check(cfg: Config, resuming: bool = False) -> None:
+    """``resuming``: a run that continues may have more trainers than workers (they merge, ALGORITHM.md
+    §9.2)."""
+    a, rt = cfg.algorithm, cfg.runtime
+    _need(
+        resuming or a.trainers <= a.workers,
+        "algorithm.trainers",
+        a.trainers,
+        f"<= algorithm.workers ({a.workers}): every trainer needs at least one worker",
+    )
+    _need(
+        a.workers % rt.workers_per_process == 0,
+        "runtime.workers_per_process",
+        rt.workers_per_process,
+        f"a divisor of algorithm.workers ({a.workers})",
+    )
+    try:
+        check_speeds(rt.emulate_speed, a.workers)
+    except ValueError as exc:
+        raise UserError(f"config: {exc}") from None
+    check_memory(cfg)
+
+
+def check_memory(cfg: Config) -> None:
+    """Refuse a config whose preset model cannot fit where it will run (a checkpoint's size is known only
+    once it is loaded): one line naming the field that makes it too large, the estimate and the memory."""
+    shape = sizing.SHAPES.get(cfg.model.name)
+    if shape is None:
+        return
+    a, d, b, s, rt = cfg.algorithm, cfg.data, cfg.batch, cfg.switch, cfg.runtime
+    bpe = d.tokenizer.startswith("bpe:") and d.tokenizer[4:].isdigit()
+    vocab = int(d.tokenizer[4:]) if bpe else 0  # another tokenizer's size is known once it is loaded
+    logits = vocab if cfg.model.task == "causal_lm" else 0
+    n_params = sizing.llama_parameters(shape, vocab)
+    layers = int(shape["num_hidden_layers"])
+    # Replicas where the run puts them: in-process every worker in this process; under torchrun each
+    # process hosts workers_per_process (and LOCAL_WORLD_SIZE processes share this machine). An --nproc
+    # parent resolves in-process, and its children all run here.
+    inprocess = rt.backend == "inprocess" or (rt.backend == "auto" and "WORLD_SIZE" not in os.environ)
+    per_process = a.workers if inprocess else rt.workers_per_process
+    here = per_process * (1 if inprocess else int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+    # The largest micro-batch the run may form: requests grow to batch.max unless the test is off, and a
+    # worker runs at most b_max rows at once (null: 8 on CPU, searched to fit on CUDA).
+    request = b.initial if b.test == "none" else b.max
+    b_max = s.b_max if s.b_max is not None else (8 if rt.device == "cpu" else 1)
+    micro = min(request, b_max)
+    eval_rows = min(cfg.eval.batch_size, cfg.eval.max_examples or cfg.eval.batch_size)
+    # The inner-product tests with the pooled estimator keep a gradient per probe chunk: k of them, k the
+    # request's examples up to batch.probe_chunks (probe_chunks single examples when a request is 1).
+    kept = b.test in ("inner_product", "augmented_inner_product") and b.estimator == "pooled"
+    chunks = (min(request, b.probe_chunks) if request >= 2 else b.probe_chunks) if kept else 0
+
+    def at(replicas: int) -> tuple[sizing.Estimate, sizing.Estimate]:
+        opt = (cfg.inner.optimizer, cfg.inner.momentum, min(a.trainers, replicas), layers)
+        per_token = sizing.activation_bytes_per_token(shape, logits)
+        train = sizing.estimate(n_params, replicas, *opt, micro, request, d.seq_len, per_token, chunks)
+        val = sizing.estimate(n_params, replicas, *opt)
+        # validation keeps no activations, but a whole batch's logits and their log-softmax
+        return train, sizing.Estimate(
+            replicas, n_params, val.state, eval_rows * d.seq_len * 2 * sizing.FLOAT * logits
+        )
+
+    train, val = at(here)
+    available, where = sizing.physical_memory(), "this machine has"
+    if max(train.total, val.total) > available and rt.device != "cpu":
+        gpu = sizing.cuda_memory()  # the replicas may live on a GPU with more memory than this machine
+        if gpu is not None:
+            (train, val), available, where = at(per_process), gpu, "the GPU has"
+    name = cfg.model.name
+    if train.state > available:
+        if chunks > 2 + sizing.optimizer_buffers(cfg.inner.optimizer, cfg.inner.momentum):
+            field, value = (
+                ("batch.probe_chunks", b.probe_chunks) if chunks == b.probe_chunks else ("batch.max", b.max)
+            )
+        else:
+            field, value = "algorithm.workers", a.workers
+        sizing.refuse_if_over(train, available, where, field, value, name)
+    if micro <= d.seq_len:
+        field, value = "data.seq_len", d.seq_len
+    elif s.b_max is not None and s.b_max < request:
+        field, value = "switch.b_max", s.b_max
+    else:
+        field, value = ("batch.initial", b.initial) if b.test == "none" else ("batch.max", b.max)
+    what = f"a micro-batch of {micro:,} x {d.seq_len:,} tokens through {name}"
+    sizing.refuse_if_over(train, available, where, field, value, what)
+    what = f"a validation batch of {eval_rows:,} x {d.seq_len:,} tokens through {name}"
+    sizing.refuse_if_over(val, available, where, "eval.batch_size", cfg.eval.batch_size, what)

@@ -1,0 +1,307 @@
+"""Reading a config: defaults -> the method's preset -> a YAML file -> ``--set section.key=value``.
+
+A preset only fills what the user did not set, so ``method: diloco`` plus ``batch.test: norm`` is a valid
+experiment. YAML and ``--set`` text is read leniently here (``4e-3`` without a dot is a number, ``on`` is
+true, ``2.0`` is the integer 2); each section is then built as its dataclass, which checks every field's
+type and range (:mod:`adloco.config.schema`); the rules across sections follow
+(:mod:`adloco.config.checks`). Every mistake is one :class:`~adloco.errors.UserError` naming the field or
+file, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from adloco.config import checks
+from adloco.config.schema import BENCH, PRESETS, SECTION_TYPES, SECTIONS, Config
+from adloco.errors import UserError
+from adloco.models.sizing import SHAPES
+from adloco.settings import describe
+
+
+@dataclass(frozen=True)
+class RawText:
+    """A ``--set`` value: the text as typed and its YAML reading."""
+
+    text: str
+    parsed: Any
+
+    def __repr__(self) -> str:
+        return repr(self.parsed)
+
+
+_BOOL_WORDS = {False: {"off", "no", "false"}, True: {"on", "yes", "true"}}
+
+
+def read_value(value: Any, tp: Any) -> Any:
+    """A YAML or ``--set`` value as type ``tp`` (leniently: see the module docstring), or ValueError."""
+    origin = typing.get_origin(tp)
+    if isinstance(value, RawText):
+        # a --set value: string fields take the text as typed, others its YAML reading
+        textual = tp is str or (origin is Literal and all(isinstance(a, str) for a in typing.get_args(tp)))
+        return read_value(value.text if textual else value.parsed, tp)
+    if origin is Literal:
+        if isinstance(value, bool):  # YAML 1.1 reads off/on/no/yes as booleans
+            spelled = [a for a in typing.get_args(tp) if str(a).lower() in _BOOL_WORDS[value]]
+            if len(spelled) == 1:
+                return spelled[0]
+        if value in typing.get_args(tp):
+            return value
+        raise ValueError
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        for arg in typing.get_args(tp):
+            if arg is type(None):
+                continue
+            try:
+                return read_value(value, arg)
+            except ValueError:
+                continue
+        raise ValueError
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise ValueError
+        return [read_value(v, inner) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError
+    if tp is int:
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ValueError
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 4e-3 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError
+        return value
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError
+    raise TypeError(f"unsupported config type {tp}")
+
+
+# Keys that were renamed or replaced: the line says where they went.
+REPLACED = {
+    "runtime.worker_speeds": "replaced by runtime.emulate_speed (workers really run slower; simulated time "
+    "then prices their measured compute)",
+}
+
+
+def unknown(kind: str, name: str, known: list[str]) -> UserError:
+    if name in REPLACED:
+        return UserError(f"config: {name}: {REPLACED[name]}")
+    close = difflib.get_close_matches(name.split(".")[-1], known, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return UserError(f"config: unknown {kind} '{name}'{hint} (allowed: {', '.join(known)})")
+
+
+def first_key(section: str) -> tuple[str, Any]:
+    """A section's first key and its default, for examples in messages."""
+    key, default, _ = SECTION_TYPES[section].docs()[0]
+    return key, default
+
+
+def _kind(value: Any) -> str:
+    return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "true or false"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _sections(raw: Any, origin: str) -> dict[str, dict[str, Any]]:
+    """The sections of a file or mapping: known names, each a mapping of keys (an empty one is none).
+    ``bench`` is ``adloco bench``'s own section: other commands accept it and ignore it."""
+    if not isinstance(raw, dict):
+        raise UserError(
+            f"{origin}: the top level must be a mapping of sections ({', '.join(SECTIONS)}), got {_kind(raw)}"
+        )
+    out: dict[str, dict[str, Any]] = {}
+    for section, values in raw.items():
+        if section == BENCH:
+            continue
+        if section not in SECTIONS:
+            raise unknown("section", str(section), SECTIONS)
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            key, default = first_key(section)
+            raise UserError(
+                f"{origin}: {section} = {values!r}: a section must be a mapping of its keys, "
+                f"e.g. '{section}: {{{key}: {default}}}'"
+            )
+        out[section] = values
+    return out
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """``section.key=value`` -> (section, key, value), the value read as YAML (``3`` is an int)."""
+    path, eq, raw = text.partition("=")
+    path = path.strip()
+    if path in SECTIONS:
+        key, default = first_key(path)
+        raise UserError(
+            f"--set {text!r}: {path!r} is a section; set one of its keys, e.g. --set {path}.{key}={default}"
+        )
+    if not eq:
+        raise UserError(f"--set {text!r}: must look like section.key=value")
+    parts = path.split(".")
+    if len(parts) != 2 or not all(parts):
+        raise UserError(f"--set {text!r}: the key must be section.key, e.g. batch.eta=0.5")
+    if parts[0] == BENCH:
+        raise UserError(
+            f"--set {text!r}: the bench section is read by `adloco bench` only, from its config file "
+            "(or its --budget and --target options)"
+        )
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return parts[0], parts[1], RawText(raw.strip(), value)
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file's mapping of sections, as written (checked by :func:`resolve`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config file {str(p)!r}: " + ("a folder, not a file" if p.is_dir() else "not found"))
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "malformed YAML"
+        raise UserError(f"config file {str(p)!r}: malformed YAML{where}: {problem}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"config file {str(p)!r}: not UTF-8 text") from None
+    except OSError as exc:
+        raise UserError(f"config file {str(p)!r}: cannot be read ({exc.strerror})") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise UserError(
+            f"config file {str(p)!r}: the top level must be a mapping of sections ({', '.join(SECTIONS)}), "
+            f"got {_kind(raw)}"
+        )
+    return raw
+
+
+def _read_section(section: str, values: dict[str, Any]) -> dict[str, Any]:
+    """A section's keys, each read as its field's type (unknown keys and unreadable values refused)."""
+    cls = SECTION_TYPES[section]
+    hints = typing.get_type_hints(cls)
+    keys = [k for k, _, _ in cls.docs()]
+    out = {}
+    for key, value in values.items():
+        if key not in keys:
+            raise unknown("key", f"{section}.{key}", keys)
+        try:
+            out[key] = read_value(value, hints[key])
+        except ValueError:
+            raise UserError(f"config: {section}.{key} = {value!r}: must be {describe(hints[key])}") from None
+    return out
+
+
+def build(values: dict[str, dict[str, Any]]) -> Config:
+    """The Config of already-read values: each section built (and so checked) as its dataclass."""
+    sections = {}
+    for name in SECTIONS:  # in declaration order: the first bad field is the one reported
+        try:
+            sections[name] = SECTION_TYPES[name](**values.get(name, {}))
+        except ValueError as exc:
+            raise UserError(f"config: {exc}") from None
+    return Config(**sections)  # type: ignore[arg-type]
+
+
+def resolve(
+    file: str | Path | None = None,
+    overrides: list[str] | None = None,
+    base: dict[str, Any] | None = None,
+    resuming: bool = False,
+) -> Config:
+    """Build the resolved config: defaults -> method preset -> ``base``/file -> overrides.
+
+    ``resuming``: the config of a run that continues (its trainers may now outnumber its workers: they
+    merge, ALGORITHM.md §9.2).
+
+    With a checkpoint as ``model.name`` and ``data.tokenizer`` unset, the tokenizer is the checkpoint's.
+    """
+    user: dict[str, dict[str, Any]] = {}
+    for raw, origin in (
+        (base, "config"),
+        (load_yaml(file) if file is not None else None, f"config file {str(file)!r}"),
+    ):
+        if raw is not None:
+            for section, keys in _sections(raw, origin).items():
+                user.setdefault(section, {}).update(keys)
+    for text in overrides or []:
+        section, key, value = parse_override(text)
+        if section not in SECTIONS:
+            raise unknown("section", section, SECTIONS)
+        user.setdefault(section, {})[key] = value
+
+    given = {s: _read_section(s, v) for s, v in user.items()}
+    # The method decides the preset (read like any other key).
+    method = given.get("algorithm", {}).get("method", "adloco")
+    values: dict[str, dict[str, Any]] = {}
+    for section in SECTIONS:
+        values[section] = {**PRESETS[method].get(section, {}), **given.get(section, {})}
+    model = values["model"].get("name", SECTION_TYPES["model"]().name)  # type: ignore[attr-defined]
+    if "tokenizer" not in given.get("data", {}) and model not in SHAPES:
+        values["data"]["tokenizer"] = model  # a checkpoint: its own tokenizer, not one trained anew
+    cfg = build(values)
+    checks.check(cfg, resuming)
+    return cfg
+
+
+def field_docs() -> list[tuple[str, str, Any, str]]:
+    """(section, key, default, doc) for every field, in declaration order; a choice field's doc begins
+    with its allowed values (``(norm | inner_product | ...)``)."""
+    return [(s, k, default, doc) for s in SECTIONS for k, default, doc in SECTION_TYPES[s].docs()]
+
+
+def dump_yaml(cfg: Config, with_docs: bool = False, section: str | None = None) -> str:
+    """The resolved config as YAML (one ``section`` of it, if given); with ``with_docs`` every key carries
+    its doc as a comment."""
+    tree = cfg.to_dict()
+    if section is not None:
+        if section == BENCH:
+            raise UserError(
+                "config: bench is `adloco bench`'s own section (budget, target, methods), read from its "
+                "config file; see adloco bench --help"
+            )
+        if section not in tree:
+            raise unknown("section", section, SECTIONS)
+        tree = {section: tree[section]}
+    if not with_docs:
+        return yaml.safe_dump(tree, sort_keys=False)
+    lines: list[str] = []
+    docs = {(s, k): d for s, k, _, d in field_docs()}
+    for name, keys in tree.items():
+        lines.append(f"{name}:")
+        for key, value in keys.items():
+            rendered = yaml.safe_dump({key: value}, default_flow_style=True, sort_keys=False).strip()
+            rendered = rendered[1:-1] if rendered.startswith("{") else rendered
+            lines.append(f"  {rendered:<34} # {docs[(name, key)]}")
+    return "\n".join(lines) + "\n"
