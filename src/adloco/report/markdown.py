@@ -1,17 +1,16 @@
-"""The markdown report of one or several runs (``adloco report``, the end of ``adloco train``) and of a
-bench's variants over seeds (``adloco bench``): tables from :mod:`adloco.report.results`, plots from
-:mod:`adloco.report.plots`. Never inside the training loop.
+"""The markdown report of one or several runs (``adloco report``, the end of ``adloco train``), and the
+tables a bench's report (:mod:`adloco.bench.writer`, ``adloco bench``) is made of: the per-run table,
+the sentences on the target and simulated time, and figures over seeds as table cells (mean, min–max,
+95% t-interval). Tables from :mod:`adloco.report.results`, plots from :mod:`adloco.report.plots`. Never
+inside the training loop.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from adloco import events
 from adloco.errors import UserError
 from adloco.report.plots import draw
 from adloco.report.results import (
@@ -137,35 +136,7 @@ def write(runs: list[Run], out: Path, target: float | None = None, command: str 
     return report
 
 
-# -- a bench: variants over seeds, the grid, the failures ----------------------------------------------
-
-
-def figures(run: Run, target: float) -> dict[str, Any]:
-    """A run's figures for ``results.json``: final metric, totals and what reaching the target took."""
-    end = run.end
-    assert end is not None
-    got = reach(run, target)
-    return {
-        "run": run.label,
-        "seed": run.seed,
-        "final": events.num(run.final),
-        "rounds": end.round,
-        "examples": end.examples,
-        "communications": end.communications,
-        "bytes": end.bytes,
-        "sim_s": end.sim_s,
-        "to_target": None
-        if got is None
-        else {
-            "round": got.round,
-            "examples": got.examples,
-            "communications": got.communications,
-            "bytes": got.bytes,
-            "sim_s": got.sim_s,
-        },
-        "wall_s": run.summary.get("wall_s"),
-        "peak_memory_bytes": run.summary.get("peak_memory_bytes"),
-    }
+# -- figures over seeds, as table cells ---------------------------------------------------------------
 
 
 # (key in results.json, column, format): the figures of the bench table, each over the seeds
@@ -224,151 +195,3 @@ def cell(st: Stats | None, kind: str, of: int | None = None) -> str:
     if of is not None and st.n < of:
         text += f" ({st.n}/{of} reached)"
     return text
-
-
-@dataclass
-class Variant:
-    """A compared variant: its finished runs (one per seed) at its one setting."""
-
-    name: str
-    method: str
-    setting: str  # the setting in words ("preset"; "outer.lr=0.5, outer.momentum=0.9 (#1 of 6)")
-    runs: list[Run]
-    seeds: list[int]  # the seeds it was to run on
-
-
-@dataclass
-class GridRow:
-    """One setting of a method's grid, on the first seed."""
-
-    method: str
-    index: int
-    setting: str
-    run: Run | None  # None: it failed
-    status: str  # "ok" or why not
-    selected: bool
-
-
-@dataclass
-class Failed:
-    """A run that failed (or was never started because what it needed failed)."""
-
-    variant: str
-    seed: int
-    status: str  # failed | skipped
-    exit_code: int | None
-    folder: str | None  # where its bench-failure.txt is, relative to the bench folder
-    lines: list[str]  # the last lines of its stderr, or why it was skipped
-
-
-def write_bench(
-    variants: list[Variant],
-    out: Path,
-    target: float,
-    *,
-    intro: list[str],
-    grids: dict[str, list[GridRow]] | None = None,
-    failed: list[Failed] | None = None,
-    command: str | None = None,
-    first_seed: int = 0,
-) -> Path:
-    """``out/report.md`` and ``out/plots`` of a bench: the variants' figures over seeds (mean, min–max,
-    95% t-interval), mean curves with min–max bands, failed runs, the grid and every run."""
-    out.mkdir(parents=True, exist_ok=True)
-    runs = [r for v in variants for r in v.runs]
-    lines = ["# adloco bench", ""]
-    if command:
-        lines += ["Made by:", "", "```bash", command, "```", ""]
-    lines += intro
-    if runs:
-        what = _what(runs)
-        several = any(len(v.runs) > 1 for v in variants)
-        lines += [
-            f"Target {what}: **{target:.2f}**. Validation {what} is trainer 0's at each evaluation. "
-            + _sim_sentence(runs),
-            "",
-        ]
-        if several:
-            lines += [
-                "Each cell: the mean over the seeds [min–max] ±h, h the half-width of the 95% Student-t "
-                "interval of the mean (t_{0.975, n−1} · s/√n, s the standard deviation over the n seeds; "
-                "from 3 seeds on). To-target figures are over the seeds that reached the target.",
-                "",
-            ]
-        head = [c.format(what=what) for _, c, _ in FIGURES]
-        lines += [
-            "| variant | method | setting | seeds | " + " | ".join(head) + " |",
-            "|---|---|---|---|" + "---|" * len(head),
-        ]
-        for v in variants:
-            seeds = f"{len(v.runs)}" if len(v.runs) == len(v.seeds) else f"{len(v.runs)} of {len(v.seeds)}"
-            if not v.runs:
-                lines.append(
-                    f"| {v.name} | {v.method} | {v.setting} | 0 of {len(v.seeds)} |" + " — |" * len(head)
-                )
-                continue
-            agg = aggregate(v.runs, target)
-            cells = [
-                cell(agg[key], kind, len(v.runs) if key.endswith("_to_target") else None)
-                for key, _, kind in FIGURES
-            ]
-            lines.append(f"| {v.name} | {v.method} | {v.setting} | {seeds} | " + " | ".join(cells) + " |")
-        drawn = draw(runs, out / "plots", target, groups=[(v.name, v.runs) for v in variants if v.runs])
-        lines += ["", "Plots:", ""] + [f"![{n}](plots/{n})" for n in drawn] + [""]
-        if several:
-            lines += [
-                "A variant of several seeds is drawn as its mean curve with a min–max band. Seeds of one "
-                "budget can end at different rounds, examples, bytes or times, so each seed's curve is "
-                "interpolated linearly onto a common x grid (the union of the seeds' x values) and averaged "
-                "only where every seed has data: up to the shortest seed's last point, never extrapolated. "
-                "Beyond it each seed's own curve goes on as a thin dashed line. The per-run plots (requests, "
-                "trainers, allocation, batch) show each variant's first seed.",
-                "",
-            ]
-        lines += _theorem1_note(runs)
-    else:
-        lines += ["No run finished: nothing to compare.", ""]
-    if failed:
-        lines += [
-            "## Runs that failed",
-            "",
-            "Left out of every figure above. Each folder holds `bench-failure.txt` (the exit code and the "
-            "last lines of its stderr); the whole output is in `logs/`.",
-            "",
-            "| variant | seed | status | exit code | folder | last line of stderr |",
-            "|---|---|---|---|---|---|",
-        ]
-        for f in failed:
-            last = next((x for x in reversed(f.lines) if x.strip()), "")
-            last = last.strip().replace("|", "\\|")
-            code = "—" if f.exit_code is None else str(f.exit_code)
-            folder = f"`{f.folder}`" if f.folder else "—"
-            lines.append(f"| {f.variant} | {f.seed} | {f.status} | {code} | {folder} | {last} |")
-        lines.append("")
-    for method, rows in (grids or {}).items():
-        grid_runs = [row.run for row in rows if row.run is not None]
-        what = _what(grid_runs) if grid_runs else "perplexity"
-        lines += [
-            f"## Grid of {method} (seed {first_seed})",
-            "",
-            f"| # | setting | final {what} | bytes → target | bytes | sim. time → target | sim. time | |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for row in rows:
-            mark = "**selected**" if row.selected else ("" if row.status == "ok" else row.status)
-            if row.run is None or row.run.end is None:
-                lines.append(f"| {row.index} | {row.setting} | — | — | — | — | — | {mark} |")
-                continue
-            got = reach(row.run, target)
-            end = row.run.end
-            lines.append(
-                f"| {row.index} | {row.setting} | {_value(row.run.final)} | "
-                f"{fmt_bytes(got.bytes) if got else 'not reached'} | {fmt_bytes(end.bytes)} | "
-                f"{_one(got.sim_s, 'seconds') if got else 'not reached'} | {_one(end.sim_s, 'seconds')} | {mark} |"
-            )
-        lines.append("")
-    if runs:
-        lines += ["## Every run", "", *_table(runs, target), ""]
-    report = out / "report.md"
-    report.write_text("\n".join(lines), encoding="utf-8")
-    return report

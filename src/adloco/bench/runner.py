@@ -1,0 +1,302 @@
+"""How ``adloco bench`` runs its tasks: each in its own ``adloco train`` process (its output logged
+under ``<out>/logs`` and, one job at a time, shown), up to ``--jobs`` at a time, a method's grid
+selected as soon as its settings have finished, a failure noted in ``bench-failure.txt``, every run
+stopped resumably on SIGINT or SIGTERM (:class:`Bench`); and the estimate of the time left
+(:func:`eta`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from adloco.bench.grid import Setting, Task, _name, select
+from adloco.errors import UserError
+
+TAIL = 20  # lines of a failed run's stderr kept in bench-failure.txt
+
+
+def eta(durations: Sequence[float], running: Sequence[float], queued: int, jobs: int) -> float | None:
+    """Seconds left: the mean duration of finished runs for each queued run and each running one (less
+    its elapsed time), spread greedily over ``jobs`` slots; None before any run finished."""
+    if not durations:
+        return None
+    mean = sum(durations) / len(durations)
+    slots = sorted([max(mean - e, 0.0) for e in running] + [0.0] * max(jobs - len(running), 0))
+    for _ in range(queued):
+        slots[0] += mean
+        slots.sort()
+    return max(slots, default=0.0)
+
+
+def _pump(stream: IO[str], log: IO[str], echo: IO[str] | None) -> None:
+    for line in iter(stream.readline, ""):
+        log.write(line)
+        log.flush()
+        if echo is not None:
+            echo.write(line)
+            echo.flush()
+    stream.close()
+
+
+class _Child:
+    def __init__(self, task: Task, cmd: list[str], env: dict[str, str], logs: Path, forward: bool):
+        self.task = task
+        self.cmd = cmd
+        self.err_path = logs / f"{task.name}.err.log"
+        self.files = [
+            (logs / f"{task.name}.out.log").open("w", encoding="utf-8"),
+            self.err_path.open("w", encoding="utf-8"),
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+        )
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.threads = [
+            threading.Thread(target=_pump, args=(s, f, e), daemon=True)
+            for s, f, e in (
+                (self.proc.stdout, self.files[0], sys.stdout if forward else None),
+                (self.proc.stderr, self.files[1], sys.stderr if forward else None),
+            )
+        ]
+        for th in self.threads:
+            th.start()
+
+    def close(self) -> None:
+        for th in self.threads:
+            th.join(timeout=10)
+        for f in self.files:
+            f.close()
+
+
+def _run_dir(runs: Path, name: str) -> Path | None:
+    pattern = re.compile(re.escape(name) + r"-\d{8}-\d{6}(-\d+)?")
+    found = sorted(d for d in runs.iterdir() if d.is_dir() and pattern.fullmatch(d.name))
+    return found[-1] if found else None
+
+
+def _tail(path: Path, n: int = TAIL) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").splitlines()[-n:]
+    except OSError:
+        return []
+
+
+class Bench:
+    """Runs the tasks, up to ``jobs`` at a time, choosing grid settings as grids finish."""
+
+    def __init__(
+        self,
+        out: Path,
+        tasks: list[Task],
+        settings: dict[str, Any],
+        args: argparse.Namespace,
+        train: list[str],
+    ):
+        self.out, self.tasks, self.settings, self.args = out, tasks, settings, args
+        self.train = train  # how a run is started: adloco.bench.train_command()
+        self.jobs = args.jobs
+        self.grids: dict[str, list[Setting]] = settings["grids"]
+        self.chosen: dict[str, Setting | None] = {}
+        self.selection_note: dict[str, str] = {}
+        self.running: list[_Child] = []
+        self.started = 0
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.threads: list[str] = []
+        if self.jobs > 1:
+            self.env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+            if not any(o.strip().startswith("runtime.threads=") for o in args.overrides):
+                self.threads = ["runtime.threads=1"]
+
+    def sets(self, t: Task) -> list[str]:
+        assert t.setting is not None
+        return [*t.base, *t.setting.sets, *t.extra, f"algorithm.seed={t.seed}", *self.threads]
+
+    def command(self, t: Task) -> list[str]:
+        cmd = [*self.train, "--config", str(self.out / "shared.yaml")]
+        runs = self.out / "runs"
+        for s in [
+            "logging.progress=plain",
+            *self.sets(t),
+            f"logging.out_dir={runs}",
+            f"logging.name={t.name}",
+        ]:
+            cmd += ["--set", s]
+        return cmd
+
+    def say(self, t: Task, what: str) -> None:
+        print(f"[{t.number}/{len(self.tasks)}] {t.variant} seed {t.seed} {what}", flush=True)
+
+    def left(self) -> str:
+        done = [t.seconds for t in self.tasks if t.status == "ok"] or [
+            t.seconds for t in self.tasks if t.status == "failed"
+        ]
+        now = time.monotonic()
+        queued = sum(t.status == "queued" for t in self.tasks)
+        s = eta(done, [now - c.task.started for c in self.running], queued, self.jobs)
+        return "" if s is None else f", about {s / 60:.0f} min left" if s >= 60 else f", about {s:.0f} s left"
+
+    def execute(self) -> None:
+        """Run every task; on SIGINT or SIGTERM the running runs are stopped (they write a checkpoint,
+        resumable with ``adloco train --resume``) and KeyboardInterrupt or :class:`Terminated` raised."""
+
+        def terminated(signum: int, frame: Any) -> None:
+            raise Terminated
+
+        main = threading.current_thread() is threading.main_thread()
+        old = signal.signal(signal.SIGTERM, terminated) if main else None
+        try:
+            while True:
+                self.resolve_selections()
+                for t in self.tasks:
+                    if len(self.running) >= self.jobs:
+                        break
+                    if t.status == "queued" and t.setting is not None:
+                        self.start(t)
+                if not self.running:
+                    break
+                time.sleep(0.1)
+                for c in [c for c in self.running if c.proc.poll() is not None]:
+                    self.running.remove(c)
+                    self.finish(c)
+        except (KeyboardInterrupt, Terminated):
+            self.stop()
+            raise
+        finally:
+            if main:
+                signal.signal(signal.SIGTERM, old)
+
+    def start(self, t: Task) -> None:
+        self.started += 1
+        t.number, t.status, t.started = self.started, "running", time.monotonic()
+        t.wall = (time.time(), 0.0)
+        setting = f" ({t.setting.text()})" if t.grid is not None and t.setting else ""
+        self.say(t, f"started{setting}")
+        self.running.append(_Child(t, self.command(t), self.env, self.out / "logs", forward=self.jobs == 1))
+
+    def finish(self, c: _Child) -> None:
+        from adloco.report import results
+
+        t = c.task
+        c.close()
+        t.seconds = time.monotonic() - t.started
+        t.wall = (t.wall[0], time.time())
+        t.exit_code = c.proc.returncode
+        t.folder = _run_dir(self.out / "runs", t.name)
+        why = ""
+        if t.exit_code == 0:
+            if t.folder is None:
+                why = "it wrote no run directory"
+            else:
+                try:
+                    t.run = results.load(t.folder)
+                except UserError as exc:
+                    why = str(exc)
+        if t.exit_code == 0 and not why:
+            t.status = "ok"
+            self.say(t, f"finished in {t.seconds:.0f} s{self.left()}")
+            return
+        t.status = "failed"
+        t.lines = _tail(c.err_path) + ([f"bench: {why}"] if why else [])
+        if t.folder is None:
+            t.folder = self.out / "runs" / f"{t.name}-failed"
+            t.folder.mkdir(parents=True, exist_ok=True)
+        log = c.err_path.relative_to(self.out)
+        (t.folder / "bench-failure.txt").write_text(
+            f"variant {t.variant}, seed {t.seed}, run {t.name}\nexit code: {t.exit_code}\n"
+            f"command: {shlex.join(c.cmd)}\n"
+            f"last lines of its stderr (all of it: {log}):\n" + "".join(f"{x}\n" for x in t.lines),
+            encoding="utf-8",
+        )
+        self.say(t, f"FAILED (exit code {t.exit_code}) after {t.seconds:.0f} s{self.left()}")
+        print(
+            f"adloco: error: bench: variant {t.variant} seed {t.seed} failed (exit code {t.exit_code}); "
+            f"see {t.folder / 'bench-failure.txt'}",
+            *(f"  {x}" for x in t.lines[-5:]),
+            sep="\n",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def resolve_selections(self) -> None:
+        from adloco.report import results
+
+        for method, grid in self.grids.items():
+            if len(grid) == 1 or method in self.chosen:
+                continue
+            runs = [t for t in self.tasks if t.method == method and t.grid is not None]
+            if not runs or any(t.status in ("queued", "running") for t in runs):
+                continue
+            finished = [t.run for t in self.tasks if t.run is not None]
+            args = self.args
+            spe = args.seconds_per_example
+            if args.select == "time" and args.compute == "examples" and spe is None:
+                results.price(finished, args.compute, None)
+                spe = finished[0].seconds_per_example if finished else None
+                if spe is not None:
+                    self.selection_note[method] = (
+                        f"{method}'s selection priced compute at {spe * 1e3:.4g} ms per example, the median "
+                        f"over the {len(finished)} runs finished by then"
+                    )
+            elif finished:
+                results.price(finished, args.compute, spe)
+            index = select([(t.grid or 0, t.run) for t in runs], args.select, self.settings["target"])
+            self.chosen[method] = None if index is None else grid[index]
+            if index is None:
+                print(
+                    f"bench: no setting of {method}'s grid finished: its other runs are skipped", flush=True
+                )
+            else:
+                print(f"bench: {method}: selected {grid[index].text(len(grid))} by {args.select}", flush=True)
+            for t in self.tasks:
+                if t.method != method or t.setting is not None:
+                    continue
+                if index is None:
+                    self.started += 1
+                    t.number, t.status = self.started, "skipped"
+                    t.lines = [f"no setting of {method}'s grid finished on seed {self.settings['seeds'][0]}"]
+                    self.say(t, f"skipped: {t.lines[0]}")
+                else:
+                    t.setting = grid[index]
+                    _name(t, self.grids)
+
+    def stop(self) -> None:
+        """Stop the running runs with SIGTERM (a run takes the first signal only, so one that also got
+        the terminal's SIGINT is not disturbed), give them time to write their checkpoints, then kill."""
+        for c in self.running:
+            if c.proc.poll() is None:
+                c.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 120
+        for c in self.running:
+            try:
+                c.proc.wait(timeout=max(deadline - time.monotonic(), 1))
+            except subprocess.TimeoutExpired:
+                c.proc.kill()
+                c.proc.wait()
+            c.close()
+        print(
+            f"bench: stopped; the runs so far are in {self.out / 'runs'} (no report: a stopped run resumes "
+            "with adloco train --resume RUN_DIR)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+class Terminated(Exception):
+    """The bench got SIGTERM."""
