@@ -149,8 +149,8 @@ class Round(Event):
     """The round's summary: what the progress line, the plots and the reports read."""
 
     event: ClassVar[str] = "round"
-    trainers_alive: int
-    requests: dict[int, int]
+    trainers_alive: int  # after the round's merge
+    requests: dict[int, int]  # the request each trainer ran this round with (as its trainer event's)
     allocation: dict[int, int]
     switch_mode: str
     loss: float | None
@@ -172,6 +172,7 @@ class Round(Event):
     val_ppl: float | None = None
     val_accuracy: float | None = None
     val_by_trainer: dict[int, dict[str, float | None]] | None = None
+    requests_next: dict[int, int] | None = None  # the next round's (after the batch tests and a merge)
 
 
 @dataclass

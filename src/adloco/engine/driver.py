@@ -270,7 +270,8 @@ class Driver:
         summary = events.Round(
             round=algo.round,
             trainers_alive=len(algo.trainers),
-            requests=algo.requests,
+            requests={e.trainer: e.request for e in report.trainers},
+            requests_next=algo.requests,
             allocation=dict(algo.allocation),
             switch_mode=report.switch_mode,
             loss=report.loss,

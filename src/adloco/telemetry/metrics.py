@@ -109,17 +109,6 @@ def make_sink(run_dir: Path, tensorboard: str = "auto") -> MetricsSink:
     return Sinks(jsonl, TensorBoardSink(run_dir / "tensorboard"))
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Events of a metrics.jsonl; a torn last line (a killed run) is skipped."""
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
 def truncate_after(path: Path, round_: int) -> int:
     """Drop the events of rounds after ``round_`` (and a torn last line), atomically: a resumed run
     continues the file with no round missing or repeated. Returns how many lines were dropped."""

@@ -16,7 +16,11 @@ def fmt_bytes(n: float) -> str:
 
 def round_line(s: dict[str, Any], rounds: int) -> str:
     """One human line for a round summary event."""
+    # the requests the round ran with (as the requests plot draws them); trainers: those that ran, and
+    # how many are left when the round merged some
     reqs = " ".join(f"t{t}={b}" for t, b in s["requests"].items())
+    ran, alive = len(s["requests"]), s["trainers_alive"]
+    trainers = f"{ran}" if alive == ran else f"{ran}->{alive}"
     if isinstance(s.get("val_accuracy"), (int, float)):
         val_txt = f"val acc {100 * s['val_accuracy']:6.2f}%"
     else:
@@ -26,7 +30,7 @@ def round_line(s: dict[str, Any], rounds: int) -> str:
     loss_txt = f"{loss:6.3f}" if isinstance(loss, (int, float)) else "     -"
     return (
         f"round {s['round']:>3}/{rounds}  loss {loss_txt}  {val_txt}  "
-        f"trainers {s['trainers_alive']}  requests {reqs}  "
+        f"trainers {trainers}  requests {reqs}  "
         f"sent {fmt_bytes(s['bytes_total'])}  {s['round_s']:5.1f}s"
     )
 
