@@ -5,7 +5,7 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 
-.PHONY: train test test-all lint bench bench-cpu bench-cpu-10m clean
+.PHONY: train test test-integration test-e2e test-all lint bench bench-cpu bench-cpu-10m clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,11 +17,17 @@ $(BIN)/.installed: pyproject.toml
 train: $(BIN)/.installed  ## AdLoCo on the embedded default (this Python's standard library source)
 	$(BIN)/adloco train
 
-test: $(BIN)/.installed  ## the default test suite (no network, about 8 minutes on 2 cores)
-	$(BIN)/python -m pytest -q -m "not slow" --durations=15
+test: $(BIN)/.installed  ## the default tier: unit and in-process tests (no network; under 3 minutes on 2 cores)
+	$(BIN)/python -m pytest -q tests/unit --durations=10
 
-test-all: $(BIN)/.installed  ## every test, the slow end-to-end ones included
-	$(BIN)/python -m pytest -q
+test-integration: $(BIN)/.installed  ## real torch.distributed processes on gloo, faults, elastic agents
+	$(BIN)/python -m pytest -q -n 2 tests/integration --durations=10
+
+test-e2e: $(BIN)/.installed  ## the command line, the examples and the demo, in processes of their own
+	$(BIN)/python -m pytest -q -n 2 tests/e2e --durations=10
+
+test-all: test lint  ## every tier and lint, as CI runs them
+	$(BIN)/python -m pytest -q -n 2 tests/integration tests/e2e --durations=15
 
 lint: $(BIN)/.installed  ## ruff and mypy
 	$(BIN)/ruff check src tests benchmarks examples

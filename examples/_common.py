@@ -67,3 +67,12 @@ def distributed() -> tuple[int, int]:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     return dist.get_rank(), dist.get_world_size()
+
+
+def finish() -> None:
+    """Leave torchrun's process group, if this process joined one (a group left to the interpreter's exit
+    can abort the process while gloo's threads still run)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

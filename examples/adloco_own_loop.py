@@ -11,7 +11,7 @@ Two trainers start with one worker each; they merge after round 2 and then share
 from __future__ import annotations
 
 import torch
-from _common import CharModel, corpus, distributed, loss_fn, sample, val_loss
+from _common import CharModel, corpus, distributed, finish, loss_fn, sample, val_loss
 
 from adloco import AdaptiveBatch, AdLoCo, Merging, Outer, Switch
 
@@ -64,3 +64,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    finish()

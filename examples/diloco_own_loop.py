@@ -11,7 +11,7 @@ without adloco, two lines are new: building `DiLoCo(...)` and `with algo:`.
 from __future__ import annotations
 
 import torch
-from _common import CharModel, corpus, distributed, loss_fn, sample, val_loss
+from _common import CharModel, corpus, distributed, finish, loss_fn, sample, val_loss
 
 from adloco import DiLoCo, Outer
 
@@ -44,3 +44,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    finish()

@@ -68,7 +68,7 @@ from typing import Any
 
 import datasets
 import torch
-from _common import corpus
+from _common import corpus, finish
 from torch import nn
 from transformers import (
     LlamaConfig,
@@ -275,3 +275,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    finish()

@@ -1,4 +1,10 @@
-"""Test setup: no network, a private Hugging Face home and adloco cache, one thread per process."""
+"""Test setup: no network, a private Hugging Face home and adloco cache, one thread per process.
+
+Tiers, by folder (the marker is set here, so ``-m`` selects a tier whatever path is given):
+``unit/`` the default: pure math, fakes, threads, the engine and the CLI in this process;
+``integration/`` real torch.distributed processes on gloo, faults and elastic agents (marker
+``integration``); ``e2e/`` the command line, the examples and the demo as a user runs them, in processes
+of their own (marker ``e2e``). Every test has a time limit (pyproject.toml: ``timeout``)."""
 
 from __future__ import annotations
 
@@ -57,3 +63,22 @@ def text_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if (src / n).is_file():
             (dst / n).write_text((src / n).read_text(encoding="utf-8"), encoding="utf-8")
     return dst
+
+
+# The longest tests start first, so that tests run side by side (pytest -n 2) end together.
+LONGEST = (
+    "test_default_run.py",
+    "test_elastic.py",
+    "test_faults.py",
+    "test_gpu_dryrun.py",
+    "test_bench_runs.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = Path(str(item.fspath)).parent.name
+        if tier in ("integration", "e2e"):
+            item.add_marker(getattr(pytest.mark, tier))
+    first = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: first.get(Path(str(item.fspath)).name, len(first)))

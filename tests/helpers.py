@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +133,7 @@ def run_threaded(make: Any, owner: dict[int, int], rounds: int) -> list[Any]:
 
 
 def train_once(out: Path, settings: dict[str, str]) -> Path:
-    """``adloco train`` in a subprocess with ``--set`` for every setting and ``logging.out_dir=out``; asserts
+    """``adloco train`` in this process with ``--set`` for every setting and ``logging.out_dir=out``; asserts
     exit 0 and returns the one run directory it wrote."""
     return train_with_output(out, settings)[0]
 
@@ -142,13 +141,97 @@ def train_once(out: Path, settings: dict[str, str]) -> Path:
 def train_with_output(out: Path, settings: dict[str, str]) -> tuple[Path, str]:
     """:func:`train_once`, with what the run printed."""
     args = [a for k, v in {**settings, "logging.out_dir": str(out)}.items() for a in ("--set", f"{k}={v}")]
-    p = subprocess.run(
-        [sys.executable, "-m", "adloco", "train", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stderr
+    ran = run_main("train", *args)
+    assert ran.returncode == 0, ran.stderr
     (run,) = list(out.iterdir())
-    return run, p.stdout
+    return run, ran.stdout
+
+
+# -- faults injected in this process (tests/faultinject does the same in subprocesses) -------------------
+
+
+def poison(monkeypatch: Any, worker: int, rounds: tuple[int, int]) -> None:
+    """Worker ``worker``'s parameters become non-finite at the end of every round in ``rounds`` (first and
+    last, 1-based), before the round synchronizes."""
+    from adloco.method import AdLoCo
+
+    sync = AdLoCo.sync
+
+    def poisoned(self: AdLoCo, abort: bool = False) -> Any:
+        if worker in self.replicas and rounds[0] <= self.round + 1 <= rounds[1]:
+            self.replicas[worker].flat.param.data.fill_(float("nan"))
+        return sync(self, abort)
+
+    monkeypatch.setattr(AdLoCo, "sync", poisoned)
+
+
+def out_of_memory(monkeypatch: Any, worker: int, rows: int) -> None:
+    """Worker ``worker`` runs out of memory on any micro-batch of more than ``rows`` rows."""
+    from adloco import replica
+    from adloco.method import AdLoCo
+
+    init, fb = AdLoCo.__init__, replica.Replica.forward_backward
+
+    def tagged(self: AdLoCo, *args: Any, **kw: Any) -> None:
+        init(self, *args, **kw)
+        for w, rep in self.replicas.items():
+            rep._test_worker = w  # type: ignore[attr-defined]
+
+    def forward_backward(self: replica.Replica, batch: Any, scale: float) -> Any:
+        if getattr(self, "_test_worker", None) == worker and replica.n_rows(batch) > rows:
+            raise torch.OutOfMemoryError(f"test fault: more than {rows} rows")
+        return fb(self, batch, scale)
+
+    monkeypatch.setattr(AdLoCo, "__init__", tagged)
+    monkeypatch.setattr(replica.Replica, "forward_backward", forward_backward)
+
+
+def disk_full(monkeypatch: Any, round_: int) -> None:
+    """The checkpoint of round ``round_`` meets a full disk."""
+    import errno
+
+    from adloco.engine.checkpoint import files
+
+    write = files.Writer._write
+
+    def full(self: files.Writer, filename: str, data: bytes) -> None:
+        if self.round == round_:
+            self._fail(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+        write(self, filename, data)
+
+    monkeypatch.setattr(files.Writer, "_write", full)
+
+
+@dataclass
+class Ran:
+    """What a command did in this process: its exit code and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_main(*args: str) -> Ran:
+    """``adloco ARGS`` in this process (no interpreter or torch import to pay for), its output captured."""
+    import contextlib
+    import io
+
+    from adloco.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_programs() -> list[str]:
+    """The README's Python programs: every ``python`` block of its section on the library in your loop
+    (each runs as written, in one process and under torchrun)."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Use it in your own loop") :]
+    section = section[: section.index("\n## ", 1)]
+    blocks = section.split("```python\n")[1:]
+    return [b[: b.index("```")] for b in blocks]

@@ -250,6 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     flush=True,
                 )
             return EXIT_FAILED
+        if run_dir is not None and cfg.logging.plots:
+            from adloco.report.plots import plot_run  # after the run, from its directory alone
+
+            plot_run(run_dir)
         if run_dir is not None:
             if "final_val_accuracy" in summary:
                 what = (

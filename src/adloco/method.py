@@ -338,7 +338,8 @@ class AdLoCo(Synchronization, HookedMode, AlgorithmState):
                     rep.reset_optimizer()
                 if self.keep_snapshot:
                     self._snap[w] = (
-                        {k: v.to("cpu", copy=True) for k, v in rep.inner_state().items()},
+                        # inner_state() builds new tensors: on the host they are the snapshot already
+                        {k: v.to("cpu") for k, v in rep.inner_state().items()},
                         rep.scalars(),
                     )
             self._progress = {

@@ -266,7 +266,9 @@ class Replica:
         self.optimizer.step()
 
     def finite(self) -> bool:
-        return bool(torch.isfinite(self.flat.param).all())
+        """Whether every parameter is finite: NaN and ±inf all show in the extremes (one pass, no mask)."""
+        lo, hi = torch.aminmax(self.flat.param)
+        return math.isfinite(float(lo)) and math.isfinite(float(hi))
 
     # -- pieces ------------------------------------------------------------------------------------
     def forward_backward(self, batch: Batch, scale: float) -> torch.Tensor:

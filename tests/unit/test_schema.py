@@ -25,7 +25,7 @@ def _algo(method: str, workers: int):  # type: ignore[no-untyped-def]
 def test_a_library_object_built_with_no_arguments_has_the_clis_defaults(method: str) -> None:
     cfg = resolve(overrides=[f"algorithm.method={method}"])
     algo = _algo(method, cfg.algorithm.workers)
-    assert algo.H == cfg.algorithm.inner_steps
+    assert cfg.algorithm.inner_steps == algo.H
     assert len(algo.trainers) == cfg.algorithm.trainers
     assert algo.outer_spec == cfg.outer
     assert algo.batch == cfg.batch
@@ -33,7 +33,11 @@ def test_a_library_object_built_with_no_arguments_has_the_clis_defaults(method: 
     assert algo.wire == cfg.comm
     switch = {f.name: getattr(cfg.switch, f.name) for f in dataclasses.fields(Switch)}
     assert algo.switch == Switch(**switch)
-    assert (algo.clip, algo.inner_state, algo.precision) == (cfg.inner.clip, cfg.inner.state, cfg.model.precision)
+    assert (algo.clip, algo.inner_state, algo.precision) == (
+        cfg.inner.clip,
+        cfg.inner.state,
+        cfg.model.precision,
+    )
     assert (algo.balance, algo.on_resize) == (cfg.runtime.balance, cfg.elastic.batch)
     assert (algo.emulate or []) == cfg.runtime.emulate_speed
     assert algo.ddp == (method == "ddp")
@@ -44,7 +48,7 @@ def test_the_algorithm_sections_are_the_library_dials() -> None:
     assert SECTION_TYPES["merge"] is Merging and SECTION_TYPES["comm"] is Wire
     assert issubclass(SECTION_TYPES["switch"], Switch)
     for name, cls in SECTION_TYPES.items():
-        assert issubclass(cls, Dial) and cls.SECTION == name
+        assert issubclass(cls, Dial) and name == cls.SECTION
         for key, _default, doc in cls.docs():
             assert doc.strip(), f"{name}.{key} has no doc"
 

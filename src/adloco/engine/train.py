@@ -264,10 +264,6 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
                 models.save(model, state, data.tokenizer, run_dir / "model")
         if run_dir is not None:
             rundir.write_atomic(run_dir / "summary.json", json.dumps(summary.to_dict(), indent=2) + "\n")
-            if cfg.logging.plots:
-                from adloco.report.plots import plot_run
-
-                plot_run(run_dir)
     except CommFailure as exc:
         if ctx is None:
             raise

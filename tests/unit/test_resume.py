@@ -1,21 +1,18 @@
-"""Nothing lost: checkpoints, exact resume after SIGKILL or SIGTERM, numerical and memory faults.
-
-Faults are injected into the subprocesses by ``tests/faultinject/sitecustomize.py`` (``with_faults``).
-"""
+"""Nothing lost: checkpoints, exact resume, refused checkpoints, numerical, memory and disk faults, in
+this process (faults injected with monkeypatch, :mod:`tests.helpers`). Resumes after a real SIGKILL,
+SIGTERM or SIGINT of a process are tests/integration/test_faults.py."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from adloco.cli import main
 from adloco.engine import checkpoint
-from tests.helpers import with_faults
+from tests.helpers import disk_full, out_of_memory, poison
 
 TINY = {
     "model.name": "llama-micro",
@@ -36,19 +33,15 @@ TINY = {
 }
 
 
-def adloco(*args: str, fault: str | None = None, **sets: str) -> subprocess.CompletedProcess[str]:
-    env = with_faults({**os.environ, "OMP_NUM_THREADS": "1"}, fault)
+def adloco(*args: str, **sets: str) -> int:
+    """``adloco ARGS --set K=V ...`` in this process; its exit code."""
     flat = [a for k, v in sets.items() for a in ("--set", f"{k.replace('__', '.')}={v}")]
-    return subprocess.run(
-        [sys.executable, "-m", "adloco", *args, *flat], capture_output=True, text=True, env=env, timeout=300
-    )
+    return main([*args, *flat])
 
 
-def train(
-    out: Path, corpus: Path, *args: str, fault: str | None = None, **extra: str
-) -> subprocess.CompletedProcess[str]:
+def train(out: Path, corpus: Path, *args: str, **extra: str) -> int:
     sets = {**{k.replace(".", "__"): v for k, v in TINY.items()}, **extra}
-    return adloco("train", *args, fault=fault, data__source=str(corpus), logging__out_dir=str(out), **sets)
+    return adloco("train", *args, data__source=str(corpus), logging__out_dir=str(out), **sets)
 
 
 def only_run(out: Path) -> Path:
@@ -69,8 +62,7 @@ def weights(run: Path) -> bytes:
 def reference(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> Path:
     """The uninterrupted in-process run every resumed run must reproduce bit for bit."""
     out = tmp_path_factory.mktemp("reference")
-    p = train(out, text_corpus)
-    assert p.returncode == 0, p.stderr
+    assert train(out, text_corpus) == 0
     return only_run(out)
 
 
@@ -97,109 +89,35 @@ def test_checkpoints_hold_the_full_state(reference: Path) -> None:
     assert not list((reference / "checkpoints").glob(".tmp-*"))
 
 
-def test_a_killed_run_resumes_bit_for_bit(tmp_path: Path, text_corpus: Path, reference: Path) -> None:
-    out = tmp_path / "runs"
-    p = train(out, text_corpus, fault="kill@0:4")  # SIGKILL at the start of round 4: round 3 is lost
-    assert p.returncode == -9
-    run = only_run(out)
-    assert [c.name for c in checkpoint.complete(run)] == ["round-000002"]
-    assert rounds_logged(run) == [1, 2, 3]
-    p = adloco("train", "--resume", str(run))
-    assert p.returncode == 0, p.stderr
-    assert f"resuming {run} from round-000002 (round 2 of 5)" in p.stdout
-    assert rounds_logged(run) == [1, 2, 3, 4, 5]  # round 3 replayed once, nothing repeated
-    assert weights(run) == weights(reference)
-    summary = json.loads((run / "summary.json").read_text())
-    ref = json.loads((reference / "summary.json").read_text())
-    for key in ("final_val_ppl", "initial_val_ppl", "examples_total", "bytes_total", "communications_total"):
-        assert summary[key] == ref[key], key
-
-
-def test_sigterm_mid_round_stops_with_a_checkpoint(
-    tmp_path: Path, text_corpus: Path, reference: Path
-) -> None:
-    out = tmp_path / "runs"
-    p = train(out, text_corpus, fault="term@0:4:2")  # SIGTERM after inner step 2 of 3 of round 4
-    assert p.returncode == 143, p.stderr
-    run = only_run(out)
-    assert p.stderr.strip().splitlines()[-2:] == [
-        "adloco: stopped by SIGTERM in round 4: checkpoint round-000003 written",
-        f"resume with: adloco train --resume {run}",
-    ]
-    assert rounds_logged(run) == [1, 2, 3]
-    p = adloco("train", "--resume", str(run))
-    assert p.returncode == 0, p.stderr
-    assert weights(run) == weights(reference)  # the stopped round was undone, then replayed exactly
-
-
-def test_ctrl_c_stops_with_130(tmp_path: Path, text_corpus: Path) -> None:
-    out = tmp_path / "runs"
-    p = train(out, text_corpus, fault="int@0:2:1")
-    assert p.returncode == 130, p.stderr
-    run = only_run(out)
-    assert (
-        f"adloco: stopped by SIGINT in round 2: checkpoint round-000001 written\nresume with: adloco train --resume {run}"
-        in p.stderr
-    )
-    assert rounds_logged(run) == [1] and [c.name for c in checkpoint.complete(run)] == ["round-000001"]
-
-
-@pytest.mark.slow  # over 25 s: CI runs it with the slow tests
-def test_a_killed_rank_resumes_bit_for_bit(tmp_path: Path, text_corpus: Path) -> None:
-    extra = {"runtime__workers_per_process": "2", "runtime__timeout": "20"}
-    full, cut = tmp_path / "full", tmp_path / "cut"
-    p = train(full, text_corpus, "--nproc", "2", **extra)
-    assert p.returncode == 0, p.stderr
-    p = train(cut, text_corpus, "--nproc", "2", fault="kill@1:4", **extra)
-    assert p.returncode != 0 and "rank 1 stopped answering" in p.stderr
-    run = only_run(cut)
-    p = adloco("train", "--nproc", "2", "--resume", str(run))
-    assert p.returncode == 0, p.stderr
-    assert rounds_logged(run) == [1, 2, 3, 4, 5]
-    assert weights(run) == weights(only_run(full))
-    # SIGTERM to rank 0 alone, mid-round: rank 1 learns it from the round's gather, both stop and checkpoint
-    stopped = tmp_path / "stopped"
-    p = train(stopped, text_corpus, "--nproc", "2", fault="term@0:4:2", **extra)
-    assert p.returncode == 143, p.stderr
-    run = only_run(stopped)
-    assert "adloco: stopped by SIGTERM in round 4: checkpoint round-000003 written" in p.stderr
-    assert f"resume with: adloco train --nproc 2 --resume {run}" in p.stderr
-    p = adloco("train", "--nproc", "2", "--resume", str(run))
-    assert p.returncode == 0, p.stderr
-    assert weights(run) == weights(only_run(full))
-
-
 def test_a_corrupt_checkpoint_is_refused_and_the_previous_one_used(
-    tmp_path: Path, text_corpus: Path, reference: Path
+    tmp_path: Path, reference: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = tmp_path / "run"
     shutil.copytree(reference, run)
     last = run / "checkpoints" / "round-000005" / "worker-1.safetensors"
     last.write_bytes(last.read_bytes()[:-100])
-    p = adloco("train", "--resume", str(run))
-    assert p.returncode == 2
-    assert p.stderr.strip() == (
+    capsys.readouterr()
+    assert adloco("train", "--resume", str(run)) == 2
+    assert capsys.readouterr().err.strip() == (
         f"adloco: error: checkpoint '{run / 'checkpoints' / 'round-000005'}': worker-1.safetensors is truncated "
         "(its size or checksum does not match)"
     )
-    p = adloco("train", "--resume", str(run / "checkpoints" / "round-000004"))
-    assert p.returncode == 0, p.stderr
+    assert adloco("train", "--resume", str(run / "checkpoints" / "round-000004")) == 0
     assert weights(run) == weights(reference)
 
 
 def test_a_checkpoint_of_another_method_is_refused(
-    tmp_path: Path, text_corpus: Path, reference: Path
+    tmp_path: Path, text_corpus: Path, reference: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     other = tmp_path / "other"
-    p = train(other, text_corpus, algorithm__method="diloco", algorithm__rounds="2")
-    assert p.returncode == 0, p.stderr
+    assert train(other, text_corpus, algorithm__method="diloco", algorithm__rounds="2") == 0
     run = tmp_path / "run"
     shutil.copytree(reference, run)
     shutil.rmtree(run / "checkpoints")
     shutil.copytree(only_run(other) / "checkpoints", run / "checkpoints")
-    p = adloco("train", "--resume", str(run))
-    assert p.returncode == 2
-    assert p.stderr.startswith(
+    capsys.readouterr()
+    assert adloco("train", "--resume", str(run)) == 2
+    assert capsys.readouterr().err.startswith(
         "adloco: error: --resume: algorithm.method = 'adloco' differs from the checkpoint's 'diloco': a resumed "
         "run keeps its model, data and method"
     )
@@ -208,17 +126,20 @@ def test_a_checkpoint_of_another_method_is_refused(
 def test_resume_may_extend_a_finished_run(tmp_path: Path, reference: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(reference, run)
-    p = adloco("train", "--resume", str(run), algorithm__rounds="6")
-    assert p.returncode == 0, p.stderr
+    assert adloco("train", "--resume", str(run), algorithm__rounds="6") == 0
     assert rounds_logged(run) == [1, 2, 3, 4, 5, 6]
     assert json.loads((run / "summary.json").read_text())["rounds"] == 6
 
 
-def test_a_non_finite_worker_is_left_out(tmp_path: Path, text_corpus: Path) -> None:
+def test_a_non_finite_worker_is_left_out(
+    tmp_path: Path, text_corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "runs"
-    p = train(out, text_corpus, fault="nan@1:2", algorithm__trainers="4", merge__every="3")
-    assert p.returncode == 0, p.stderr
-    assert "round 2: worker(s) 1 produced a non-finite loss or update; left out of the outer step" in p.stdout
+    poison(monkeypatch, worker=1, rounds=(2, 2))
+    assert train(out, text_corpus, algorithm__trainers="4", merge__every="3") == 0
+    assert "round 2: worker(s) 1 produced a non-finite loss or update; left out of the outer step" in (
+        capsys.readouterr().out
+    )
     run = only_run(out)
     events = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     faults = [e for e in events if e["event"] == "fault"]
@@ -232,27 +153,31 @@ def test_a_non_finite_worker_is_left_out(tmp_path: Path, text_corpus: Path) -> N
     assert summary["final_val_ppl"] < summary["initial_val_ppl"]
 
 
-def test_persistent_faults_stop_the_run_with_a_usable_checkpoint(tmp_path: Path, text_corpus: Path) -> None:
+def test_persistent_faults_stop_the_run_with_a_usable_checkpoint(
+    tmp_path: Path, text_corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "runs"
-    p = train(out, text_corpus, fault="nan@0:2-9", faults__max_bad_rounds="2", checkpoint__every="0")
-    assert p.returncode == 4, p.stderr
+    with monkeypatch.context() as m:
+        poison(m, worker=0, rounds=(2, 9))
+        assert train(out, text_corpus, faults__max_bad_rounds="2", checkpoint__every="0") == 4
     run = only_run(out)
-    assert p.stderr.strip().splitlines()[-2:] == [
+    assert capsys.readouterr().err.strip().splitlines()[-2:] == [
         "adloco: error: round 3: 2 rounds in a row with a non-finite worker loss or update "
         "(faults.max_bad_rounds); lower inner.lr or inner.clip; checkpoint round-000003 written",
         f"resume with: adloco train --resume {run} --set inner.lr=...",
     ]
     assert [c.name for c in checkpoint.complete(run)] == ["round-000003"]
-    p = adloco("train", "--resume", str(run))  # the fault is gone (no hook): the run finishes
-    assert p.returncode == 0, p.stderr
+    assert adloco("train", "--resume", str(run)) == 0  # the fault is gone: the run finishes
     assert rounds_logged(run) == [1, 2, 3, 4, 5]
 
 
-def test_out_of_memory_halves_b_max_and_repeats_the_step(tmp_path: Path, text_corpus: Path) -> None:
+def test_out_of_memory_halves_b_max_and_repeats_the_step(
+    tmp_path: Path, text_corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "runs"
-    p = train(out, text_corpus, fault="oom@2:1")  # worker 2 cannot hold a micro-batch of 2 rows
-    assert p.returncode == 0, p.stderr
-    assert "round 1: worker 2 ran out of memory; b_max 2 -> 1" in p.stdout
+    out_of_memory(monkeypatch, worker=2, rows=1)  # worker 2 cannot hold a micro-batch of 2 rows
+    assert train(out, text_corpus) == 0
+    assert "round 1: worker 2 ran out of memory; b_max 2 -> 1" in capsys.readouterr().out
     run = only_run(out)
     events = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     workers = [e for e in events if e["event"] == "worker"]
@@ -262,20 +187,22 @@ def test_out_of_memory_halves_b_max_and_repeats_the_step(tmp_path: Path, text_co
     assert {e["examples"] for e in workers if e["round"] == 1} == {6}
 
 
-def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path: Path, text_corpus: Path) -> None:
+def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(
+    tmp_path: Path, text_corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "runs"
-    p = train(out, text_corpus, fault="diskfull@4")
-    assert p.returncode == 2
+    with monkeypatch.context() as m:
+        disk_full(m, round_=4)
+        assert train(out, text_corpus) == 2
     run = only_run(out)
-    assert p.stderr.strip() == (
+    assert capsys.readouterr().err.strip() == (
         f"adloco: error: checkpoint round-000004: cannot write into {run / 'checkpoints'} (No space left on "
         f"device); the previous checkpoint round-000002 is intact: free space, then resume with: adloco train "
         f"--resume {run}"
     )
     assert [c.name for c in checkpoint.complete(run)] == ["round-000002"]
     assert not list((run / "checkpoints").glob(".tmp-*"))
-    p = adloco("train", "--resume", str(run))
-    assert p.returncode == 0, p.stderr
+    assert adloco("train", "--resume", str(run)) == 0
 
 
 def test_loading_a_checkpoint_never_unpickles(

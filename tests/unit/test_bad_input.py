@@ -320,7 +320,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ),
     (
         "out-dir-not-writable",
-        ["train", *S("logging.out_dir={tmp}/afile/runs")],
+        ["train", *S("logging.out_dir={tmp}/afile/runs", "data.source={corpus}", *TINY)],
         "config: logging.out_dir = '{tmp}/afile/runs': cannot be created (Not a directory)",
     ),
     (
@@ -329,6 +329,54 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: logging.name = 'a/b': must be a plain name of letters, digits, '.', '_' or '-' (no '/'), at most 100 characters",
     ),
     ("nproc-zero", ["train", *S("logging.out_dir={tmp}/runs"), "--nproc", "0"], "--nproc 0: must be >= 1"),
+    (
+        "nproc-layout",
+        [
+            "train",
+            *S("logging.out_dir={tmp}/runs", "algorithm.workers=3", "algorithm.trainers=3"),
+            "--nproc",
+            "2",
+        ],
+        "config: algorithm.workers = 3: must equal processes (2) x runtime.workers_per_process (1)",
+    ),
+    (
+        "threads-absurd",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.threads=99999999999")],
+        "config: runtime.threads = 99999999999: must be in [0, 4096]",
+    ),
+    (
+        "bpe-vocab-absurd",
+        ["train", *S("logging.out_dir={tmp}/runs", "data.tokenizer=bpe:99999999999")],
+        "config: data.tokenizer = 'bpe:99999999999': must be 'bpe:<vocab size>' with a vocab size in [260, 1000000]",
+    ),
+    (
+        "name-dot-dot",
+        ["train", *S("logging.out_dir={tmp}/runs", "logging.name=..")],
+        "config: logging.name = '..': must be a plain name of letters, digits, '.', '_' or '-' (no '/'), at most 100 characters",
+    ),
+    (
+        "batch-max-absurd",
+        ["train", *S("logging.out_dir={tmp}/runs", "batch.max=10000000000")],
+        "config: batch.max = 10000000000: must be <= 1048576",
+    ),
+    (
+        "cache-dir-not-a-folder",
+        [
+            "train",
+            *S("logging.out_dir={tmp}/runs", "data.source={corpus}", "data.cache_dir={tmp}/afile/cache"),
+        ],
+        "cache folder '{tmp}/afile/cache/data': cannot be written (Not a directory); set data.cache_dir or $ADLOCO_CACHE to a writable folder",
+    ),
+    (
+        "emulate-speed-wrong-length",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.emulate_speed=[1, 0.5]")],
+        "config: runtime.emulate_speed = [1.0, 0.5]: must be empty or 4 numbers in (0, 1] (one per worker: 0.5 takes twice as long)",
+    ),
+    (
+        "balance-unknown",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.balance=fastest")],
+        "config: runtime.balance = 'fastest': must be one of 'equal', 'speed'",
+    ),
     (
         "jsonl-broken-line",
         ["train", *S("logging.out_dir={tmp}/runs", "data.source={tmp}/broken.jsonl")],

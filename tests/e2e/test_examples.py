@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 
@@ -29,13 +29,12 @@ def losses(out: str) -> tuple[float, float]:
     return float(m.group(1)), float(m.group(2))
 
 
-@pytest.mark.parametrize("launcher", ["python", "torchrun"])
-def test_diloco_in_your_own_loop(launcher: str) -> None:
-    script = "examples/diloco_own_loop.py"
-    out = run([sys.executable, script] if launcher == "python" else [*TORCHRUN, script])
+def test_diloco_in_your_own_loop() -> None:
+    """In one process (under torchrun, the README's DiLoCo program covers the same hooked form)."""
+    out = run([sys.executable, "examples/diloco_own_loop.py"])
     before, after = losses(out)
     assert after < before - 1.0
-    assert ("workers 2" in out) == (launcher == "torchrun")
+    assert "workers 2" not in out
 
 
 def test_adloco_in_your_own_loop_in_one_process_and_under_torchrun() -> None:

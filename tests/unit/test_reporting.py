@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -180,74 +177,6 @@ def test_report_refuses_a_folder_that_is_not_a_run(
     assert capsys.readouterr().err.strip() == (
         f"adloco: error: run directory '{tmp_path}': no config.yaml (not a run directory)"
     )
-
-
-@pytest.mark.slow  # over 25 s: CI runs it with the slow tests
-def test_bench_end_to_end(tmp_path: Path, text_corpus: Path) -> None:
-    cfg = tmp_path / "bench.yaml"
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "model": {"name": "llama-micro"},
-                "data": {"source": str(text_corpus), "tokenizer": "bpe:300", "seq_len": 16},
-                "algorithm": {"inner_steps": 2},
-                "batch": {"initial": 2},
-                "switch": {"b_max": 2},
-                "eval": {"max_examples": 8},
-                "logging": {"plots": False, "save_model": False},
-                "checkpoint": {"every": 0},
-                "bench": {"budget": 96, "methods": {"diloco": {"outer.lr": 0.5}}},
-            }
-        )
-    )
-    out = tmp_path / "cmp"
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "adloco",
-            "bench",
-            "--config",
-            str(cfg),
-            "--methods",
-            "adloco,diloco,ddp",
-            "--ablations",
-            "no-merge",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stderr
-    runs = sorted((out / "runs").iterdir())
-    # <variant>-s<seed>-<timestamp>: one seed, the config's
-    assert sorted(r.name.rsplit("-", 3)[0] for r in runs) == ["adloco", "adloco-no-merge", "ddp", "diloco"]
-    assert {r.name.rsplit("-", 3)[1] for r in runs} == {"s0"}
-    summaries = {r.name.rsplit("-", 3)[0]: json.loads((r / "summary.json").read_text()) for r in runs}
-    assert all(s["examples_total"] >= 96 for s in summaries.values())  # every variant spent the budget
-    assert len({s["initial_val_ppl"] for s in summaries.values()}) == 1  # same model, data and seed
-    assert summaries["diloco"]["method"] == "diloco" and summaries["ddp"]["bytes_by_kind"].get("grad", 0) > 0
-    cfgs = {r.name.rsplit("-", 3)[0]: yaml.safe_load((r / "config.yaml").read_text()) for r in runs}
-    assert cfgs["diloco"]["outer"]["lr"] == 0.5 and cfgs["adloco-no-merge"]["merge"]["policy"] == "none"
-    assert len({c["algorithm"]["rounds"] for c in cfgs.values()}) == 1  # one schedule for all
-    text = (out / "report.md").read_text()
-    table = text[text.index("| variant |") : text.index("Plots:")]
-    assert table.count("\n| ") == 4  # four variants, one seed each
-    assert "| diloco | diloco | outer.lr=0.5 | 1 |" in table  # pinned by bench.methods: shown, not "preset"
-    assert "## Grid of diloco" not in text  # and not a sweep
-    assert "adloco bench --config" in text and "## Every run" in text
-    assert "each cell" not in text.lower()  # one seed: no spread to explain
-    results = json.loads((out / "results.json").read_text())
-    assert results["seeds"] == [0] and set(results["variants"]) == {
-        "adloco",
-        "diloco",
-        "ddp",
-        "adloco-no-merge",
-    }
-    assert not results["failed"] and results["compute"]["mode"] == "examples"
 
 
 def test_bench_checks_every_variant_before_running(

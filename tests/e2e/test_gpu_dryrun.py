@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = {"env", "precision", "b_max", "oom", "torchrun", "overhead", "multi"}
 
 
@@ -41,7 +41,6 @@ def _dry_run(out: Path) -> dict:
     return report
 
 
-@pytest.mark.slow  # over 25 s: CI runs it with the slow tests
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant of the dry run")
 def test_dry_run_on_cpu(tmp_path: Path) -> None:
     report = _dry_run(tmp_path)

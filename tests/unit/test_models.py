@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +17,7 @@ from adloco.engine.inner import make_optimizer
 from adloco.errors import UserError
 from adloco.flat import flatten
 from adloco.replica import Probe, Replica
-from tests.helpers import driver, synthetic_data, tiny_config
+from tests.helpers import driver, run_main, synthetic_data, tiny_config
 
 TINY = [
     "--set",
@@ -44,14 +41,7 @@ TINY = [
 ]
 
 
-def adloco(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "adloco", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
-    )
+adloco = run_main  # the command, in this process
 
 
 @pytest.fixture(scope="module")
@@ -357,3 +347,11 @@ def test_language_model_presets_learn_every_token() -> None:
     x = torch.zeros(1, 8, dtype=torch.long)
     model(input_ids=x, labels=x).loss.backward()
     assert emb.weight.grad[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_single_non_finite_parameter_makes_a_worker_non_finite(bad: float) -> None:
+    w = _worker("fp32")
+    assert w.finite()
+    w.flat.param[w.flat.numel // 2] = bad
+    assert not w.finite()

@@ -28,7 +28,7 @@ from adloco.engine import rundir
 from adloco.telemetry.metrics import tensorboard_available
 from tests.helpers import train_once
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ALGORITHM = ROOT / "docs" / "ALGORITHM.md"
 README = ROOT / "README.md"
 SIGN = "\u00a7"

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from adloco.config import dump_yaml, resolve
-from tests.helpers import driver, run_round
+from tests.helpers import driver, run_main, run_round
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))
@@ -81,13 +78,7 @@ def test_paper_config_has_the_appendix_settings() -> None:
 
 
 def test_paper_config_stops_at_once_without_a_gpu_or_the_hub() -> None:
-    p = subprocess.run(
-        [sys.executable, "-m", "adloco", "train", "-c", str(CONFIGS / "paper-microllama-c4.yaml")],
-        capture_output=True,
-        text=True,
-        env={**os.environ},
-        timeout=120,
-    )
+    p = run_main("train", "-c", str(CONFIGS / "paper-microllama-c4.yaml"))
     assert p.returncode == 2
     (line,) = p.stderr.strip().splitlines()
     assert "no CUDA device is available" in line or "offline" in line

@@ -1,0 +1,247 @@
+"""The torch.distributed backend: real processes, gloo on 127.0.0.1, one thread each.
+
+Every path of the round through real processes (2 processes x 2 workers, so each trainer's workers and
+every merge and move cross processes, with the compressed all-reduce and the statistics that need the
+mean probe gradient): the in-process run's requests, merges, allocation and bytes, and its parameters
+within float32 rounding. The round's logic across processes is tested in threads
+(tests/unit/test_several_processes.py) and the compressed all-reduce bit for bit on gloo
+(test_quantize_dist.py); here the transport is. A killed or hung rank makes the others exit non-zero in
+seconds, naming the rank and the round; errors at start-up are said once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.helpers import with_faults
+
+TINY = [
+    "--set",
+    "model.name=llama-micro",
+    "--set",
+    "data.tokenizer=bpe:300",
+    "--set",
+    "data.seq_len=16",
+    "--set",
+    "data.val_fraction=0.2",
+    "--set",
+    "algorithm.rounds=3",
+    "--set",
+    "algorithm.inner_steps=2",
+    "--set",
+    "merge.every=1",
+    "--set",
+    "batch.initial=2",
+    "--set",
+    "switch.b_max=2",
+    "--set",
+    "eval.max_examples=4",
+    "--set",
+    "batch.eta=0.3",
+    "--set",
+    "logging.progress=plain",
+    "--set",
+    "runtime.balance=equal",  # compared with one process bit for bit: shares must not follow timings
+    "--set",
+    "outer.optimizer=nesterov",
+]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def adloco(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "adloco", *args], capture_output=True, text=True, env=env(), timeout=timeout
+    )
+
+
+def load_run(out: Path) -> dict[str, Any]:
+    (run,) = list(out.iterdir())  # rank 0 alone writes a run directory
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "rounds": [(e["round"], e["requests"], e["allocation"]) for e in events if e["event"] == "round"],
+        "merges": [(e["round"], e["merged"], e["survivor"]) for e in events if e["event"] == "merge"],
+        "workers": [(e["round"], e["worker"]) for e in events if e["event"] == "worker"],
+        "start": next(e for e in events if e["event"] == "start"),
+        "summary": json.loads((run / "summary.json").read_text()),
+        "params": load_file(run / "model" / "model.safetensors"),
+    }
+
+
+# Every path: the augmented inner-product test (the mean probe gradient all-reduced), int8 with error
+# feedback (the compressed all-to-all and all-gather), Nesterov (momentum moves with θ), merges every round.
+EVERY_PATH = [
+    "batch.test=augmented_inner_product",
+    "batch.vartheta=0.05",
+    "comm.dtype=int8",
+    "comm.block=64",
+    "comm.error_feedback=true",
+]
+
+
+def test_processes_give_the_in_process_run(tmp_path: Path, text_corpus: Path) -> None:
+    from adloco.cli import main
+
+    sets = [a for v in EVERY_PATH for a in ("--set", v)]
+    common = [*TINY, *sets, "--set", f"data.source={text_corpus}"]
+    inproc, dist = tmp_path / "inproc", tmp_path / "dist"
+    assert main(["train", *common, "--set", f"logging.out_dir={inproc}"]) == 0
+    p = adloco(
+        "train",
+        "--nproc",
+        "2",
+        "--set",
+        "runtime.workers_per_process=2",
+        *common,
+        "--set",
+        f"logging.out_dir={dist}",
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    a, b = load_run(inproc), load_run(dist)
+    assert b["rounds"] == a["rounds"]  # requests and allocation, every round
+    assert b["merges"] == a["merges"] and len(a["merges"]) == 3
+    requests = [r for _, r, _ in a["rounds"]]
+    assert requests[-1] != requests[0]  # the batch test did move the requests
+    for key in ("bytes_total", "communications_total", "bytes_by_kind", "examples_total"):
+        assert b["summary"][key] == a["summary"][key], key
+    assert a["summary"]["bytes_by_kind"]["probe"] > 0 and a["summary"]["bytes_by_kind"]["move"] > 0
+    for name, ref in a["params"].items():
+        assert (b["params"][name] - ref).abs().max().item() < 1e-5, name
+    # every rank's numbers reach metrics.jsonl: one worker event per worker per round
+    assert sorted(b["workers"]) == sorted(a["workers"])
+    assert b["start"]["processes"] == 2
+    assert b["start"]["threads_per_process"] == max(1, len(os.sched_getaffinity(0)) // 2)
+    assert p.stdout.count("initial validation perplexity") == 1  # rank 0 alone prints progress
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(world: int, fault: str, args: list[str]) -> tuple[int, str, float, list[subprocess.Popen[str]]]:
+    """Start ``world`` ranks by hand (env://, rank 0 hosts the store); wait for rank 0."""
+    port = _free_port()
+    procs = []
+    t0 = time.monotonic()
+    for r in range(world):
+        e = {
+            **env(),
+            "RANK": str(r),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(r),
+            "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        e = with_faults(e, fault)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "adloco", "train", *args],
+                env=e,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
+    try:
+        _, err = procs[0].communicate(timeout=120)
+    finally:
+        for p in procs[1:]:
+            p.kill()
+            p.wait()
+    return procs[0].returncode, err, time.monotonic() - t0, procs
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_a_lost_rank_stops_the_others_naming_it(tmp_path: Path, text_corpus: Path, fault: str) -> None:
+    args = [
+        *TINY,
+        "--set",
+        "algorithm.rounds=4",
+        "--set",
+        "runtime.timeout=4",
+        "--set",
+        "runtime.backend=torchdist",
+        "--set",
+        "runtime.workers_per_process=2",
+        "--set",
+        f"data.source={text_corpus}",
+        "--set",
+        f"logging.out_dir={tmp_path / 'runs'}",
+    ]
+    rc, err, seconds, _ = _spawn(2, f"{fault}@1:2", args)
+    assert rc == 3, err
+    line = [x for x in err.splitlines() if x.startswith("adloco: error:")]
+    assert len(line) == 1 and "rank 0: round 2: rank 1 stopped answering" in line[0], err
+    assert "Traceback" not in err
+    assert seconds < 60  # start-up (imports) + at most runtime.timeout + the 2.5 s liveness check
+
+
+def test_layout_error_under_bare_torchrun_is_one_line(tmp_path: Path, text_corpus: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "adloco",
+        "train",
+        *TINY,
+        "--set",
+        "algorithm.workers=3",
+        "--set",
+        "algorithm.trainers=3",
+        "--set",
+        f"data.source={text_corpus}",
+        "--set",
+        f"logging.out_dir={tmp_path / 'runs'}",
+    ]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=120)
+    assert p.returncode != 0
+    lines = [line for line in p.stderr.splitlines() if line.startswith("adloco: error:")]
+    assert lines == [
+        "adloco: error: config: algorithm.workers = 3: must equal processes (2) x "
+        "runtime.workers_per_process (1)"
+    ]
+
+
+def test_a_data_error_on_rank_0_is_said_once(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "adloco",
+        "train",
+        *TINY,
+        "--set",
+        "runtime.workers_per_process=2",
+        "--set",
+        "data.source=/nonexistent/corpus",
+        "--set",
+        f"logging.out_dir={tmp_path / 'runs'}",
+    ]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=120)
+    assert p.returncode != 0
+    lines = [line for line in p.stderr.splitlines() if line.startswith("adloco: error:")]
+    assert lines == [
+        "adloco: error: data.source = '/nonexistent/corpus': no such file or folder (or use 'stdlib')"
+    ]
+    assert not (tmp_path / "runs").exists()

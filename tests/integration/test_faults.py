@@ -1,0 +1,143 @@
+"""Nothing lost when a process is: a SIGKILLed run, a SIGTERMed or Ctrl-C'd one, and a killed rank of a
+distributed run resume bit for bit from their checkpoints. Real processes, faults injected by
+``tests/faultinject/sitecustomize.py`` (``with_faults``); the same resumes without a lost process are
+tests/unit/test_resume.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from adloco.engine import checkpoint
+from tests.helpers import with_faults
+
+TINY = {
+    "model.name": "llama-micro",
+    "data.tokenizer": "bpe:300",
+    "data.seq_len": "16",
+    "data.val_fraction": "0.2",
+    "algorithm.rounds": "5",
+    "algorithm.inner_steps": "3",
+    "merge.every": "2",
+    "batch.initial": "2",
+    "switch.b_max": "2",
+    "eval.max_examples": "8",
+    "batch.eta": "0.3",
+    "checkpoint.every": "2",
+    "logging.progress": "plain",
+    "logging.plots": "false",
+}
+
+
+def adloco(*args: str, fault: str | None = None, **sets: str) -> subprocess.CompletedProcess[str]:
+    env = with_faults({**os.environ, "OMP_NUM_THREADS": "1"}, fault)
+    flat = [a for k, v in sets.items() for a in ("--set", f"{k.replace('__', '.')}={v}")]
+    return subprocess.run(
+        [sys.executable, "-m", "adloco", *args, *flat], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def train(
+    out: Path, corpus: Path, *args: str, fault: str | None = None, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    sets = {**{k.replace(".", "__"): v for k, v in TINY.items()}, **extra}
+    return adloco("train", *args, fault=fault, data__source=str(corpus), logging__out_dir=str(out), **sets)
+
+
+def only_run(out: Path) -> Path:
+    (run,) = list(out.iterdir())
+    return run
+
+
+def rounds_logged(run: Path) -> list[int]:
+    events = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [e["round"] for e in events if e["event"] == "round"]
+
+
+def weights(run: Path) -> bytes:
+    return (run / "model" / "model.safetensors").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> Path:
+    """The uninterrupted run every resumed run must reproduce bit for bit."""
+    out = tmp_path_factory.mktemp("reference")
+    p = train(out, text_corpus)
+    assert p.returncode == 0, p.stderr
+    return only_run(out)
+
+
+def test_a_killed_run_resumes_bit_for_bit(tmp_path: Path, text_corpus: Path, reference: Path) -> None:
+    out = tmp_path / "runs"
+    p = train(out, text_corpus, fault="kill@0:4")  # SIGKILL at the start of round 4: round 3 is lost
+    assert p.returncode == -9
+    run = only_run(out)
+    assert [c.name for c in checkpoint.complete(run)] == ["round-000002"]
+    assert rounds_logged(run) == [1, 2, 3]
+    p = adloco("train", "--resume", str(run))
+    assert p.returncode == 0, p.stderr
+    assert f"resuming {run} from round-000002 (round 2 of 5)" in p.stdout
+    assert rounds_logged(run) == [1, 2, 3, 4, 5]  # round 3 replayed once, nothing repeated
+    assert weights(run) == weights(reference)
+    summary = json.loads((run / "summary.json").read_text())
+    ref = json.loads((reference / "summary.json").read_text())
+    for key in ("final_val_ppl", "initial_val_ppl", "examples_total", "bytes_total", "communications_total"):
+        assert summary[key] == ref[key], key
+
+
+def test_sigterm_mid_round_stops_with_a_checkpoint(
+    tmp_path: Path, text_corpus: Path, reference: Path
+) -> None:
+    out = tmp_path / "runs"
+    p = train(out, text_corpus, fault="term@0:4:2")  # SIGTERM after inner step 2 of 3 of round 4
+    assert p.returncode == 143, p.stderr
+    run = only_run(out)
+    assert p.stderr.strip().splitlines()[-2:] == [
+        "adloco: stopped by SIGTERM in round 4: checkpoint round-000003 written",
+        f"resume with: adloco train --resume {run}",
+    ]
+    assert rounds_logged(run) == [1, 2, 3]
+    p = adloco("train", "--resume", str(run))
+    assert p.returncode == 0, p.stderr
+    assert weights(run) == weights(reference)  # the stopped round was undone, then replayed exactly
+
+
+def test_ctrl_c_stops_with_130(tmp_path: Path, text_corpus: Path) -> None:
+    out = tmp_path / "runs"
+    p = train(out, text_corpus, fault="int@0:2:1")
+    assert p.returncode == 130, p.stderr
+    run = only_run(out)
+    assert (
+        f"adloco: stopped by SIGINT in round 2: checkpoint round-000001 written\nresume with: adloco train --resume {run}"
+        in p.stderr
+    )
+    assert rounds_logged(run) == [1] and [c.name for c in checkpoint.complete(run)] == ["round-000001"]
+
+
+def test_a_killed_rank_resumes_bit_for_bit(tmp_path: Path, text_corpus: Path) -> None:
+    extra = {"runtime__workers_per_process": "2", "runtime__timeout": "20"}
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    p = train(full, text_corpus, "--nproc", "2", **extra)
+    assert p.returncode == 0, p.stderr
+    p = train(cut, text_corpus, "--nproc", "2", fault="kill@1:4", **extra)
+    assert p.returncode != 0 and "rank 1 stopped answering" in p.stderr
+    run = only_run(cut)
+    p = adloco("train", "--nproc", "2", "--resume", str(run))
+    assert p.returncode == 0, p.stderr
+    assert rounds_logged(run) == [1, 2, 3, 4, 5]
+    assert weights(run) == weights(only_run(full))
+    # SIGTERM to rank 0 alone, mid-round: rank 1 learns it from the round's gather, both stop and checkpoint
+    stopped = tmp_path / "stopped"
+    p = train(stopped, text_corpus, "--nproc", "2", fault="term@0:4:2", **extra)
+    assert p.returncode == 143, p.stderr
+    run = only_run(stopped)
+    assert "adloco: stopped by SIGTERM in round 4: checkpoint round-000003 written" in p.stderr
+    assert f"resume with: adloco train --nproc 2 --resume {run}" in p.stderr
+    p = adloco("train", "--nproc", "2", "--resume", str(run))
+    assert p.returncode == 0, p.stderr
+    assert weights(run) == weights(only_run(full))
