@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,3 +236,71 @@ def readme_programs() -> list[str]:
     section = section[: section.index("\n## ", 1)]
     blocks = section.split("```python\n")[1:]
     return [b[: b.index("```")] for b in blocks]
+
+
+# -- the tiny runs that the resume, resize, fault and elastic tests share (each file keeps its own shape) --
+
+ELASTIC_RUN = {  # resized and elastic runs: rounds, workers and trainers are each test's
+    "model.name": "llama-micro",
+    "data.tokenizer": "bpe:300",
+    "data.seq_len": "16",
+    "data.val_fraction": "0.2",
+    "algorithm.inner_steps": "2",
+    "batch.initial": "2",
+    "batch.eta": "0.3",
+    "switch.b_max": "2",
+    "eval.max_examples": "8",
+    "logging.progress": "plain",
+    "logging.plots": "false",
+    "runtime.timeout": "60",
+}
+RESUME_RUN = {  # 5 rounds of 4 workers and 4 trainers, checkpointed every 2: what a resume must reproduce
+    "model.name": "llama-micro",
+    "data.tokenizer": "bpe:300",
+    "data.seq_len": "16",
+    "data.val_fraction": "0.2",
+    "algorithm.rounds": "5",
+    "algorithm.inner_steps": "3",
+    "merge.every": "2",
+    "batch.initial": "2",
+    "switch.b_max": "2",
+    "eval.max_examples": "8",
+    "batch.eta": "0.3",
+    "checkpoint.every": "2",
+    "logging.progress": "plain",
+    "logging.plots": "false",
+}
+
+
+def set_args(settings: dict[str, str], **extra: str) -> list[str]:
+    """``--set K=V`` for every setting, ``extra`` keys written with ``__`` for ``.`` winning."""
+    merged = {**settings, **{k.replace("__", "."): v for k, v in extra.items()}}
+    return [a for k, v in merged.items() for a in ("--set", f"{k}={v}")]
+
+
+def run_events(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def only_run(out: Path) -> Path:
+    """The one run directory ``out`` holds."""
+    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    return run
+
+
+def rounds_logged(run: Path) -> list[int]:
+    return [e["round"] for e in run_events(run) if e["event"] == "round"]
+
+
+def weights(run: Path) -> bytes:
+    """The saved model's bytes (equal bytes: a bitwise equal model)."""
+    return (run / "model" / "model.safetensors").read_bytes()
+
+
+def check_whole(run: Path, rounds: int) -> list[dict[str, Any]]:
+    """Every round logged once, in order; the run ended; perplexity fell."""
+    evs = run_events(run)
+    assert [e["round"] for e in evs if e["event"] == "round"] == list(range(1, rounds + 1))
+    end = next(e for e in evs if e["event"] == "end")
+    assert end["final_val_ppl"] < end["initial_val_ppl"]
+    return evs

@@ -112,11 +112,20 @@ def describe(tp: Any) -> str:
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
 
 
-def conform(value: Any, tp: Any) -> Any:
-    """``value`` as type ``tp``, strictly (an int is a float, nothing is parsed from text), or raise
-    ValueError. YAML and ``--set`` text are read by :mod:`adloco.config` before they get here."""
+_BOOL_WORDS = {False: {"off", "no", "false"}, True: {"on", "yes", "true"}}
+
+
+def conform(value: Any, tp: Any, lenient: bool = False) -> Any:
+    """``value`` as type ``tp``, or raise ValueError. Strict (a dial built in code): an int is a float,
+    nothing else converts. ``lenient`` (a value read from YAML or ``--set``): also ``2.0`` as the int 2,
+    ``4e-3`` (YAML 1.1 reads it as a string without a dot) as a number, and YAML's off/on/no/yes booleans
+    as the one choice they spell."""
     origin = typing.get_origin(tp)
     if origin is Literal:
+        if lenient and isinstance(value, bool):
+            spelled = [a for a in typing.get_args(tp) if str(a).lower() in _BOOL_WORDS[value]]
+            if len(spelled) == 1:
+                return spelled[0]
         if value in typing.get_args(tp) and not isinstance(value, bool):
             return value
         raise ValueError
@@ -127,7 +136,7 @@ def conform(value: Any, tp: Any) -> Any:
             if arg is type(None):
                 continue
             try:
-                return conform(value, arg)
+                return conform(value, arg, lenient)
             except ValueError:
                 continue
         raise ValueError
@@ -135,7 +144,7 @@ def conform(value: Any, tp: Any) -> Any:
         (inner,) = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
             raise ValueError
-        return [conform(v, inner) for v in value]
+        return [conform(v, inner, lenient) for v in value]
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -143,8 +152,15 @@ def conform(value: Any, tp: Any) -> Any:
     if tp is int:
         if isinstance(value, numbers.Integral) and not isinstance(value, bool):
             return int(value)
+        if lenient and isinstance(value, float) and value.is_integer():
+            return int(value)
         raise ValueError
     if tp is float:
+        if lenient and isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError from None
         if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
             return float(value)
         raise ValueError

@@ -18,52 +18,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import with_faults
+from tests.helpers import ELASTIC_RUN, check_whole, only_run, run_events, set_args, with_faults
 
-TINY = {
-    "model.name": "llama-micro",
-    "data.tokenizer": "bpe:300",
-    "data.seq_len": "16",
-    "data.val_fraction": "0.2",
-    "algorithm.inner_steps": "2",
-    "batch.initial": "2",
-    "batch.eta": "0.3",
-    "switch.b_max": "2",
-    "eval.max_examples": "8",
-    "logging.progress": "plain",
-    "logging.plots": "false",
-    "runtime.balance": "equal",
-    "runtime.timeout": "60",
-}
+TINY = ELASTIC_RUN
 
 
 def sets(**extra: str) -> list[str]:
-    out: list[str] = []
-    for k, v in {**TINY, **{k.replace("__", "."): v for k, v in extra.items()}}.items():
-        out += ["--set", f"{k}={v}"]
-    return out
+    return set_args(TINY, **extra)
 
 
 def env(fault: str | None = None) -> dict[str, str]:
     return with_faults({**os.environ, "OMP_NUM_THREADS": "1"}, fault)
-
-
-def events(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def only_run(out: Path) -> Path:
-    (run,) = [p for p in out.iterdir() if p.is_dir()]
-    return run
-
-
-def check_whole(run: Path, rounds: int) -> list[dict[str, Any]]:
-    """Every round logged once, in order; the run ended; perplexity fell."""
-    evs = events(run)
-    assert [e["round"] for e in evs if e["event"] == "round"] == list(range(1, rounds + 1))
-    end = next(e for e in evs if e["event"] == "end")
-    assert end["final_val_ppl"] < end["initial_val_ppl"]
-    return evs
 
 
 def test_a_killed_process_is_restarted_and_the_run_finishes(tmp_path: Path, text_corpus: Path) -> None:
@@ -213,7 +178,7 @@ def test_two_agents_lose_one_and_gain_it_back(tmp_path: Path, text_corpus: Path)
 
     def rounds() -> list[dict[str, Any]]:
         return (
-            [x for x in events(run) if x["event"] in ("round", "membership")]
+            [x for x in run_events(run) if x["event"] in ("round", "membership")]
             if (run / "metrics.jsonl").is_file()
             else []
         )

@@ -14,24 +14,9 @@ from pathlib import Path
 import pytest
 
 from adloco.engine import checkpoint
-from tests.helpers import with_faults
+from tests.helpers import RESUME_RUN, only_run, rounds_logged, weights, with_faults
 
-TINY = {
-    "model.name": "llama-micro",
-    "data.tokenizer": "bpe:300",
-    "data.seq_len": "16",
-    "data.val_fraction": "0.2",
-    "algorithm.rounds": "5",
-    "algorithm.inner_steps": "3",
-    "merge.every": "2",
-    "batch.initial": "2",
-    "switch.b_max": "2",
-    "eval.max_examples": "8",
-    "batch.eta": "0.3",
-    "checkpoint.every": "2",
-    "logging.progress": "plain",
-    "logging.plots": "false",
-}
+TINY = RESUME_RUN
 
 
 def adloco(*args: str, fault: str | None = None, **sets: str) -> subprocess.CompletedProcess[str]:
@@ -47,20 +32,6 @@ def train(
 ) -> subprocess.CompletedProcess[str]:
     sets = {**{k.replace(".", "__"): v for k, v in TINY.items()}, **extra}
     return adloco("train", *args, fault=fault, data__source=str(corpus), logging__out_dir=str(out), **sets)
-
-
-def only_run(out: Path) -> Path:
-    (run,) = list(out.iterdir())
-    return run
-
-
-def rounds_logged(run: Path) -> list[int]:
-    events = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [e["round"] for e in events if e["event"] == "round"]
-
-
-def weights(run: Path) -> bytes:
-    return (run / "model" / "model.safetensors").read_bytes()
 
 
 @pytest.fixture(scope="module")

@@ -11,47 +11,13 @@ from typing import Any
 import pytest
 
 from adloco.cli import main
+from tests.helpers import ELASTIC_RUN, check_whole, only_run, run_events, set_args
 
-TINY = {
-    "model.name": "llama-micro",
-    "data.tokenizer": "bpe:300",
-    "data.seq_len": "16",
-    "data.val_fraction": "0.2",
-    "algorithm.inner_steps": "2",
-    "batch.initial": "2",
-    "batch.eta": "0.3",
-    "switch.b_max": "2",
-    "eval.max_examples": "8",
-    "logging.progress": "plain",
-    "logging.plots": "false",
-    "runtime.balance": "equal",
-    "runtime.timeout": "60",
-}
+TINY = ELASTIC_RUN
 
 
 def sets(**extra: str) -> list[str]:
-    out: list[str] = []
-    for k, v in {**TINY, **{k.replace("__", "."): v for k, v in extra.items()}}.items():
-        out += ["--set", f"{k}={v}"]
-    return out
-
-
-def events(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def only_run(out: Path) -> Path:
-    (run,) = [p for p in out.iterdir() if p.is_dir()]
-    return run
-
-
-def check_whole(run: Path, rounds: int) -> list[dict[str, Any]]:
-    """Every round logged once, in order; the run ended; perplexity fell."""
-    evs = events(run)
-    assert [e["round"] for e in evs if e["event"] == "round"] == list(range(1, rounds + 1))
-    end = next(e for e in evs if e["event"] == "end")
-    assert end["final_val_ppl"] < end["initial_val_ppl"]
-    return evs
+    return set_args(TINY, **extra)
 
 
 def four_worker_run(out: Path, corpus: Path) -> Path:
@@ -66,7 +32,7 @@ def four(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> Path:
 
 
 def allocation_after_resume(run: Path) -> tuple[dict[str, int], dict[str, int], dict[str, Any]]:
-    evs = events(run)
+    evs = run_events(run)
     member = next(e for e in evs if e["event"] == "membership")
     third = next(e for e in evs if e["event"] == "round" and e["round"] == 3)
     trainers = [e for e in evs if e["event"] == "trainer" and e["round"] == 3]

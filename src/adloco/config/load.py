@@ -11,8 +11,6 @@ file, the value and what is allowed.
 from __future__ import annotations
 
 import difflib
-import math
-import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +22,7 @@ from adloco.config import checks
 from adloco.config.schema import BENCH, PRESETS, SECTION_TYPES, SECTIONS, Config
 from adloco.errors import UserError
 from adloco.models.sizing import SHAPES
-from adloco.settings import describe
+from adloco.settings import conform, describe
 
 
 @dataclass(frozen=True)
@@ -38,69 +36,14 @@ class RawText:
         return repr(self.parsed)
 
 
-_BOOL_WORDS = {False: {"off", "no", "false"}, True: {"on", "yes", "true"}}
-
-
 def read_value(value: Any, tp: Any) -> Any:
-    """A YAML or ``--set`` value as type ``tp`` (leniently: see the module docstring), or ValueError."""
-    origin = typing.get_origin(tp)
+    """A YAML or ``--set`` value as type ``tp`` (leniently, :func:`adloco.settings.conform`), or ValueError.
+    A ``--set`` value is its text for a string field (or a choice of strings), else its YAML reading."""
     if isinstance(value, RawText):
-        # a --set value: string fields take the text as typed, others its YAML reading
+        origin = typing.get_origin(tp)
         textual = tp is str or (origin is Literal and all(isinstance(a, str) for a in typing.get_args(tp)))
-        return read_value(value.text if textual else value.parsed, tp)
-    if origin is Literal:
-        if isinstance(value, bool):  # YAML 1.1 reads off/on/no/yes as booleans
-            spelled = [a for a in typing.get_args(tp) if str(a).lower() in _BOOL_WORDS[value]]
-            if len(spelled) == 1:
-                return spelled[0]
-        if value in typing.get_args(tp):
-            return value
-        raise ValueError
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in typing.get_args(tp):
-            return None
-        for arg in typing.get_args(tp):
-            if arg is type(None):
-                continue
-            try:
-                return read_value(value, arg)
-            except ValueError:
-                continue
-        raise ValueError
-    if origin is list:
-        (inner,) = typing.get_args(tp)
-        if not isinstance(value, (list, tuple)):
-            raise ValueError
-        return [read_value(v, inner) for v in value]
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ValueError
-    if tp is int:
-        if isinstance(value, bool):
-            raise ValueError
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ValueError
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads 4e-3 (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                raise ValueError from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError
-        value = float(value)
-        if not math.isfinite(value):
-            raise ValueError
-        return value
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ValueError
-    raise TypeError(f"unsupported config type {tp}")
+        value = value.text if textual else value.parsed
+    return conform(value, tp, lenient=True)
 
 
 # Keys that were renamed or replaced: the line says where they went.

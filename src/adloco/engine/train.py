@@ -191,16 +191,9 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
         else:
             data = prepare_root()
         ck = start.ck if start is not None else None
-        factory = models.ModelFactory(
-            cfg.model,
-            data.vocab_size,
-            cfg.data.seq_len,
-            data.eos_id,
-            data.pad_id,
-            data.num_labels,
-            getattr(data, "label_names", None),
+        driver = Driver(
+            cfg, comm, data, models.factory_for(cfg.model, cfg.data.seq_len, data), device, log=say
         )
-        driver = Driver(cfg, comm, data, factory, device, log=say)
         if ck is not None and (
             ck.meta["driver"].get("model") != driver.fingerprint()
             or ck.meta["algorithm"].get("parameters") != driver.n_params

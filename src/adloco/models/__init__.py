@@ -12,6 +12,7 @@ _EXPORTS = {
     "ModelFactory": "adloco.models.factory",
     "MODEL_HINT": "adloco.models.factory",
     "count_parameters": "adloco.models.factory",
+    "factory_for": "adloco.models.factory",
     "output_layer": "adloco.models.factory",
     "save": "adloco.models.factory",
 }

@@ -18,7 +18,7 @@ from adloco.errors import UserError
 from adloco.models import hub
 from adloco.models.sizing import SHAPES  # Llama shapes; the vocabulary comes from the tokenizer
 
-__all__ = ["SHAPES", "ModelFactory", "count_parameters", "output_layer", "save"]
+__all__ = ["SHAPES", "ModelFactory", "count_parameters", "factory_for", "output_layer", "save"]
 
 MODEL_HINT = f"use a preset ({', '.join(SHAPES)}) or a local checkpoint folder"
 
@@ -212,3 +212,17 @@ def save(model: Any, state: dict[str, torch.Tensor], tokenizer: Any, path: Path)
     hf_logging.disable_progress_bar()  # a bar for one small shard is noise in our progress output
     model.save_pretrained(path, state_dict={k: v.detach().cpu().contiguous() for k, v in state.items()})
     tokenizer.save_pretrained(path)
+
+
+def factory_for(cfg: ModelConfig, seq_len: int, data: Any) -> ModelFactory:
+    """The factory of a run's models: the config's model for its data's vocabulary, special tokens and
+    labels (``data``: :class:`adloco.data.tokens.Data`)."""
+    return ModelFactory(
+        cfg,
+        data.vocab_size,
+        seq_len,
+        data.eos_id,
+        data.pad_id,
+        data.num_labels,
+        getattr(data, "label_names", None),
+    )

@@ -125,22 +125,14 @@ def load_model(
     """The checkpoint's config and data, and its trainer's θ in a model rebuilt from that config."""
     from adloco.data.tokens import prepare
     from adloco.flat import FlatModule
-    from adloco.models import ModelFactory
+    from adloco.models import factory_for
 
     saved = ck.meta.get("config")
     if not isinstance(saved, dict):
         raise UserError(f"--checkpoint {str(ck.path)!r}: holds no config (not written by this adloco)")
     cfg = resolve(base=saved)
     data = prepare(cfg.data, cfg.model.task, cfg.model.trust_remote_code, log=log)
-    factory = ModelFactory(
-        cfg.model,
-        data.vocab_size,
-        cfg.data.seq_len,
-        data.eos_id,
-        data.pad_id,
-        data.num_labels,
-        getattr(data, "label_names", None),
-    )
+    factory = factory_for(cfg.model, cfg.data.seq_len, data)
     flat = FlatModule(factory.build(cfg.algorithm.seed).to(device))
     theta = ck.tensors(f"trainer-{trainer}.safetensors").get("theta")
     if theta is None or theta.numel() != flat.numel:
