@@ -25,10 +25,14 @@ def num(x: float | None) -> float | None:
 
 @dataclass
 class Event:
+    """One line of ``metrics.jsonl``: ``event`` names its kind (each class's ``event``), ``round`` the round
+    it belongs to."""
+
     event: ClassVar[str] = ""
-    round: int
+    round: int = field(metadata={"doc": "the round, counted from 1 (0: before the first round)"})
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON object of the line (maps keyed by id get string keys)."""
         out: dict[str, Any] = {"event": self.event}
         for f in dataclasses.fields(self):
             out[f.name] = _jsonable(getattr(self, f.name))
@@ -46,190 +50,311 @@ def _jsonable(v: Any) -> Any:
 
 
 # -- the events, in the order a round writes them ------------------------------------------------------
+#
+# Every field carries its doc in ``metadata["doc"]``: the documentation's run-directory reference is
+# generated from these classes, their docstrings (when the event is written) and those docs.
 
 
 @dataclass
 class Start(Event):
-    """Before the first round: the set-up and the initial validation metrics."""
+    """Written once, before round 1 (as round 0): the set-up and the initial validation."""
 
     event: ClassVar[str] = "start"
-    parameters: int
-    workers: int
-    trainers: int
-    allocation: dict[int, int]  # worker -> trainer
-    task: str
-    train_examples: int
-    val_examples: int
-    processes: int
-    threads_per_process: int
-    val_loss: float | None = None
-    val_ppl: float | None = None
-    val_accuracy: float | None = None
+    parameters: int = field(metadata={"doc": "parameters of one model replica"})
+    workers: int = field(metadata={"doc": "workers of the run (`algorithm.workers`)"})
+    trainers: int = field(metadata={"doc": "trainers at the start (`algorithm.trainers`)"})
+    allocation: dict[int, int] = field(
+        metadata={"doc": "the trainer each worker starts with: worker → trainer"}
+    )
+    task: str = field(metadata={"doc": "`causal_lm` or `classification` (`model.task`)"})
+    train_examples: int = field(
+        metadata={
+            "doc": "examples of the training split (blocks of `data.seq_len` tokens, or labelled texts)"
+        }
+    )
+    val_examples: int = field(metadata={"doc": "examples of the validation split"})
+    processes: int = field(metadata={"doc": "torch.distributed processes (1 for an in-process run)"})
+    threads_per_process: int = field(metadata={"doc": "torch CPU threads of each process"})
+    val_loss: float | None = field(default=None, metadata={"doc": "validation loss before training"})
+    val_ppl: float | None = field(
+        default=None, metadata={"doc": "validation perplexity before training (language models)"}
+    )
+    val_accuracy: float | None = field(
+        default=None, metadata={"doc": "validation accuracy before training (`model.task: classification`)"}
+    )
 
 
 @dataclass
 class Worker(Event):
-    """One worker's round: its H inner steps."""
+    """Written every round, one per worker: its H inner steps."""
 
     event: ClassVar[str] = "worker"
-    worker: int
-    trainer: int
-    loss: float | None  # mean training loss over the round's steps
-    examples: int | None  # examples in optimizer steps (None: the hooked form, rows never seen)
-    probe_examples: int  # extra examples drawn only to probe gradient statistics
-    micro: int
-    accum: int
-    effective: int  # examples per inner step: micro x accum
-    capped: bool  # the request was cut down to one micro-batch (switch mode threshold or cap)
-    finite: bool
-    compute_s: float
-    skipped: int = 0  # fp16 steps skipped on non-finite gradients
+    worker: int = field(metadata={"doc": "the worker's id"})
+    trainer: int = field(metadata={"doc": "the trainer it ran for this round"})
+    loss: float | None = field(metadata={"doc": "mean training loss over the round's steps"})
+    examples: int | None = field(
+        metadata={
+            "doc": "examples in its optimizer steps (null in the library's hooked form, `with algo:`, "
+            "where adloco never sees a batch)"
+        }
+    )
+    probe_examples: int = field(metadata={"doc": "extra examples drawn only to probe gradient statistics"})
+    micro: int = field(metadata={"doc": "its micro-batch: examples in one forward and backward pass"})
+    accum: int = field(metadata={"doc": "micro-batches accumulated per inner step"})
+    effective: int = field(metadata={"doc": "examples per inner step: micro × accum"})
+    capped: bool = field(
+        metadata={"doc": "the request was cut down to one micro-batch (switch mode `threshold` or `cap`)"}
+    )
+    finite: bool = field(
+        metadata={"doc": "its loss and parameters were finite after its steps (if not: a `fault` event)"}
+    )
+    compute_s: float = field(metadata={"doc": "seconds of its inner steps"})
+    skipped: int = field(default=0, metadata={"doc": "fp16 steps skipped on non-finite gradients"})
 
 
 @dataclass
 class Trainer(Event):
-    """One trainer's batch test (ALGORITHM.md §2) after its outer step."""
+    """Written every round, one per trainer: its batch test (ALGORITHM.md §2) after its outer step."""
 
     event: ClassVar[str] = "trainer"
-    trainer: int
-    workers: list[int]
-    request: int  # b this round
-    request_next: int  # b next round
-    target: float | None  # T of the test
-    reason: str  # grew | kept | capped | off | no-statistics | degenerate
-    loss: float | None
-    sigma2: float | None  # pooled per-example gradient variance
-    gbar_sq: float | None  # ‖ḡ‖²
-    samples: int | None  # gradient samples pooled
-    effective: int  # of its first worker
-    micro: int
-    accum: int
-    idle_share: float = 0.0  # 1 − mean/max of its workers' compute times: the share a worker waited
-    examples: int | None = 0  # examples in its workers' steps this round (None: unknown)
+    trainer: int = field(metadata={"doc": "the trainer's id"})
+    workers: list[int] = field(metadata={"doc": "its workers this round"})
+    request: int = field(metadata={"doc": "b this round: the request its workers ran with"})
+    request_next: int = field(metadata={"doc": "b next round, as its batch test decided"})
+    target: float | None = field(metadata={"doc": "T of the test: the batch size it asks for"})
+    reason: str = field(
+        metadata={
+            "doc": "what the test did: `grew`, `kept`, `capped` (at `batch.max`), `off`, `no-statistics` "
+            "or `degenerate`"
+        }
+    )
+    loss: float | None = field(metadata={"doc": "mean training loss of its workers"})
+    sigma2: float | None = field(metadata={"doc": "σ̂²: the pooled per-example gradient variance"})
+    gbar_sq: float | None = field(metadata={"doc": "‖ḡ‖²: the squared norm of the mean gradient, estimated"})
+    samples: int | None = field(metadata={"doc": "gradient samples pooled"})
+    effective: int = field(metadata={"doc": "examples per inner step, of its first worker"})
+    micro: int = field(metadata={"doc": "micro-batch of its first worker"})
+    accum: int = field(metadata={"doc": "micro-batches accumulated per step, of its first worker"})
+    idle_share: float = field(
+        default=0.0,
+        metadata={
+            "doc": "1 − mean/max of its workers' compute times: the share of the round a worker waited"
+        },
+    )
+    examples: int | None = field(
+        default=0, metadata={"doc": "examples in its workers' steps this round (null: unknown)"}
+    )
+    lr: float | None = field(
+        default=None,
+        metadata={"doc": "its first worker's inner lr at the round's last step, multiplier included"},
+    )
+    lr_scale: float = field(
+        default=1.0, metadata={"doc": "the multiplier of `batch.lr_scaling` (ALGORITHM.md §10)"}
+    )
 
 
 @dataclass
 class Merge(Event):
+    """Written when trainers merge (ALGORITHM.md §3), after the round's trainer events."""
+
     event: ClassVar[str] = "merge"
-    merged: list[int]
-    survivor: int
-    weights: dict[int, float]
-    request: int
-    trainers_alive: int
+    merged: list[int] = field(metadata={"doc": "the trainers merged into one"})
+    survivor: int = field(metadata={"doc": "the trainer that goes on (the lowest id of the merged)"})
+    weights: dict[int, float] = field(
+        metadata={"doc": "each merged trainer's weight in the average of θ: its request over their sum"}
+    )
+    request: int = field(metadata={"doc": "the survivor's request (`merge.survivor_batch`)"})
+    trainers_alive: int = field(metadata={"doc": "trainers alive after the merge"})
 
 
 @dataclass
 class Allocation(Event):
+    """Written after a merge: the workers shared again among the trainers (ALGORITHM.md §4)."""
+
     event: ClassVar[str] = "allocation"
-    allocation: dict[int, int]  # worker -> trainer, after the change
-    moved: list[int]  # workers that received θ from another worker
-    reset: list[int]  # workers whose inner optimizer state was reset
+    allocation: dict[int, int] = field(metadata={"doc": "worker → trainer, after the change"})
+    moved: list[int] = field(metadata={"doc": "workers that received θ from another worker"})
+    reset: list[int] = field(metadata={"doc": "workers whose inner optimizer state was reset"})
 
 
 @dataclass
 class Fault(Event):
+    """Written when a worker's loss or parameters were not finite (``non_finite``), or a trainer had no
+    finite worker (``trainer_skipped``)."""
+
     event: ClassVar[str] = "fault"
-    trainer: int
-    kind: str  # non_finite | trainer_skipped
-    action: str
-    worker: int | None = None
+    trainer: int = field(metadata={"doc": "the trainer concerned"})
+    kind: str = field(metadata={"doc": "`non_finite` or `trainer_skipped`"})
+    action: str = field(metadata={"doc": "what the run did about it, in words"})
+    worker: int | None = field(default=None, metadata={"doc": "the worker (`non_finite` only)"})
 
 
 @dataclass
 class Eval(Event):
+    """Written in a round with evaluation (`eval.every`), one per trainer alive."""
+
     event: ClassVar[str] = "eval"
-    trainer: int
-    val_loss: float | None
-    val_ppl: float | None = None
-    val_accuracy: float | None = None
+    trainer: int = field(metadata={"doc": "the trainer evaluated"})
+    val_loss: float | None = field(metadata={"doc": "its validation loss"})
+    val_ppl: float | None = field(
+        default=None, metadata={"doc": "its validation perplexity (language models)"}
+    )
+    val_accuracy: float | None = field(
+        default=None, metadata={"doc": "its validation accuracy (`model.task: classification`)"}
+    )
 
 
 @dataclass
 class Round(Event):
-    """The round's summary: what the progress line, the plots and the reports read."""
+    """Written every round, after its other events: the round's summary, which the progress line, the
+    plots and the reports read."""
 
     event: ClassVar[str] = "round"
-    trainers_alive: int  # after the round's merge
-    requests: dict[int, int]  # the request each trainer ran this round with (as its trainer event's)
-    allocation: dict[int, int]
-    switch_mode: str
-    loss: float | None
-    examples: int
-    examples_total: int
-    bytes: int
-    bytes_total: int
-    communications: int
-    communications_total: int
-    round_s: float  # with evaluation
-    train_s: float  # without evaluation
-    comm_s: float  # of train_s, in counted collectives (this process's view, waits included)
-    max_compute_s: float
-    collectives: list[list[Any]]  # [kind, op, workers, payload bytes, count]: counted ones only
-    sim_s: float  # simulated: slowest worker's compute + the network model (ALGORITHM.md §7)
-    sim_total_s: float
-    idle_share: float = 0.0  # mean over trainers of their idle share
-    val_loss: float | None = None  # of trainer 0 (the lowest id alive), when this round was evaluated
-    val_ppl: float | None = None
-    val_accuracy: float | None = None
-    val_by_trainer: dict[int, dict[str, float | None]] | None = None
-    requests_next: dict[int, int] | None = None  # the next round's (after the batch tests and a merge)
+    trainers_alive: int = field(metadata={"doc": "trainers alive after the round's merge"})
+    requests: dict[int, int] = field(
+        metadata={"doc": "the request each trainer ran this round with (as its `trainer` event's `request`)"}
+    )
+    allocation: dict[int, int] = field(metadata={"doc": "worker → trainer, at the round's end"})
+    switch_mode: str = field(metadata={"doc": "`switch.mode`"})
+    loss: float | None = field(metadata={"doc": "mean training loss over the workers"})
+    examples: int = field(metadata={"doc": "training examples read this round (probe rows included)"})
+    examples_total: int = field(metadata={"doc": "training examples read so far"})
+    bytes: int = field(metadata={"doc": "bytes counted on the wire this round"})
+    bytes_total: int = field(metadata={"doc": "bytes counted so far"})
+    communications: int = field(metadata={"doc": "communications counted this round"})
+    communications_total: int = field(metadata={"doc": "communications counted so far"})
+    round_s: float = field(metadata={"doc": "seconds of the round, evaluation included"})
+    train_s: float = field(metadata={"doc": "seconds of the round without evaluation"})
+    comm_s: float = field(
+        metadata={"doc": "of `train_s`, seconds in counted collectives (this process's view, waits included)"}
+    )
+    max_compute_s: float = field(metadata={"doc": "the slowest worker's compute seconds"})
+    collectives: list[list[Any]] = field(
+        metadata={"doc": "[kind, op, workers, payload bytes, count] per counted collective"}
+    )
+    sim_s: float = field(
+        metadata={
+            "doc": "simulated seconds: the slowest worker's compute plus the network model (ALGORITHM.md §7)"
+        }
+    )
+    sim_total_s: float = field(metadata={"doc": "simulated seconds so far"})
+    idle_share: float = field(default=0.0, metadata={"doc": "mean over trainers of their idle share"})
+    val_loss: float | None = field(
+        default=None,
+        metadata={"doc": "validation loss of trainer 0 (the lowest id alive), when this round was evaluated"},
+    )
+    val_ppl: float | None = field(default=None, metadata={"doc": "validation perplexity of trainer 0"})
+    val_accuracy: float | None = field(default=None, metadata={"doc": "validation accuracy of trainer 0"})
+    val_by_trainer: dict[int, dict[str, float | None]] | None = field(
+        default=None, metadata={"doc": "every evaluated trainer's `val_loss`, `val_ppl`, `val_accuracy`"}
+    )
+    requests_next: dict[int, int] | None = field(
+        default=None, metadata={"doc": "the next round's requests (after the batch tests and a merge)"}
+    )
 
 
 @dataclass
 class Checkpoint(Event):
+    """Written when a checkpoint is in place (written in the background while training goes on)."""
+
     event: ClassVar[str] = "checkpoint"
-    name: str
-    bytes: int
-    seconds: float  # from the start of the gather to the checkpoint in place
-    stall_s: float = 0.0  # of those, the time training waited (gathering and copying the state)
+    name: str = field(metadata={"doc": "its folder under `checkpoints/`"})
+    bytes: int = field(metadata={"doc": "its size on disk"})
+    seconds: float = field(metadata={"doc": "from the start of the gather to the checkpoint in place"})
+    stall_s: float = field(
+        default=0.0, metadata={"doc": "of those, the time training waited (gathering and copying the state)"}
+    )
 
 
 @dataclass
 class Membership(Event):
-    """The number of workers changed (an elastic restart, or a resume with another number of workers)."""
+    """Written when the number of workers changed: an elastic restart, or a resume on another number of
+    workers (ALGORITHM.md §9.2)."""
 
     event: ClassVar[str] = "membership"
-    workers: int  # after the change
-    workers_before: int
-    left: list[int]  # worker ids no longer there
-    joined: list[int]  # worker ids new
-    merged: list[list[int]]  # trainers merged because fewer workers than trainers were left
-    restart_s: float | None  # seconds from the last progress logged before the change to training again
-    restarts: int  # restarts of this run so far (torchrun's restart count)
+    workers: int = field(metadata={"doc": "workers after the change"})
+    workers_before: int = field(metadata={"doc": "workers before it"})
+    left: list[int] = field(metadata={"doc": "worker ids no longer there"})
+    joined: list[int] = field(metadata={"doc": "worker ids new"})
+    merged: list[list[int]] = field(
+        metadata={"doc": "trainers merged because fewer workers than trainers were left"}
+    )
+    restart_s: float | None = field(
+        metadata={"doc": "seconds from the last progress logged before the change to training again"}
+    )
+    restarts: int = field(metadata={"doc": "restarts of this run so far (torchrun's restart count)"})
 
 
 @dataclass
 class Resume(Event):
+    """Written when the run continued from a checkpoint (``--resume`` or an elastic restart)."""
+
     event: ClassVar[str] = "resume"
-    checkpoint: str
+    checkpoint: str = field(metadata={"doc": "the checkpoint it continued from"})
 
 
 @dataclass
 class Summary:
     """``summary.json``, and the ``end`` event of metrics.jsonl."""
 
-    method: str
-    rounds: int
-    initial_val_ppl: float | None
-    final_val_ppl: float | None
-    final_val_loss: float | None
-    trainers_final: int
-    requests_final: dict[int, int]
-    examples_total: int
-    communications_total: int
-    bytes_total: int
-    bytes_by_kind: dict[str, int]
-    wall_s: float
-    sim_s: float
-    peak_memory_bytes: int
-    reported_trainer: int  # whose validation the summary and the rounds report, and whose model is saved
-    initial_val_accuracy: float | None = None
-    final_val_accuracy: float | None = None
-    idle_share: float = 0.0  # the rounds' mean idle share
-    restarts: int = 0  # times the run was restarted (elastic restarts and resumes)
-    rounds_lost: int = 0  # rounds run again after restarts (trained, then lost with their process)
+    method: str = field(metadata={"doc": "`algorithm.method`"})
+    rounds: int = field(metadata={"doc": "rounds completed"})
+    initial_val_ppl: float | None = field(
+        metadata={"doc": "validation perplexity before the first round, of the reported trainer"}
+    )
+    final_val_ppl: float | None = field(
+        metadata={"doc": "validation perplexity after the last round, of the reported trainer"}
+    )
+    final_val_loss: float | None = field(metadata={"doc": "validation loss after the last round"})
+    trainers_final: int = field(metadata={"doc": "trainers alive at the end"})
+    requests_final: dict[int, int] = field(
+        metadata={"doc": "every trainer's request at the end, by trainer id"}
+    )
+    examples_total: int = field(metadata={"doc": "training examples read: optimizer steps' and probe rows"})
+    communications_total: int = field(metadata={"doc": "counted communications (ALGORITHM.md §7)"})
+    bytes_total: int = field(metadata={"doc": "bytes counted on the wire"})
+    bytes_by_kind: dict[str, int] = field(
+        metadata={
+            "doc": "those bytes by what travelled: `delta`, `stats`, `probe`, `grad`, `merge`, `move` or `init`"
+        }
+    )
+    wall_s: float = field(
+        metadata={"doc": "seconds of training, evaluation included (a resumed run adds the time before)"}
+    )
+    sim_s: float = field(
+        metadata={"doc": "simulated seconds on the modelled network (`network.bandwidth`, `network.latency`)"}
+    )
+    peak_memory_bytes: int = field(
+        metadata={"doc": "peak CUDA memory allocated, or the process's peak resident set on CPU"}
+    )
+    reported_trainer: int = field(
+        metadata={
+            "doc": "the trainer whose validation the rounds and the summary report and whose model is "
+            "saved: the lowest id alive"
+        }
+    )
+    initial_val_accuracy: float | None = field(
+        default=None,
+        metadata={"doc": "validation accuracy before the first round (`model.task: classification` only)"},
+    )
+    final_val_accuracy: float | None = field(
+        default=None,
+        metadata={"doc": "validation accuracy after the last round (`model.task: classification` only)"},
+    )
+    idle_share: float = field(
+        default=0.0,
+        metadata={
+            "doc": "the rounds' mean idle share: 1 − mean/max of a trainer's workers' compute times, "
+            "averaged over trainers (ALGORITHM.md §9.3)"
+        },
+    )
+    restarts: int = field(default=0, metadata={"doc": "elastic restarts and resumes of the run"})
+    rounds_lost: int = field(
+        default=0, metadata={"doc": "rounds trained, then lost with their processes, and run again"}
+    )
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON object of ``summary.json``; the accuracies only for a classification run."""
         out = _jsonable(self)
         if self.initial_val_accuracy is None and self.final_val_accuracy is None:
             del out["initial_val_accuracy"], out["final_val_accuracy"]
@@ -238,12 +363,16 @@ class Summary:
 
 @dataclass
 class End(Event):
+    """Written once, after the last round: every key of ``summary.json`` beside ``event`` and ``round``."""
+
     event: ClassVar[str] = "end"
     summary: Summary = field(
-        default_factory=lambda: Summary("", 0, None, None, None, 0, {}, 0, 0, 0, {}, 0, 0, 0, 0)
+        default_factory=lambda: Summary("", 0, None, None, None, 0, {}, 0, 0, 0, {}, 0, 0, 0, 0),
+        metadata={"doc": "the run's summary, its keys written inline"},
     )
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON line: ``event``, ``round`` and the summary's keys."""
         return {"event": self.event, "round": self.round, **self.summary.to_dict()}
 
 
@@ -301,6 +430,7 @@ def parse(d: dict[str, Any]) -> Event | dict[str, Any]:
 
 
 def summary_from_dict(d: dict[str, Any]) -> Summary:
+    """The typed summary of a ``summary.json`` object (the keys it lacks take their defaults)."""
     return typing.cast(Summary, _build(Summary, d))
 
 

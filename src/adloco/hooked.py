@@ -53,8 +53,9 @@ class HookedMode:
             raise ValueError("ddp: hooked optimizers need one worker per process (or per thread: ThreadComm)")
         self.counts_rows = self.stated_batch is not None
         for w, rep in self.replicas.items():
-            # the round begins (inner_state reset, snapshot) before its first step, not after it
-            pre = self._hooked_pre(w) if self.ddp else self._begin
+            # the round begins (inner_state reset, snapshot) before its first step, not after it; the
+            # trainer's lr multiplier (ALGORITHM.md §10) applies to the user's step and is taken back after it
+            pre = self._hooked_pre(w) if self.ddp else self._begin(w)
             self._hooks.append(rep.optimizer.register_step_pre_hook(pre))
             self._hooks.append(rep.optimizer.register_step_post_hook(self._hooked_post(w)))
         return self
@@ -65,8 +66,12 @@ class HookedMode:
         self._hooks = []
         self.counts_rows = True
 
-    def _begin(self, opt: Any, args: Any, kwargs: Any) -> None:
-        self._round_progress()
+    def _begin(self, w: int) -> Callable[[Any, Any, Any], None]:
+        def hook(opt: Any, args: Any, kwargs: Any) -> None:
+            self._round_progress()
+            self.replicas[w].scale_lr()
+
+        return hook
 
     def _hooked_pre(self, w: int) -> Callable[[Any, Any, Any], None]:
         """DDP: average the trainer's gradients before the user's optimizer steps on them."""
@@ -74,6 +79,7 @@ class HookedMode:
         def hook(opt: Any, args: Any, kwargs: Any) -> None:
             self._round_progress()
             rep = self.replicas[w]
+            rep.scale_lr()
             g = rep.flat.gather_grads()
             ws = self.members()[self.allocation[w]]
 
@@ -88,6 +94,7 @@ class HookedMode:
 
     def _hooked_post(self, w: int) -> Callable[[Any, Any, Any], None]:
         def hook(opt: Any, args: Any, kwargs: Any) -> None:
+            self.replicas[w].restore_lr()
             progress = self._round_progress()
             pr = progress[w]
             pr.steps += 1

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from adloco.algorithms import allocation, switch
+from adloco.algorithms import allocation, lr_scaling, switch
 from adloco.algorithms.outer import OuterOptimizer
 from adloco.comm.base import Comm, Part
 from adloco.comm.quantize import ErrorFeedback
@@ -317,6 +317,20 @@ class AdLoCo(Synchronization, HookedMode, AlgorithmState):
         speeds = {t: self._relative_speeds(ws) for t, ws in members.items()}
         every = plan_round(self.requests, members, self.b_max, self.mode, self.switch, self.batch, speeds)
         self.plans = {w: p for w, p in every.items() if w in self.replicas}
+        self.step_rows = sum(p.effective for p in every.values())  # every worker's rows in one inner step
+        # ALGORITHM.md §10: each trainer's lr multiplier follows the rows its steps use (b_t; b₀ its first)
+        b = self.batch
+        for t, ws in members.items():
+            tr = self.trainers[t]
+            b_t = sum(every[w].effective for w in ws) / len(ws)
+            if tr.b0 is None:
+                tr.b0 = b_t
+            tr.lr_ratio = lr_scaling.ratio(b.lr_scaling, b_t, tr.b0, tr.noise)
+        for w, rep in self.replicas.items():
+            r = self.trainers[self.allocation[w]].lr_ratio
+            rep.lr_scale = (
+                lr_scaling.multiplier(r, rep.sgd, b.lr_scale_max) if b.lr_scaling != "none" else 1.0
+            )
 
     def _relative_speeds(self, workers: Sequence[int]) -> dict[int, float] | None:
         """Shares by measured speed (:func:`adloco.round.relative_speeds`), or None for equal shares: with

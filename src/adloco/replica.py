@@ -132,6 +132,11 @@ class Replica:
         self.loss_scale = 2.0**16 if precision == "fp16" else 1.0
         self._good_steps = 0
         self.skipped = 0
+        # ALGORITHM.md §10: the trainer's lr multiplier, applied to the optimizer's lr for each step only
+        self.lr_scale = 1.0
+        self.last_lr = math.nan  # the lr of the last step, multiplier included
+        self.sgd = isinstance(optimizer, torch.optim.SGD)  # the linear rule instead of the square root
+        self._saved_lrs: list[Any] | None = None
 
     def _optimizer_offsets(self) -> list[tuple[torch.Tensor, int]]:
         """(tensor, offset in the flat buffer) of every tensor the optimizer updates."""
@@ -263,7 +268,28 @@ class Replica:
             self._clip_coef = torch.clamp(self.clip / (norm + 1e-6), max=1.0)
             self.flat.grad.mul_(self._clip_coef)
         self.flat.scatter_grads()
-        self.optimizer.step()
+        self.scale_lr()
+        try:
+            self.optimizer.step()
+        finally:
+            self.restore_lr()
+
+    def scale_lr(self) -> None:
+        """Multiply every param group's lr by ``lr_scale`` for one step (exactly restored by
+        :meth:`restore_lr`: the saved values are put back, nothing is divided)."""
+        groups = self.optimizer.param_groups
+        self.last_lr = float(groups[0]["lr"]) * self.lr_scale
+        if self.lr_scale == 1.0:
+            return
+        self._saved_lrs = [g["lr"] for g in groups]
+        for g in groups:
+            g["lr"] = g["lr"] * self.lr_scale
+
+    def restore_lr(self) -> None:
+        if self._saved_lrs is not None:
+            for g, lr in zip(self.optimizer.param_groups, self._saved_lrs, strict=True):
+                g["lr"] = lr
+            self._saved_lrs = None
 
     def finite(self) -> bool:
         """Whether every parameter is finite: NaN and ±inf all show in the extremes (one pass, no mask)."""

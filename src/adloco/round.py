@@ -82,6 +82,8 @@ class WorkerRound:
     skipped: int = 0
     aborted: bool = False
     b_max: int = 0
+    lr: float = math.nan  # the lr of the worker's last step, its trainer's multiplier included
+    lr_scale: float = 1.0  # that multiplier
 
     STATS = 4
 
@@ -113,6 +115,9 @@ class TrainerState:
     request: int
     outer: OuterOptimizer
     theta: torch.Tensor | None = None  # (P,) flat parameters, where one of its workers lives
+    b0: float | None = None  # rows of its workers' first steps (ALGORITHM.md §10; None: not yet planned)
+    noise: float | None = None  # B̂: moving average of the norm test's σ̂²/‖ḡ‖² (lr_scaling gain)
+    lr_ratio: float = 1.0  # r_t this round: the lr multiplier is √r_t (r_t for SGD), capped
 
     @property
     def hosted(self) -> bool:

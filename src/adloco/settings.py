@@ -302,9 +302,21 @@ class AdaptiveBatch(Dial):
         "spec: the inner-product tests as ALGORITHM.md §2.2–2.4 writes them; reference: the reference "
         "implementation's (ν in both, no c or 1/M, per-entry variance; ALGORITHM.md §9.1)",
     )
+    lr_scaling: Literal["none", "sqrt", "gain"] = setting(
+        "none",
+        "the inner lr follows the batch (ALGORITHM.md §10): none; sqrt: × √(b/b₀); gain: × √ of AdaScale's gain "
+        "from the norm test's noise ratio (linear instead of √ for SGD inner optimizers)",
+    )
+    lr_scale_max: float = setting(4.0, "cap on the lr multiplier of lr_scaling", at_least=1)
 
     def check(self) -> None:
         self.need(self.max >= self.initial, "max", f">= batch.initial ({self.initial})")
+        self.need(
+            self.lr_scaling != "gain" or self.probing,
+            "lr_scaling",
+            "none or sqrt when no gradient statistics are taken (gain reads the noise ratio: set "
+            "batch.statistics true or a batch test)",
+        )
 
     @property
     def probing(self) -> bool:

@@ -88,6 +88,8 @@ class AlgorithmState:
             "bad_rounds": self.bad_rounds,
             "totals": dataclasses.asdict(self.totals),
             "speed": dict(self.speed),
+            # ALGORITHM.md §10: each trainer's b₀ and noise ratio B̂ (its lr multiplier follows from them)
+            "lr_state": {t: [tr.b0, tr.noise] for t, tr in sorted(self.trainers.items())},
         }
 
     def full_state_dict(self) -> dict[str, Any] | None:
@@ -157,11 +159,15 @@ class AlgorithmState:
         self.bad_rounds = int(state["bad_rounds"])
         self.totals = Totals(**state["totals"])
         self.speed = {int(w): float(v) for w, v in state.get("speed", {}).items()}
+        lr_state = {int(t): v for t, v in state.get("lr_state", {}).items()}  # absent before lr_scaling
         saved = {int(t): v for t, v in state["trainers"].items()}
         self.trainers = {}
         hosted = {self.allocation[w] for w in self.replicas}
         for t, b in sorted((int(t), int(b)) for t, b in state["requests"].items()):
             tr = TrainerState(t, b, self._new_outer())
+            b0, noise = lr_state.get(t, (None, None))
+            tr.b0 = None if b0 is None else float(b0)
+            tr.noise = None if noise is None else float(noise)
             if t in hosted:
                 if t not in saved or saved[t].get("theta") is None:
                     raise ValueError(f"state: holds no parameters for trainer {t}, which this process hosts")
@@ -239,6 +245,8 @@ class AlgorithmState:
             "allocation": plan.allocation,
             "b_max": {w: b_old.get(w, fallback) for w in range(n)},
             "speed": {},  # worker ids now name other devices: measure again
+            # a merged trainer's b₀ and B̂ go with it; the survivor keeps its own
+            "lr_state": {t: v for t, v in state.get("lr_state", {}).items() if int(t) in plan.requests},
             "trainers": trainers,
             "replicas": {w: reps[w] for w in plan.kept if w in reps},
         }

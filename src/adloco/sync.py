@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from adloco import events
-from adloco.algorithms import allocation, batching, merging
+from adloco.algorithms import allocation, batching, lr_scaling, merging
 from adloco.comm.base import Part
 from adloco.round import WIDTH, DecisionMismatch, RoundAborted, RoundReport, WorkerRound
 from adloco.settings import FLOAT32
@@ -148,6 +148,8 @@ class Synchronization:
                 skipped=rep.skipped - pr.skipped_before,
                 aborted=abort,
                 b_max=rep.b_max,
+                lr=rep.last_lr,
+                lr_scale=rep.lr_scale,
             ).to_row()
         counted = (WorkerRound.STATS + (b.formula == "reference")) if b.probing else 0
         rows = self.comm.all_gather_rows(local, WIDTH, "stats", counted)
@@ -236,6 +238,9 @@ class Synchronization:
                 nu=b.nu,
                 formula=b.formula,
             )
+            # B̂ from this round's statistics (ALGORITHM.md §10)
+            if b.lr_scaling == "gain" and pooled is not None:
+                tr.noise = lr_scaling.update_noise(tr.noise, pooled.sigma2, pooled.gbar_sq)
             if dec.reason == "degenerate":
                 log.warning(
                     f"round {r + 1}: trainer {t}: vanishing or non-finite gradient statistics; "
@@ -263,6 +268,8 @@ class Synchronization:
                     accum=lead.accum,
                     idle_share=idle,
                     examples=n_ex if self.counts_rows else None,
+                    lr=events.num(lead.lr),
+                    lr_scale=lead.lr_scale,
                 )
             )
             tr.request = dec.request

@@ -186,7 +186,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "unknown-key",
         ["train", *S("logging.out_dir={tmp}/runs", "batch.etaa=0.5")],
-        "config: unknown key 'batch.etaa'; did you mean 'eta'? (allowed: test, initial, max, eta, vartheta, nu, estimator, probe_chunks, statistics, exact_mean, formula)",
+        "config: unknown key 'batch.etaa'; did you mean 'eta'? (allowed: test, initial, max, eta, vartheta, nu, estimator, probe_chunks, statistics, exact_mean, formula, lr_scaling, lr_scale_max)",
     ),
     (
         "unknown-section",

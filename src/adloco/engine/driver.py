@@ -124,6 +124,11 @@ class Driver:
         self.idle: list[float] = []  # every round's idle share
         self.restarts = 0  # restarts and resumes of this run so far
         self.rounds_lost = 0  # rounds trained, then lost with the processes that trained them
+        # The learning-rate schedule is indexed by training examples (ALGORITHM.md §10), counted in inner
+        # steps of every worker at the initial request: a constant batch's step index exactly, while a
+        # growing batch advances it faster, so methods that saw the same examples share a point of it.
+        self.lr_unit = a.workers * cfg.batch.initial
+        self.trained = 0  # examples in inner steps so far (probe rows are not steps)
         self.stop_requested: Callable[[], bool] = lambda: False  # set by whoever handles signals
         # Dropout draws from the process's generators, which imports and model loading may have
         # advanced or reseeded by then: seed them from the run's seed and this rank, so a run is
@@ -244,19 +249,23 @@ class Driver:
         }
         total_steps = a.rounds * a.inner_steps
         self._rng = rng_state()
-        for h in range(a.inner_steps):
-            lr = lr_at(r * a.inner_steps + h, total_steps, cfg.inner)
+        trained = self.trained
+        for _ in range(a.inner_steps):
+            lr = lr_at(self.trained / self.lr_unit, total_steps, cfg.inner)
             for rep in algo.replicas.values():
                 for group in rep.optimizer.param_groups:
                     group["lr"] = lr
             batches = {
                 w: self.data.train_batch(streams[w].take(algo.batch_size(w))) for w in algo.local_workers
             }
+            rows = algo.step_rows  # this round's plan: every worker's rows in one step
             try:
                 algo.step_all(batches, stop=self.stop_requested())
             except RoundAborted:
                 set_rng_state(self._rng)
+                self.trained = trained
                 raise
+            self.trained += rows
             on_step(len(batches))
         report = algo.last_report
         assert report is not None and report.round == r + 1
@@ -404,6 +413,8 @@ class Driver:
             "idle": self.idle,
             "restarts": self.restarts,
             "rounds_lost": self.rounds_lost,
+            "trained": self.trained,
+            "lr_unit": self.lr_unit,
             "model": self.fingerprint(),
             "processes": self.comm.world,
         }
@@ -417,6 +428,9 @@ class Driver:
         self.idle = [float(x) for x in d.get("idle", [])]
         self.restarts = int(d.get("restarts", 0))
         self.rounds_lost = int(d.get("rounds_lost", 0))
+        self.lr_unit = int(d.get("lr_unit", self.lr_unit))
+        # a checkpoint from before the schedule counted examples: its rounds at the initial request
+        self.trained = int(d.get("trained", self.algo.round * self.cfg.algorithm.inner_steps * self.lr_unit))
 
 
 def _peak_memory(device: torch.device) -> int:

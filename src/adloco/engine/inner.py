@@ -20,8 +20,10 @@ def make_optimizer(flat: FlatModule, cfg: InnerConfig) -> torch.optim.Optimizer:
     return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
 
 
-def lr_at(step: int, total: int, cfg: InnerConfig) -> float:
-    """Linear warmup over ``warmup_fraction`` of ``total`` steps, then cosine (or constant)."""
+def lr_at(step: float, total: int, cfg: InnerConfig) -> float:
+    """Linear warmup over ``warmup_fraction`` of ``total`` steps, then cosine (or constant). ``step`` may be
+    fractional: the driver passes examples seen in units of a step at the initial request
+    (ALGORITHM.md §10), which is the step index itself for a constant batch."""
     warmup = int(cfg.warmup_fraction * total)
     if step < warmup:
         return cfg.lr * (step + 1) / warmup
