@@ -7,8 +7,11 @@ that file; every run of the two variants compared (default: adloco over diloco) 
 simulated time re-priced at each bandwidth (ALGORITHM.md §7). For every link and bench the table gives
 the ratio of the two variants' simulated time to the target, per seed, as mean [min–max]: below 1,
 the first variant is sooner on every seed counted. `--plot FILE` draws the same ratios against the link.
+`--profile PATH|auto` prices compute by a step-time profile instead of the bench's seconds per example
+(ALGORITHM.md §11; auto: fitted from the bench's own runs), optionally at `--fixed-share PHI`.
 
 Usage:  python benchmarks/link_speed.py BENCH [BENCH ...] [--mbits 100,50,25,10] [--plot link_speed.png]
+                                        [--profile profile.json [--fixed-share 0.5]]
 """
 
 from __future__ import annotations
@@ -46,17 +49,25 @@ def _load_bench(folder: Path, variants: tuple[str, str]) -> tuple[dict[str, Any]
 
 
 def ratios(
-    doc: dict[str, Any], runs: dict[str, dict[int, Any]], variants: tuple[str, str], bandwidth: float
+    doc: dict[str, Any],
+    runs: dict[str, dict[int, Any]],
+    variants: tuple[str, str],
+    bandwidth: float,
+    profile: Any = None,
 ) -> list[float]:
     """Per seed (those where both variants reached the target): first variant's simulated time to the
-    target over the second's, every run priced at ``bandwidth`` bytes/s and the bench's compute price."""
+    target over the second's, every run priced at ``bandwidth`` bytes/s and the bench's compute price (or
+    ``profile``, a :class:`adloco.engine.profile.StepProfile`)."""
     spe, latency, target = doc["compute"]["seconds_per_example"], doc["network"]["latency"], doc["target"]
     reached: dict[str, dict[int, float]] = {}
     for name in variants:
         reached[name] = {}
         for seed, run in runs[name].items():
             run.bandwidth, run.latency = bandwidth, latency
-            results.price([run], "examples", spe)
+            if profile is not None:
+                results.price([run], profile=profile)
+            else:
+                results.price([run], "examples", spe)
             point = results.reach(run, target)
             if point is not None:
                 reached[name][seed] = point.sim_s
@@ -64,6 +75,20 @@ def ratios(
     return [
         reached[a][s] / reached[b][s] for s in sorted(reached[a]) if s in reached[b] and reached[b][s] > 0
     ]
+
+
+def bench_profile(runs: dict[str, dict[int, Any]], profile: str | None, fixed_share: float | None) -> Any:
+    """The step-time profile a bench is priced by: a file, ``auto`` (fitted from all its runs' rounds), or
+    None (its seconds per example); at ``fixed_share`` when given."""
+    if profile is None:
+        return None
+    from adloco.engine.profile import StepProfile
+
+    everyone = [run for by_seed in runs.values() for run in by_seed.values()]
+    prof = results.fit_profile(everyone) if profile == "auto" else StepProfile.load(profile)
+    if fixed_share is not None:
+        prof = prof.with_fixed_share(fixed_share, results.first_request(everyone))
+    return prof
 
 
 def _cell(rs: list[float]) -> str:
@@ -120,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mbits", default="100,50,25,10", help="simulated links in Mbit/s, comma-separated")
     p.add_argument("--variants", default="adloco,diloco", help="the two variants compared: A,B (ratio A / B)")
     p.add_argument("--plot", type=Path, help="draw the ratios against the link into this PNG")
+    p.add_argument("--profile", help="price compute by this step-time profile (adloco profile), or auto")
+    p.add_argument("--fixed-share", type=float, help="with --profile: at this fixed-cost share PHI")
     args = p.parse_args(argv)
     try:
         try:
@@ -132,12 +159,18 @@ def main(argv: list[str] | None = None) -> int:
         if len(pair) != 2 or not all(pair):
             raise UserError(f"link_speed: --variants {args.variants!r}: two variant names, A,B")
         variants = (pair[0], pair[1])
+        if args.fixed_share is not None and args.profile is None:
+            raise UserError("link_speed: --fixed-share: needs --profile")
         columns = []
         for folder in args.benches:
             doc, runs = _load_bench(folder, variants)
-            columns.append(
-                (_label(doc, runs, variants), [ratios(doc, runs, variants, m * 1e6 / 8) for m in mbits])
+            prof = bench_profile(runs, args.profile, args.fixed_share)
+            label = (
+                _label(doc, runs, variants)
+                if prof is None
+                else f"{_label(doc, runs, variants)[:-1]}; {prof.source})"
             )
+            columns.append((label, [ratios(doc, runs, variants, m * 1e6 / 8, prof) for m in mbits]))
     except UserError as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""``adloco``: train | bench | report | analyze-gradients | config. Bad input (a config field, a file, a command
+"""``adloco``: train | bench | report | analyze-gradients | profile | config. Bad input (a config field, a file, a command
 line argparse refuses) ends with one line on stderr and exit code 2.
 
 Exit codes: 0 done, 2 bad input (or a disk that refused a checkpoint), 3 a distributed run lost a rank
@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench.add_parser(sub)
     analysis.add_parser(sub)
+    from adloco.engine import profile
+
+    profile.add_parser(sub)
     r = sub.add_parser("report", help="redraw plots and the comparison table from run directories alone")
     r.add_argument("runs", nargs="+", metavar="RUN_DIR")
     r.add_argument("--out", help="report folder (default: RUN_DIR/report for one run, else report-<time>)")
@@ -188,6 +191,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from adloco.report import analysis
 
             return analysis.run(args)
+        if args.command == "profile":
+            from adloco.engine import profile
+
+            return profile.command(args)
         resume = None
         if getattr(args, "resume", None) is not None:
             from pathlib import Path
@@ -298,7 +305,15 @@ def _report(args: argparse.Namespace) -> int:
     if args.latency is not None and args.latency < 0:
         raise UserError(f"--latency {args.latency}: must be >= 0 (seconds)")
     paths = [Path(p) for p in args.runs]
-    runs = results.load_all(paths, args.bandwidth, args.latency, args.compute, args.seconds_per_example)
+    runs = results.load_all(
+        paths,
+        args.bandwidth,
+        args.latency,
+        args.compute,
+        args.seconds_per_example,
+        args.profile,
+        args.fixed_share,
+    )
     # one run: beside its own plots, never over them (they were drawn at the end of the run)
     out = (
         Path(args.out)

@@ -246,7 +246,7 @@ class Bench:
             finished = [t.run for t in self.tasks if t.run is not None]
             args = self.args
             spe = args.seconds_per_example
-            if args.select == "time" and args.compute == "examples" and spe is None:
+            if args.select == "time" and args.compute == "examples" and spe is None and args.profile is None:
                 results.price(finished, args.compute, None)
                 spe = finished[0].seconds_per_example if finished else None
                 if spe is not None:
@@ -255,7 +255,7 @@ class Bench:
                         f"over the {len(finished)} runs finished by then"
                     )
             elif finished:
-                results.price(finished, args.compute, spe)
+                results.price(finished, args.compute, spe, args.profile, args.fixed_share)
             index = select([(t.grid or 0, t.run) for t in runs], args.select, self.settings["target"])
             self.chosen[method] = None if index is None else grid[index]
             if index is None:

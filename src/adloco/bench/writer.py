@@ -223,7 +223,9 @@ def _finish(plan: dict[str, Any], out: Path, args: argparse.Namespace) -> Path:
     ]
     grid_runs = {m: [load(e) for e in rows] for m, rows in plan["grids"].items()}
     if loaded:
-        results.price(list(loaded.values()), args.compute, args.seconds_per_example)
+        results.price(
+            list(loaded.values()), args.compute, args.seconds_per_example, args.profile, args.fixed_share
+        )
     compared = [r for v in variants for r in v.runs]
     target = args.target if args.target is not None else plan["target_given"]
     if target is None and compared:
@@ -283,9 +285,10 @@ def _finish(plan: dict[str, Any], out: Path, args: argparse.Namespace) -> Path:
         "target": target,
         "metric": first.metric if first else "val_ppl",
         "compute": {
-            "mode": args.compute,
+            "mode": first.compute if first else args.compute,
             "seconds_per_example": first.seconds_per_example if first else args.seconds_per_example,
             "source": first.compute_note if first else "",
+            "profile": first.profile.to_dict() if first and first.profile else None,
         },
         "network": {"bandwidth": first.bandwidth, "latency": first.latency} if first else None,
         "variants": {

@@ -238,6 +238,11 @@ class RuntimeConfig(Dial):
         [],
         "emulation of heterogeneous devices: worker w takes 1/s_w as long per step by sleeping (empty: none)",
     )
+    profile: str | None = setting(
+        None,
+        "a step-time profile (adloco profile writes one) that prices each worker's compute in simulated time "
+        "as t(m, a) = a(α + βm) + δ per step (ALGORITHM.md §11); null: its measured compute",
+    )
 
 
 @dataclass(frozen=True)

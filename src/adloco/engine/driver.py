@@ -27,10 +27,12 @@ from adloco.data.sampling import ShardStream, trainer_subset
 from adloco.data.tokens import Data
 from adloco.engine.evaluation import evaluate, perplexity, spread
 from adloco.engine.inner import lr_at, make_optimizer
+from adloco.engine.profile import StepProfile
 from adloco.errors import UserError
 from adloco.flat import flatten
 from adloco.method import AdLoCo, RoundAborted
 from adloco.models import ModelFactory
+from adloco.round import RoundReport
 from adloco.telemetry.metrics import MetricsSink
 from adloco.telemetry.progress import Progress
 
@@ -128,6 +130,8 @@ class Driver:
         # steps of every worker at the initial request: a constant batch's step index exactly, while a
         # growing batch advances it faster, so methods that saw the same examples share a point of it.
         self.lr_unit = a.workers * cfg.batch.initial
+        # simulated compute: each worker's measured seconds, or its steps priced by a profile (§11)
+        self.profile = StepProfile.load(cfg.runtime.profile) if cfg.runtime.profile else None
         self.trained = 0  # examples in inner steps so far (probe rows are not steps)
         self.stop_requested: Callable[[], bool] = lambda: False  # set by whoever handles signals
         # Dropout draws from the process's generators, which imports and model loading may have
@@ -271,7 +275,8 @@ class Driver:
         assert report is not None and report.round == r + 1
         train_s = time.perf_counter() - t_start
         net = cfg.network
-        sim_s = netmodel.round_seconds(report.compute_s, report.collectives, net.bandwidth, net.latency)
+        compute = report.compute_s if self.profile is None else self.priced_compute(report)
+        sim_s = netmodel.round_seconds(compute, report.collectives, net.bandwidth, net.latency)
         self.sim_s += sim_s
         final = algo.round == a.rounds or (a.budget is not None and self.examples >= a.budget)
         val = self.evaluate() if algo.round % cfg.eval.every == 0 or final else None
@@ -307,6 +312,23 @@ class Driver:
             summary.val_by_trainer = {t: self.val_metrics(t) for t in val}
             out += [events.Eval(round=algo.round, trainer=t, **self.val_metrics(t)) for t in val]
         out.append(summary)
+        return out
+
+    def priced_compute(self, report: RoundReport) -> dict[int, float]:
+        """Every worker's compute in the round priced by the profile: its steps at the micro-batches it ran,
+        and the passes and rows the gradient probe added to its first step (ALGORITHM.md §11)."""
+        assert self.profile is not None
+        passes = {}
+        for t in report.trainers:
+            if t.samples:
+                k = max(1, round(t.samples / len(t.workers)))
+                passes.update({w: k for w in t.workers})
+        out = {}
+        for e in report.workers:
+            eff = e.micro * e.accum
+            steps = (e.examples or 0) // eff if eff else 0
+            extra = max(0, passes.get(e.worker, 0) - e.accum)
+            out[e.worker] = self.profile.worker_seconds(steps, e.micro, e.accum, extra, e.probe_examples)
         return out
 
     # -- whole run ---------------------------------------------------------------------------------

@@ -25,11 +25,12 @@ from typing import Any, TypeVar
 import yaml
 
 from adloco import events, netmodel
+from adloco.engine.profile import StepProfile
 from adloco.errors import UserError
 
 E = TypeVar("E", bound=events.Event)
 
-COMPUTE = ("measured", "examples")
+COMPUTE = ("measured", "examples", "profile")
 
 
 @dataclass
@@ -56,9 +57,10 @@ class Run:
     metric: str = "val_ppl"  # or val_accuracy
     points: list[Point] = field(default_factory=list)
     end: Point | None = None  # the last round (its value: the final metric)
-    compute: str = "measured"  # how a worker's compute was priced: measured | examples
+    compute: str = "measured"  # how a worker's compute was priced: measured | examples | profile
     seconds_per_example: float | None = None  # the constant of `examples`
-    compute_note: str = ""  # where that constant came from
+    compute_note: str = ""  # where that constant (or the profile) came from
+    profile: StepProfile | None = None  # the step-time profile of `profile` (ALGORITHM.md §11)
 
     @property
     def method(self) -> str:
@@ -130,10 +132,12 @@ def load_all(
     latency: float | None = None,
     compute: str = "measured",
     seconds_per_example: float | None = None,
+    profile: str | None = None,
+    fixed_share: float | None = None,
 ) -> list[Run]:
-    """Several run directories, priced together (one seconds-per-example constant for all)."""
+    """Several run directories, priced together (one seconds-per-example constant, or one profile, for all)."""
     runs = [load(p, bandwidth, latency) for p in paths]
-    price(runs, compute, seconds_per_example)
+    price(runs, compute, seconds_per_example, profile, fixed_share)
     return runs
 
 
@@ -154,6 +158,20 @@ def add_compute_options(p: argparse.ArgumentParser, default: str) -> None:
         help="the constant of --compute examples (default: the median of compute_s / examples over every "
         "worker event of the compared runs)",
     )
+    p.add_argument(
+        "--profile",
+        metavar="PATH|auto",
+        help="price each worker's compute by a step-time profile t(m, a) = a(α + βm) + δ (adloco profile "
+        "writes one; auto: fitted from the runs' own rounds), so a bigger micro-batch can cost less per "
+        "example (ALGORITHM.md §11); overrides --compute",
+    )
+    p.add_argument(
+        "--fixed-share",
+        type=float,
+        metavar="PHI",
+        help="with --profile: the device whose micro-batch of the first request costs what the profile's "
+        "does, but PHI of it is fixed cost (α = PHI·s, β = (1 − PHI)·s/b₀)",
+    )
 
 
 def median_seconds_per_example(runs: Sequence[Run]) -> tuple[float, int]:
@@ -173,12 +191,33 @@ def median_seconds_per_example(runs: Sequence[Run]) -> tuple[float, int]:
     return statistics.median(ratios), len(ratios)
 
 
-def price(runs: Sequence[Run], compute: str = "measured", seconds_per_example: float | None = None) -> None:
+def price(
+    runs: Sequence[Run],
+    compute: str = "measured",
+    seconds_per_example: float | None = None,
+    profile: str | StepProfile | None = None,
+    fixed_share: float | None = None,
+) -> None:
     """(Re)compute every run's points: simulated time with ``compute`` (``measured``: each worker's
     ``compute_s``; ``examples``: its examples in the round x one constant, by default the median of
-    :func:`median_seconds_per_example` over all of ``runs``), on each run's network."""
-    if compute not in COMPUTE:
-        raise UserError(f"--compute {compute!r}: must be one of {', '.join(COMPUTE)}")
+    :func:`median_seconds_per_example` over all of ``runs``; ``profile``, implied by ``profile``: each
+    worker's steps priced by a step-time profile, a file, ``auto`` (:func:`fit_profile`) or a
+    :class:`~adloco.engine.profile.StepProfile`, optionally at another fixed-cost share), on each run's
+    network."""
+    if fixed_share is not None and profile is None:
+        raise UserError("--fixed-share: needs --profile (the step time it re-splits)")
+    if profile is not None:
+        prof = fit_profile(runs) if profile == "auto" else profile
+        if not isinstance(prof, StepProfile):
+            prof = StepProfile.load(str(prof))
+        if fixed_share is not None:
+            prof = prof.with_fixed_share(fixed_share, first_request(runs))
+        for r in runs:
+            r.compute, r.seconds_per_example, r.profile, r.compute_note = "profile", None, prof, prof.source
+            _points(r)
+        return
+    if compute not in COMPUTE or compute == "profile":
+        raise UserError(f"--compute {compute!r}: must be measured or examples (or give --profile)")
     note = ""
     if compute == "examples":
         if seconds_per_example is None:
@@ -194,16 +233,59 @@ def price(runs: Sequence[Run], compute: str = "measured", seconds_per_example: f
     else:
         seconds_per_example = None
     for r in runs:
-        r.compute, r.seconds_per_example, r.compute_note = compute, seconds_per_example, note
+        r.compute, r.seconds_per_example, r.compute_note, r.profile = compute, seconds_per_example, note, None
         _points(r)
+
+
+def first_request(runs: Sequence[Run]) -> int:
+    """b₀, the first request of the runs (the fixed-cost share is defined at it; the first run's)."""
+    return int(runs[0].config.get("batch", {}).get("initial", 4)) if runs else 4
+
+
+def fit_profile(runs: Sequence[Run]) -> StepProfile:
+    """``--profile auto``: α, β, δ fitted from every worker round of ``runs`` (their measured compute)."""
+    from adloco.engine.profile import fit_runs
+
+    rows = []
+    for r in runs:
+        for w in r.of(events.Worker):
+            eff = w.micro * w.accum
+            steps = (w.examples or 0) // eff if eff else 0
+            rows.append((w.compute_s, steps, steps * w.accum, (w.examples or 0) + w.probe_examples))
+    return fit_runs(rows)
+
+
+def _probe_passes(run: Run) -> dict[tuple[int, int], int]:
+    """(round, worker) -> forward and backward passes the gradient probe added to the worker's first step:
+    its share of the trainer's pooled chunks beyond the step's own micro-batches."""
+    out: dict[tuple[int, int], int] = {}
+    accum = {(w.round, w.worker): w.accum for w in run.of(events.Worker)}
+    for t in run.of(events.Trainer):
+        if t.samples:
+            k = max(1, round(t.samples / max(1, len(t.workers))))
+            for w in t.workers:
+                out[(t.round, w)] = max(0, k - accum.get((t.round, w), 1))
+    return out
+
+
+def _profile_seconds(
+    run: Run, prof: StepProfile, passes: dict[tuple[int, int], int], w: events.Worker
+) -> float:
+    eff = w.micro * w.accum
+    steps = (w.examples or 0) // eff if eff else 0
+    return prof.worker_seconds(steps, w.micro, w.accum, passes.get((w.round, w.worker), 0), w.probe_examples)
 
 
 def _points(run: Run) -> None:
     speeds = run.config.get("runtime", {}).get("worker_speeds") or []  # runs before emulate_speed replaced it
     compute: dict[int, dict[int, float]] = {}
-    spe = run.seconds_per_example
+    spe, prof = run.seconds_per_example, run.profile
+    passes = _probe_passes(run) if prof is not None else {}
     for we in run.of(events.Worker):
-        c = we.compute_s if spe is None else ((we.examples or 0) + we.probe_examples) * spe
+        if prof is not None:
+            c = _profile_seconds(run, prof, passes, we)
+        else:
+            c = we.compute_s if spe is None else ((we.examples or 0) + we.probe_examples) * spe
         compute.setdefault(we.round, {})[we.worker] = c
     start = run.of(events.Start)[0]
     sim = 0.0
@@ -225,6 +307,14 @@ def _points(run: Run) -> None:
 def compute_sentence(runs: Sequence[Run]) -> str:
     """How simulated compute was priced, for a report."""
     r = runs[0]
+    if r.compute == "profile" and r.profile is not None:
+        p = r.profile
+        return (
+            f"the slowest worker's compute per round, priced by a step-time profile ({r.compute_note}): a step "
+            f"of a micro-batches of m rows costs a·(**{p.alpha * 1e3:.3g} ms + {p.beta * 1e3:.3g} ms·m**) + "
+            f"{p.delta * 1e3:.3g} ms (fixed-cost share at b₀ = {first_request(runs)}: "
+            f"{p.fixed_share(first_request(runs)):.2f}; `--profile`),"
+        )
     if r.compute == "examples" and r.seconds_per_example is not None:
         return (
             "the slowest worker's compute per round, priced as its examples in the round (optimizer steps "

@@ -1,0 +1,113 @@
+"""At which fixed-cost share of a step would AdLoCo reach the target sooner than DiLoCo? A finished bench
+re-priced by step-time profiles that differ only in their fixed-cost share φ (ALGORITHM.md §11); nothing is
+re-run.
+
+A profile t(m, a) = a·(α + β·m) + δ (``adloco profile``, or ``auto``: fitted from the bench's own runs) is
+re-split at each φ so that a micro-batch of the first request b₀ costs what it costs in the profile, with
+φ of it fixed: α = φ·s, β = (1 − φ)·s/b₀. At φ → 0 a step costs its rows (the old per-example price: a
+bigger batch is never cheaper per example); near 1 a step costs the same whatever its rows (a GPU running
+a small model). For every φ and link the table gives the first variant's simulated time to the bench's
+target over the second's, per seed, as mean [min–max]; `--plot FILE` draws them against φ.
+
+A re-priced run keeps the micro-batches it ran: a request above the run's b_max was accumulated (or
+capped) there, which a device with a larger b_max would not do. Say which b_max the bench ran at.
+
+Usage:  python benchmarks/fixed_share.py BENCH --profile profile.json|auto [--phi 0.1,0.3,0.5,0.7,0.9]
+                                         [--mbits 100,25] [--plot fixed_share.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from link_speed import _cell, _load_bench, bench_profile, ratios
+
+from adloco.errors import UserError
+from adloco.report import results
+
+
+def plot(
+    path: Path, phis: list[float], curves: dict[float, list[list[float]]], variants: tuple[str, str]
+) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.add_subplot()
+    for mbit, per_phi in curves.items():
+        xs = [p for p, rs in zip(phis, per_phi, strict=True) if rs]
+        line = ax.plot(
+            xs, [statistics.fmean(rs) for rs in per_phi if rs], marker="o", label=f"{mbit:g} Mbit/s"
+        )[0]
+        ax.fill_between(
+            xs,
+            [min(rs) for rs in per_phi if rs],
+            [max(rs) for rs in per_phi if rs],
+            color=line.get_color(),
+            alpha=0.2,
+            linewidth=0,
+        )
+    ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
+    ax.set_xlabel("fixed-cost share φ of a step at the first request")
+    ax.set_ylabel(f"time to target, {variants[0]} / {variants[1]}")
+    ax.set_title(
+        f"below 1: {variants[0]} reaches the target sooner (mean, min–max band over seeds)", fontsize=9
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("bench", type=Path, help="a folder holding an adloco bench results.json")
+    p.add_argument("--profile", required=True, help="a step-time profile (adloco profile), or auto")
+    p.add_argument("--phi", default="0.1,0.3,0.5,0.7,0.8,0.9", help="fixed-cost shares, comma-separated")
+    p.add_argument("--mbits", default="100,25", help="simulated links in Mbit/s, comma-separated")
+    p.add_argument("--variants", default="adloco,diloco", help="the two variants compared: A,B (ratio A / B)")
+    p.add_argument("--plot", type=Path, help="draw the ratios against φ into this PNG")
+    args = p.parse_args(argv)
+    try:
+        try:
+            phis = [float(x) for x in args.phi.split(",")]
+            mbits = [float(x) for x in args.mbits.split(",")]
+        except ValueError:
+            raise UserError("fixed_share: --phi and --mbits: comma-separated numbers") from None
+        if not phis or not all(0 <= x < 1 for x in phis) or not mbits or not all(m > 0 for m in mbits):
+            raise UserError("fixed_share: --phi: numbers in [0, 1); --mbits: positive numbers")
+        pair = tuple(v.strip() for v in args.variants.split(","))
+        if len(pair) != 2 or not all(pair):
+            raise UserError(f"fixed_share: --variants {args.variants!r}: two variant names, A,B")
+        variants = (pair[0], pair[1])
+        doc, runs = _load_bench(args.bench, variants)
+        base = bench_profile(runs, args.profile, None)
+        b0 = results.first_request([r for by_seed in runs.values() for r in by_seed.values()])
+        curves: dict[float, list[list[float]]] = {m: [] for m in mbits}
+        for phi in phis:
+            prof = base.with_fixed_share(phi, b0)
+            for m in mbits:
+                curves[m].append(ratios(doc, runs, variants, m * 1e6 / 8, prof))
+    except UserError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    first: Any = next(iter(runs[variants[0]].values()))
+    b_max = (first.config.get("switch") or {}).get("b_max")
+    print(
+        f"Simulated time to the target, {variants[0]} / {variants[1]}, per seed: mean [min–max]; profile "
+        f"{base.source}, its own φ at b₀ = {b0}: {base.fixed_share(b0):.2f}; the runs' b_max: {b_max}.\n"
+    )
+    print("| φ | " + " | ".join(f"{m:g} Mbit/s" for m in mbits) + " |")
+    print("|---|" + "---|" * len(mbits))
+    for i, phi in enumerate(phis):
+        print(f"| {phi:g} | " + " | ".join(_cell(curves[m][i]) for m in mbits) + " |")
+    if args.plot:
+        plot(args.plot, phis, curves, variants)
+        print(f"\nplot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

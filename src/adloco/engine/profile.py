@@ -1,0 +1,279 @@
+"""Step-time profiles (ALGORITHM.md §11): what a worker's inner step costs on a device.
+
+An inner step on micro-batches of m rows, accumulated a times, costs t(m, a) = a·(α + β·m) + δ: α a
+micro-batch's fixed cost (kernel launches, weight reads, Python), β its cost per row, δ the optimizer step.
+``adloco profile`` times a worker's forward and backward at several micro-batch sizes and its optimizer
+step, and fits α and β by least squares; :func:`fit_runs` fits the same three numbers from finished runs'
+own rounds instead. A profile prices compute in simulated time (``adloco report --profile``, ``adloco
+bench --profile``, ``runtime.profile``), where a bigger batch can then be cheaper per example, as on a
+device with a fixed cost per step; the fixed-cost share φ = α/(α + β·b₀) at the first request says how much.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adloco.errors import UserError
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """α, β, δ in seconds (β per row) of one worker's inner step, and where they were measured."""
+
+    alpha: float
+    beta: float
+    delta: float
+    device: str = ""
+    torch: str = ""
+    model: str = ""
+    seq_len: int = 0
+    b_max: int = 0
+    residual: float = 0.0  # root mean square of the fit's relative errors
+    timings: dict[str, float] = field(default_factory=dict)  # rows of a micro-batch -> seconds (fwd + bwd)
+    source: str = "measured"  # measured (adloco profile), fitted (from runs), or how it was derived
+
+    def step_seconds(self, micro: int, accum: int) -> float:
+        """t(m, a) = a·(α + β·m) + δ."""
+        return accum * (self.alpha + self.beta * micro) + self.delta
+
+    def worker_seconds(self, steps: int, micro: int, accum: int, passes: int = 0, rows: int = 0) -> float:
+        """A worker's compute in a round: ``steps`` inner steps of ``accum`` micro-batches of ``micro`` rows,
+        plus ``passes`` extra forward and backward passes over ``rows`` extra rows (the gradient probe)."""
+        return steps * self.step_seconds(micro, accum) + passes * self.alpha + rows * self.beta
+
+    def fixed_share(self, b0: int) -> float:
+        """φ = α/(α + β·b₀): the share of a step at the first request that does not grow with the rows."""
+        return self.alpha / (self.alpha + self.beta * b0)
+
+    def with_fixed_share(self, phi: float, b0: int) -> StepProfile:
+        """The profile of a device where a micro-batch of b₀ rows costs what it costs here, but φ of it is
+        fixed: α = φ·s, β = (1 − φ)·s/b₀ with s = α + β·b₀ (δ unchanged)."""
+        if not 0 <= phi < 1:
+            raise UserError(f"--fixed-share {phi}: must be in [0, 1)")
+        s = self.alpha + self.beta * b0
+        return dataclasses.replace(
+            self,
+            alpha=phi * s,
+            beta=(1 - phi) * s / b0,
+            source=f"{self.source}, fixed share {phi:g} at b0 {b0}",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, **dataclasses.asdict(self)}
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
+            tmp.replace(path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise UserError(f"profile {str(path)!r}: cannot be written ({exc.strerror})") from None
+
+    @classmethod
+    def load(cls, path: str | Path, where: str | None = None) -> StepProfile:
+        """A profile written by ``adloco profile``; a file that is not one is one line naming it (``where``:
+        how the line names it; default ``profile 'PATH'``)."""
+        where = where or f"profile {str(path)!r}"
+        try:
+            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise UserError(f"{where}: no such file (adloco profile writes one)") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise UserError(f"{where}: not a profile ({type(exc).__name__})") from None
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            raise UserError(f"{where}: not a profile of format {FORMAT} (adloco profile writes one)")
+        known = {f.name for f in dataclasses.fields(cls)}
+        try:
+            prof = cls(**{k: v for k, v in raw.items() if k in known})
+            values = [float(prof.alpha), float(prof.beta), float(prof.delta)]
+        except (TypeError, ValueError):
+            raise UserError(f"{where}: alpha, beta and delta must be numbers") from None
+        if not all(math.isfinite(v) and v >= 0 for v in values) or prof.alpha + prof.beta <= 0:
+            raise UserError(f"{where}: alpha, beta and delta must be finite seconds >= 0, not all zero")
+        return prof
+
+
+def fit(timings: Mapping[int, float]) -> tuple[float, float, float]:
+    """(α, β, relative residual) of t(m) = α + β·m by least squares over ≥ 2 sizes; α and β are clipped at
+    0 (a negative fixed cost is noise)."""
+    ms = sorted(timings)
+    if len(ms) < 2:
+        raise UserError("profile: at least two micro-batch sizes are needed to fit a cost per row")
+    n = len(ms)
+    mean_m = sum(ms) / n
+    mean_t = sum(timings[m] for m in ms) / n
+    var = sum((m - mean_m) ** 2 for m in ms)
+    beta = max(0.0, sum((m - mean_m) * (timings[m] - mean_t) for m in ms) / var)
+    alpha = max(0.0, mean_t - beta * mean_m)
+    rel = [((alpha + beta * m) - timings[m]) / timings[m] for m in ms if timings[m] > 0]
+    return alpha, beta, math.sqrt(sum(r * r for r in rel) / len(rel)) if rel else 0.0
+
+
+def measure(
+    forward_backward: Callable[[int], None],
+    optimizer_step: Callable[[], None],
+    sizes: Sequence[int],
+    repeats: int,
+    synchronize: Callable[[], None] = lambda: None,
+) -> tuple[dict[int, float], float]:
+    """Median seconds of ``forward_backward(m)`` for every size (after one warm-up each), and of
+    ``optimizer_step()``. ``synchronize`` waits for the device (CUDA) before a clock is read."""
+
+    def timed(fn: Callable[[], None]) -> float:
+        synchronize()
+        t0 = time.perf_counter()
+        fn()
+        synchronize()
+        return time.perf_counter() - t0
+
+    out: dict[int, float] = {}
+    for m in sizes:
+        forward_backward(m)  # warm-up: allocations, kernels
+        out[m] = statistics.median(timed(functools.partial(forward_backward, m)) for _ in range(repeats))
+    optimizer_step()
+    delta = statistics.median(timed(optimizer_step) for _ in range(repeats))
+    return out, delta
+
+
+def fit_runs(rows: Sequence[tuple[float, int, int, int]]) -> StepProfile:
+    """α, β, δ fitted from finished rounds: rows of (compute seconds, steps, micro-batches, examples) of
+    worker rounds, compute ≈ α·passes + β·examples + δ·steps (least squares, each clipped at 0). The runs'
+    steps must vary enough (several micro-batch sizes) for the fixed and the per-row cost to be told apart."""
+    import numpy as np
+
+    data = [(c, s, p, e) for c, s, p, e in rows if s > 0 and math.isfinite(c) and c > 0]
+    if len(data) < 3:
+        raise UserError("--profile auto: fewer than three worker rounds with steps to fit a profile from")
+    x = np.array([[p, e, s] for _, s, p, e in data], dtype=float)
+    y = np.array([c for c, *_ in data], dtype=float)
+    if np.linalg.matrix_rank(x / x.max(axis=0)) < 3:
+        raise UserError(
+            "--profile auto: the runs' steps all used one micro-batch size, so a step's fixed cost and its "
+            "cost per row cannot be told apart; measure a profile with adloco profile and pass its file"
+        )
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    alpha, beta, delta = (max(0.0, float(v)) for v in coef)
+    pred = x @ np.array([alpha, beta, delta])
+    residual = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
+    return StepProfile(alpha, beta, delta, residual=residual, source=f"fitted from {len(data)} worker rounds")
+
+
+# -- adloco profile ------------------------------------------------------------------------------------
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "profile",
+        help="time a worker's step at several micro-batch sizes and fit its cost t(m, a) = a(α + βm) + δ",
+        description="Time one worker's forward and backward at several micro-batch sizes, and its optimizer "
+        "step, for a config's model, sequence length and device; fit α (a micro-batch's fixed cost), β (its "
+        "cost per row) and δ (the optimizer step), and write them as a JSON profile that prices simulated "
+        "time (adloco report/bench --profile, runtime.profile). ALGORITHM.md §11.",
+    )
+    p.add_argument(
+        "--config", "-c", metavar="FILE", help="YAML config (the model, data and device to profile)"
+    )
+    p.add_argument("--set", "-s", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument(
+        "--sizes", default="1,2,4,8", help="micro-batch sizes to time, at least 3 (default 1,2,4,8)"
+    )
+    p.add_argument("--repeats", type=int, default=5, help="timings per size; the median counts (default 5)")
+    p.add_argument("--out", default="profile.json", help="where to write the profile (default profile.json)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        sizes = []
+    if len(sizes) < 3 or sizes[0] < 1:
+        raise UserError(
+            f"--sizes {text!r}: must be at least 3 different micro-batch sizes >= 1, e.g. 1,2,4,8"
+        )
+    return sizes
+
+
+def command(args: Any) -> int:
+    """``adloco profile``: measure, fit, write, and say what was found in one line."""
+    import numpy as np
+    import torch
+
+    from adloco.config import resolve
+    from adloco.data.tokens import prepare
+    from adloco.engine.inner import make_optimizer
+    from adloco.engine.train import resolve_device
+    from adloco.flat import flatten
+    from adloco.models import factory_for
+    from adloco.replica import Replica, rows, to_device
+
+    sizes = parse_sizes(args.sizes)
+    if args.repeats < 1:
+        raise UserError(f"--repeats {args.repeats}: must be >= 1")
+    out = Path(args.out)
+    if out.is_dir():
+        raise UserError(f"--out {str(out)!r}: a folder, not a file")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {str(out)!r}: its folder does not exist")
+    cfg = resolve(args.config, args.overrides)
+    device = resolve_device(cfg.runtime.device)
+    if cfg.runtime.threads:
+        torch.set_num_threads(cfg.runtime.threads)
+    data = prepare(cfg.data, cfg.model.task, cfg.model.trust_remote_code, log=print)
+    if data.n_train < sizes[-1]:
+        raise UserError(f"--sizes: {sizes[-1]} rows, but the training split holds {data.n_train} examples")
+    model = factory_for(cfg.model, cfg.data.seq_len, data).build(cfg.algorithm.seed).to(device)
+    model.train()
+    rep = Replica(
+        model, make_optimizer(flatten(model), cfg.inner), clip=cfg.inner.clip, precision=cfg.model.precision
+    )
+    full = data.train_batch(np.arange(sizes[-1]))
+
+    def forward_backward(m: int) -> None:
+        rep.flat.zero_grad()
+        rep.forward_backward(to_device(rows(full, 0, m), device), 1.0)
+
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    print(
+        f"profiling {cfg.model.name} on {device.type}: micro-batches of {', '.join(map(str, sizes))} rows of "
+        f"{cfg.data.seq_len} tokens, {args.repeats} timings each"
+    )
+    timings, delta = measure(forward_backward, rep.optimizer_step, sizes, args.repeats, sync)
+    alpha, beta, residual = fit(timings)
+    name = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"cpu ({torch.get_num_threads()} threads)"
+    )
+    prof = StepProfile(
+        alpha,
+        beta,
+        delta,
+        device=name,
+        torch=torch.__version__,
+        model=cfg.model.name,
+        seq_len=cfg.data.seq_len,
+        b_max=cfg.switch.b_max or sizes[-1],
+        residual=residual,
+        timings={str(m): t for m, t in timings.items()},
+    )
+    prof.save(out)
+    b0 = cfg.batch.initial
+    print(
+        f"α = {alpha * 1e3:.2f} ms a micro-batch, β = {beta * 1e3:.2f} ms a row, δ = {delta * 1e3:.2f} ms the "
+        f"optimizer step (fit residual {100 * residual:.1f}%); fixed share at b₀ = {b0}: "
+        f"φ = {prof.fixed_share(b0):.2f}\nprofile: {out}"
+    )
+    return 0
