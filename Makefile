@@ -5,7 +5,7 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 
-.PHONY: train test test-integration test-e2e test-all lint bench bench-cpu bench-cpu-10m clean
+.PHONY: train test test-integration test-e2e test-all lint docs bench bench-cpu bench-cpu-10m clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,15 @@ lint: $(BIN)/.installed  ## ruff and mypy
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy src
+
+$(BIN)/.docs-installed: $(BIN)/.installed pyproject.toml
+	$(BIN)/python -m pip install --quiet -e ".[dev,docs]"
+	touch $@
+
+docs: $(BIN)/.docs-installed  ## the documentation site into build/site (MkDocs, strict: a warning is an error)
+	$(BIN)/ruff check docs
+	$(BIN)/ruff format --check docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(BIN)/.installed  ## engine overhead benchmark (see benchmarks/RESULTS.md)
 	$(BIN)/python benchmarks/engine_overhead.py

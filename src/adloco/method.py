@@ -242,20 +242,25 @@ class AdLoCo(Synchronization, HookedMode, AlgorithmState):
     # -- replicated state --------------------------------------------------------------------------
     @property
     def requests(self) -> dict[int, int]:
+        """Every trainer alive's request b (rows per worker and inner step), by trainer id."""
         return {t: tr.request for t, tr in sorted(self.trainers.items())}
 
     @property
     def alive(self) -> list[int]:
+        """The ids of the trainers alive, ascending (merges remove ids; the lowest survives)."""
         return sorted(self.trainers)
 
     @property
     def local_workers(self) -> list[int]:
+        """The worker ids this process hosts, ascending."""
         return sorted(self.replicas)
 
     def members(self) -> dict[int, list[int]]:
+        """Every trainer's workers (ids, ascending), by trainer id: the allocation seen from the trainers."""
         return allocation.members(self.allocation)
 
     def theta(self, t: int) -> torch.Tensor:
+        """Trainer t's flat parameters θ_t (P float32 values) between rounds; only where a worker of t lives."""
         theta = self.trainers[t].theta
         if theta is None:
             raise ValueError(f"trainer {t}: not hosted by this process (no worker of it lives here)")
@@ -278,6 +283,7 @@ class AdLoCo(Synchronization, HookedMode, AlgorithmState):
 
     @property
     def step_in_round(self) -> int:
+        """Inner steps taken in the current round (0 between rounds)."""
         return self._h
 
     def _only(self) -> int:

@@ -277,6 +277,8 @@ class Replica:
     def scale_lr(self) -> None:
         """Multiply every param group's lr by ``lr_scale`` for one step (exactly restored by
         :meth:`restore_lr`: the saved values are put back, nothing is divided)."""
+        if self._saved_lrs is not None:  # scaled already (a subclass's step that calls its parent's runs
+            return  # torch's step hooks twice): once per step
         groups = self.optimizer.param_groups
         self.last_lr = float(groups[0]["lr"]) * self.lr_scale
         if self.lr_scale == 1.0:

@@ -198,6 +198,7 @@ class Dial:
         """Rules between this dial's fields (a subclass's); raise ValueError naming the field."""
 
     def need(self, ok: bool, key: str, allowed: str) -> None:
+        """Raise ValueError ``section.key = value: must be allowed`` unless ``ok``."""
         if not ok:
             raise ValueError(f"{self.SECTION}.{key} = {getattr(self, key)!r}: must be {allowed}")
 
@@ -369,6 +370,7 @@ class Switch(Dial):
 
     @property
     def b_max_or_default(self) -> int:
+        """b_max, or 8 where nothing searches for it (null)."""
         return self.b_max if self.b_max is not None else self.B_MAX_DEFAULT
 
 
@@ -398,6 +400,7 @@ class Wire(Dial):
 
     @property
     def compressed(self) -> bool:
+        """Whether the round's all-reduces go through the compressed all-reduce (any dtype but float32)."""
         return self.dtype != "float32"
 
 

@@ -516,7 +516,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "argparse-unknown-command",
         ["trian"],
-        "unknown command 'trian' (commands: train, bench, analyze-gradients, report, config)",
+        "unknown command 'trian' (commands: train, bench, analyze-gradients, profile, report, config)",
     ),
     (
         "config-unknown-section",

@@ -3,19 +3,24 @@
 * docs/ALGORITHM.md's headings are numbered strictly (``## 2. Title``, ``### 2.5 Title``), and every
   section reference in the repository (``ALGORITHM.md`` then the section sign and a number, a range such
   as 2.1–2.4 allowed) names a section that exists; in Markdown the reference is a link to its heading.
-* The README's tables of the run directory, the metrics.jsonl events, the summary.json keys and the
-  config sections match the code (``adloco.events``, ``adloco.config.SECTIONS``) and what a tiny real
-  run writes.
+* The site's reference pages are generated from the code when it is built (docs/hooks.py): the config
+  keys from ``adloco.config.field_docs()``, the events and summary keys from ``adloco.events``, the
+  command line from the parser, the API from ``adloco.__all__``. These tests call the generators: every
+  event, key, section and command is there, agrees with ``adloco config`` and with what a tiny real run
+  writes. The tables still written by hand (the run directory's files, the config sections) are checked
+  against the code and the run.
 * What ``--resume`` may change is said once (``RESUMABLE_TEXT``): ``adloco train --help`` and the
-  README carry it verbatim.
+  guide to runs that survive failures carry it verbatim.
 
-This file writes the section sign as an escape, so that its own text holds no reference to check.
+Links, navigation and captions of the site: tests/unit/test_site.py. This file writes the section sign
+as an escape, so that its own text holds no reference to check.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import re
 from pathlib import Path
@@ -27,16 +32,23 @@ from adloco.cli import build_parser
 from adloco.engine import rundir
 from adloco.telemetry.metrics import tensorboard_available
 from tests.helpers import train_once
+from tests.unit.docs_site import docs_hooks
 
 ROOT = Path(__file__).resolve().parents[2]
 ALGORITHM = ROOT / "docs" / "ALGORITHM.md"
 README = ROOT / "README.md"
+RUN_DIRECTORY = ROOT / "docs" / "reference" / "run-directory.md"
+CONFIG_PAGE = ROOT / "docs" / "reference" / "config.md"
+RESUME_PAGE = ROOT / "docs" / "guides" / "fault-tolerance.md"
+hooks = docs_hooks()
 SIGN = "\u00a7"
 
 # Where references may appear: every tracked kind of text file of the repository.
 SCANNED = (
     "*.md",
     "docs/**/*.md",
+    "docs/**/*.py",
+    "mkdocs.yml",
     "benchmarks/**/*.md",
     "benchmarks/**/*.py",
     "src/**/*.py",
@@ -127,7 +139,7 @@ def slug(heading: str) -> str:
 
 def test_algorithm_md_is_numbered_like_the_spec() -> None:
     got = sections(ALGORITHM.read_text(encoding="utf-8"))
-    assert [k for k in got if "." not in k] == [str(i) for i in range(10)]
+    assert [k for k in got if "." not in k][:10] == [str(i) for i in range(10)]  # and any added after 9
     subsections = {k for k in got if "." in k}
     assert {"2.1", "2.2", "2.3", "2.4", "2.5", "9.1", "9.2", "9.3", "9.4"} <= subsections
 
@@ -164,6 +176,18 @@ def test_headings_inside_code_blocks_and_anchors() -> None:
         slug("8. Theory (reconstructed, constants unverified)")
         == "8-theory-reconstructed-constants-unverified"
     )
+
+
+def test_the_site_links_sections_as_github_does() -> None:
+    """The site's anchors (pymdownx.slugs, docs/hooks.py) are GitHub's: one link works in both."""
+    assert hooks.slug("0.1 The reference's `formula`") == slug("0.1 The reference's `formula`")
+    known = sections(ALGORITHM.read_text(encoding="utf-8"))
+    assert hooks.algorithm_anchors() == {k: slug(h) for k, (h, _) in known.items()}
+    unknown: list[str] = []
+    text = f"ALGORITHM.md {SIGN}2.5, ALGORITHM.md {SIGN}99 and [ALGORITHM.md {SIGN}3](x.md#3)"
+    linked = hooks.link_sections(text, "../ALGORITHM.md", unknown)
+    assert linked.startswith(f"[ALGORITHM.md {SIGN}2.5](../ALGORITHM.md#{slug(known['2.5'][0])}), ")
+    assert unknown == [f"ALGORITHM.md {SIGN}99"] and linked.endswith(f"[ALGORITHM.md {SIGN}3](x.md#3)")
 
 
 # -- references to sections, everywhere --------------------------------------------------------------
@@ -266,7 +290,7 @@ def test_config_docs_cite_algorithm_md() -> None:
     assert cited >= 15
 
 
-# -- the README's tables against the code -------------------------------------------------------------
+# -- the reference pages against the code -------------------------------------------------------------
 
 
 def tables(text: str) -> dict[tuple[str, ...], list[list[str]]]:
@@ -306,22 +330,49 @@ def names(cell: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def readme() -> dict[tuple[str, ...], list[list[str]]]:
-    return tables(README.read_text(encoding="utf-8"))
+def generated() -> dict[str, str]:
+    """Every generated part of the site, as the build makes it."""
+    return {name: make() for name, make in hooks.GENERATORS.items()}
 
 
-def test_readme_lists_every_event_and_its_keys(readme: dict[tuple[str, ...], list[list[str]]]) -> None:
-    rows = readme[("event", "when", "keys besides `event` and `round`")]
-    listed = {names(r[0])[0]: names(r[2]) for r in rows}
-    assert len(listed) == len(rows)
-    assert set(listed) == set(events.EVENTS), "events in the README vs adloco.events.EVENTS"
+def _by_heading(text: str, level: str) -> dict[str, str]:
+    """The text under each heading ``<level> `name``` of a generated page, by name."""
+    pattern = rf"^{level} `([^`]+)`$"
+    headings = re.findall(pattern, text, flags=re.M)
+    bodies = re.split(pattern, text, flags=re.M)[2::2]
+    return dict(zip(headings, bodies, strict=True))
+
+
+def test_every_event_and_its_keys_are_documented(generated: dict[str, str]) -> None:
+    text = generated["events"]
+    by_event = _by_heading(text, "###")
+    assert list(by_event) == list(events.EVENTS), "one section per event, in the order a round writes them"
     for name, cls in events.EVENTS.items():
+        doc = cls.__doc__ or ""
+        assert doc.startswith("Written"), f"{name}: a docstring saying when the event is written"
+        assert all(f.metadata.get("doc") for f in dataclasses.fields(cls)), f"{name}: a field without a doc"
+        body = by_event[name]
         if cls is events.End:
-            assert listed[name] == ["summary.json"]
+            assert "summary.json" in body
             continue
-        fields = [f.name for f in dataclasses.fields(cls) if f.name != "round"]
-        assert sorted(listed[name]) == sorted(fields), f"README's keys of the {name!r} event"
-        assert len(set(listed[name])) == len(listed[name]), name
+        listed = [names(r[0])[0] for r in tables(body)[("key", "type", "what")]]
+        assert listed == [f.name for f in dataclasses.fields(cls) if f.name != "round"], name
+    common = tables(text.split("### ")[0])[("key", "type", "what")]
+    assert [names(r[0])[0] for r in common] == ["event", "round"]
+
+
+def test_every_summary_key_is_documented(generated: dict[str, str]) -> None:
+    listed = [names(r[0])[0] for r in tables(generated["summary"])[("key", "type", "what")]]
+    assert listed == [f.name for f in dataclasses.fields(events.Summary)]
+    assert all(f.metadata.get("doc") for f in dataclasses.fields(events.Summary))
+
+
+def test_json_types_read_as_json() -> None:
+    assert hooks.json_type(int) == "integer"
+    assert hooks.json_type(float | None) == "number or null"
+    assert hooks.json_type(dict[int, int]) == "object: id → integer"
+    assert hooks.json_type(list[list[int]]) == "array of (array of integer)"
+    assert hooks.json_type(dict[int, int] | None) == "(object: id → integer) or null"
 
 
 def test_every_event_class_is_registered() -> None:
@@ -334,14 +385,68 @@ def test_every_event_class_is_registered() -> None:
     assert all(name == cls.event for name, cls in events.EVENTS.items())
 
 
-def test_readme_lists_every_summary_key(readme: dict[tuple[str, ...], list[list[str]]]) -> None:
-    listed = [n for r in readme[("key", "what")] for n in names(r[0])]
-    assert sorted(listed) == sorted(f.name for f in dataclasses.fields(events.Summary))
+def test_config_reference_is_what_adloco_config_prints(generated: dict[str, str]) -> None:
+    """One table per section, every key in declaration order, its default as `adloco config` prints it."""
+    by_section = _by_heading(generated["config"], "##")
+    assert list(by_section) == config.SECTIONS
+    printed: dict[tuple[str, str], str] = {}
+    section = ""
+    for line in config.dump_yaml(config.resolve(None, []), with_docs=True).splitlines():
+        if not line.startswith(" "):
+            section = line.rstrip(":")
+            continue
+        key, _, value = line.split(" # ")[0].strip().partition(": ")
+        printed[(section, key)] = value
+    shown = {}
+    for section, body in by_section.items():
+        for r in tables(body)[("key", "default", "what")]:
+            shown[(section, names(r[0])[0])] = (names(r[1])[0], r[2])
+    docs = config.field_docs()
+    assert list(shown) == [(s, k) for s, k, _, _ in docs]
+    for s, k, _, doc in docs:
+        default, what = shown[(s, k)]
+        assert default == printed[(s, k)], f"{s}.{k}"
+        assert what == hooks.cell(doc), f"{s}.{k}"
 
 
-def test_readme_lists_every_config_section(readme: dict[tuple[str, ...], list[list[str]]]) -> None:
-    listed = [names(r[0])[0] for r in readme[("section", "what")]]
+def test_config_page_lists_every_config_section() -> None:
+    listed = [names(r[0])[0] for r in tables(CONFIG_PAGE.read_text(encoding="utf-8"))[("section", "what")]]
     assert listed == config.SECTIONS  # in the order `adloco config` prints them
+
+
+def test_dials_are_config_sections() -> None:
+    assert hooks.dial_sections() == {
+        "Outer": "outer",
+        "AdaptiveBatch": "batch",
+        "Merging": "merge",
+        "Switch": "switch",
+        "Wire": "comm",
+    }
+
+
+def test_cli_reference_is_every_commands_help(generated: dict[str, str]) -> None:
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    by_command = _by_heading(generated["cli"], "##")
+    assert list(by_command) == ["adloco", *(f"adloco {c}" for c in sub.choices)]
+    assert "--resume RUN_DIR" in by_command["adloco train"]
+    assert "--set SECTION.KEY=VALUE" in by_command["adloco config"]
+
+
+def test_api_reference_covers_every_public_name(generated: dict[str, str]) -> None:
+    import adloco
+
+    groups = hooks.api_groups()
+    assert "other" not in groups, "a public name in no group of docs/hooks.py API_GROUPS"
+    listed = [n for _, group in groups.values() for n in group]
+    assert sorted(listed) == sorted(n for n in adloco.__all__ if n != "__version__")
+    directives = re.findall(r"^::: (\S+)$", generated["api"], flags=re.M)
+    for name in listed:
+        obj = getattr(adloco, name)
+        assert f"{obj.__module__}.{obj.__qualname__}" in directives, name
+    for path in directives:  # each names an object that exists where it says
+        module, _, attr = path.rpartition(".")
+        assert hasattr(importlib.import_module(module), attr), path
 
 
 TINY = {
@@ -365,10 +470,8 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> Pat
     return train_once(tmp_path_factory.mktemp("docs-run"), {**TINY, "data.source": str(text_corpus)})
 
 
-def test_readme_run_directory_is_what_a_run_writes(
-    readme: dict[tuple[str, ...], list[list[str]]], tiny_run: Path
-) -> None:
-    listed = {names(r[0])[0] for r in readme[("file", "what")]}
+def test_run_directory_page_is_what_a_run_writes(tiny_run: Path) -> None:
+    listed = {names(r[0])[0] for r in tables(RUN_DIRECTORY.read_text(encoding="utf-8"))[("file", "what")]}
     written = {p.name + ("/" if p.is_dir() else "") for p in tiny_run.iterdir()}
     if not tensorboard_available():  # logging.tensorboard: auto writes it only when the package is installed
         listed.discard("tensorboard/")
@@ -376,14 +479,12 @@ def test_readme_run_directory_is_what_a_run_writes(
     assert {"config.yaml", "metrics.jsonl", "summary.json", "model/", "plots/", "checkpoints/"} <= listed
 
 
-def test_a_real_run_writes_only_documented_keys(
-    readme: dict[tuple[str, ...], list[list[str]]], tiny_run: Path
-) -> None:
+def test_a_real_run_writes_only_documented_keys(generated: dict[str, str], tiny_run: Path) -> None:
     event_keys = {
-        names(r[0])[0]: set(names(r[2])) | {"event", "round"}
-        for r in readme[("event", "when", "keys besides `event` and `round`")]
+        name: {names(r[0])[0] for r in tables(body).get(("key", "type", "what"), [])} | {"event", "round"}
+        for name, body in _by_heading(generated["events"], "###").items()
     }
-    summary_keys = {n for r in readme[("key", "what")] for n in names(r[0])}
+    summary_keys = {names(r[0])[0] for r in tables(generated["summary"])[("key", "type", "what")]}
     event_keys["end"] = summary_keys | {"event", "round"}
     seen = set()
     for line in (tiny_run / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
@@ -411,8 +512,8 @@ def test_resume_help_says_what_may_change() -> None:
     assert "--config is refused" in help_text
 
 
-def test_readme_says_what_resume_may_change() -> None:
-    text = " ".join(README.read_text(encoding="utf-8").split())  # line breaks are the README's layout
+def test_the_guide_says_what_resume_may_change() -> None:
+    text = " ".join(RESUME_PAGE.read_text(encoding="utf-8").split())  # line breaks are the page's layout
     assert config.RESUMABLE_TEXT in text
     sentence = text[: text.index(config.RESUMABLE_TEXT)].rsplit("- ", 1)[-1]
     assert "`--config` is refused with `--resume`" in sentence

@@ -118,7 +118,7 @@ def test_adamw_takes_the_square_root_and_the_step_is_the_scaled_one() -> None:
 
 def test_the_hooked_form_scales_the_users_step_and_restores_it() -> None:
     ms = models(2)
-    opts = [Recording(m.parameters(), lr=0.05) for m in ms]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in ms]
     algo = AdLoCo(
         ms,
         opts,
@@ -132,13 +132,18 @@ def test_the_hooked_form_scales_the_users_step_and_restores_it() -> None:
     algo.trainers[0].request = 9  # b_t / b0 = 9 / 4: the linear rule for SGD
     algo._plan()
     data = Data()
+    seen: list[float] = []
     with algo:
+        # a hook registered after adloco's runs after it: it sees the lr the step takes
+        opts[0].register_step_pre_hook(
+            lambda opt, args, kwargs: seen.append(float(opt.param_groups[0]["lr"]))
+        )
         for h in range(2):
             for w, (m, opt) in enumerate(zip(ms, opts, strict=True)):
                 opt.zero_grad()
                 loss_fn(m, data.batch(w, 0, h, 9)).backward()
                 opt.step()
-    assert opts[0].seen == [0.05 * 9 / 4] * 2 and opts[0].param_groups[0]["lr"] == 0.05
+    assert seen == [0.05 * 9 / 4] * 2 and opts[0].param_groups[0]["lr"] == 0.05
     assert algo.round == 1
 
 
@@ -208,10 +213,19 @@ def test_a_constant_batch_keeps_its_schedule_and_a_growing_one_advances_it() -> 
     assert lr_at(1.0, 12, i) == lr_at(1, 12, i) and lr_at(4.0, 12, i) > lr_at(1.0, 12, i)
 
 
-def test_the_schedule_counts_the_examples_a_grown_request_trains_on() -> None:
+def test_a_budget_run_schedules_by_the_examples_a_grown_request_trains_on() -> None:
+    """With algorithm.budget the schedule's position is the examples trained on, in steps of the initial
+    request; a request grown 4x moves it 4 steps a step (a run bounded by rounds follows its steps)."""
     from tests.helpers import driver, tiny_config
 
-    cfg = tiny_config("batch.test=none", "batch.statistics=false", "merge.policy=none", "switch.b_max=16")
+    cfg = tiny_config(
+        "batch.test=none",
+        "batch.statistics=false",
+        "merge.policy=none",
+        "switch.b_max=16",
+        "algorithm.budget=100000",
+        "inner.warmup_fraction=0.9",
+    )
     d = driver(cfg)
     unit = cfg.algorithm.workers * cfg.batch.initial
     d.run_round()
@@ -219,5 +233,16 @@ def test_the_schedule_counts_the_examples_a_grown_request_trains_on() -> None:
     for tr in d.algo.trainers.values():
         tr.request = 4 * cfg.batch.initial
     d.algo._plan()
+    seen: list[float] = []
+    step_all = d.algo.step_all
+
+    def spy(batches: Any, *, stop: bool = False) -> Any:
+        seen.append(float(next(iter(d.algo.replicas.values())).optimizer.param_groups[0]["lr"]))
+        return step_all(batches, stop=stop)
+
+    d.algo.step_all = spy  # type: ignore[method-assign]
     d.run_round()
     assert d.trained == 5 * cfg.algorithm.inner_steps * unit  # then four units a step
+    total = cfg.algorithm.rounds * cfg.algorithm.inner_steps
+    h = cfg.algorithm.inner_steps
+    assert seen == [lr_at(h + 4 * k, total, cfg.inner) for k in range(h)]

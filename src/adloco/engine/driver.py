@@ -126,11 +126,13 @@ class Driver:
         self.idle: list[float] = []  # every round's idle share
         self.restarts = 0  # restarts and resumes of this run so far
         self.rounds_lost = 0  # rounds trained, then lost with the processes that trained them
-        # The learning-rate schedule is indexed by training examples (ALGORITHM.md §10), counted in inner
-        # steps of every worker at the initial request: a constant batch's step index exactly, while a
-        # growing batch advances it faster, so methods that saw the same examples share a point of it.
+        # A run bounded by examples (algorithm.budget) indexes its learning-rate schedule by the examples
+        # trained on (ALGORITHM.md §10), counted in inner steps of every worker at the initial request: a
+        # constant batch's step index exactly, while a growing batch advances it faster, so methods that
+        # saw the same examples share a point of it. A run bounded by rounds follows its steps: how many
+        # examples a growing batch will see is not known in advance.
         self.lr_unit = a.workers * cfg.batch.initial
-        # simulated compute: each worker's measured seconds, or its steps priced by a profile (§11)
+        # simulated compute: each worker's measured seconds, or its steps priced by a profile (ALGORITHM.md §11)
         self.profile = StepProfile.load(cfg.runtime.profile) if cfg.runtime.profile else None
         self.trained = 0  # examples in inner steps so far (probe rows are not steps)
         self.stop_requested: Callable[[], bool] = lambda: False  # set by whoever handles signals
@@ -254,8 +256,9 @@ class Driver:
         total_steps = a.rounds * a.inner_steps
         self._rng = rng_state()
         trained = self.trained
-        for _ in range(a.inner_steps):
-            lr = lr_at(self.trained / self.lr_unit, total_steps, cfg.inner)
+        for h in range(a.inner_steps):
+            at = self.trained / self.lr_unit if a.budget is not None else r * a.inner_steps + h
+            lr = lr_at(at, total_steps, cfg.inner)
             for rep in algo.replicas.values():
                 for group in rep.optimizer.param_groups:
                     group["lr"] = lr

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from adloco.errors import UserError
-from adloco.report.plots import draw
+from adloco.report.plots import default_target, draw
 from adloco.report.results import (
     Run,
     Stats,
@@ -30,13 +30,6 @@ from adloco.telemetry.progress import fmt_bytes
 
 def _fmt(x: float | None, spec: str = ",.0f") -> str:
     return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
-
-
-def default_target(runs: Sequence[Run]) -> float:
-    """The worst final metric among the runs (every run reaches it): the highest perplexity, or the
-    lowest accuracy; a run whose final evaluation was not finite does not count."""
-    finals = [r.final for r in runs if math.isfinite(r.final)] or [r.end.value for r in runs if r.end]
-    return max(finals) if runs[0].metric == "val_ppl" else min(finals)
 
 
 def _what(runs: Sequence[Run]) -> str:
@@ -110,8 +103,8 @@ def write(runs: list[Run], out: Path, target: float | None = None, command: str 
     if target is None:
         target = default_target(runs)
     one = len(runs) == 1
-    # one run: no target line on its plots (its own final value would be one), and a title that says so
-    drawn = draw(runs, out / "plots", target if not one or target != default_target(runs) else None)
+    # one run: no target line on its plots where the target is its own final value (draw drops it)
+    drawn = draw(runs, out / "plots", target)
     lines = [
         f"# adloco report: one run, {runs[0].path.name}"
         if one

@@ -232,15 +232,28 @@ def _whole_range(
         )
 
 
+def default_target(runs: Sequence[Run]) -> float:
+    """The worst final metric among the runs (every run reaches it): the highest perplexity, or the
+    lowest accuracy; a run whose final evaluation was not finite does not count."""
+    finals = [r.final for r in runs if math.isfinite(r.final)] or [r.end.value for r in runs if r.end]
+    return max(finals) if runs[0].metric == "val_ppl" else min(finals)
+
+
 def make_figures(
     runs: list[Run],
     target: float | None = None,
     groups: list[tuple[str, list[Run]]] | None = None,
 ) -> dict[str, Any]:
-    """Every plot, by file name, as matplotlib Figures (see :func:`draw`)."""
+    """Every plot, by file name, as matplotlib Figures (see :func:`draw`).
+
+    ``target`` is drawn as a dotted line on the curve plots of a comparison; a single run (or a single
+    variant's seeds) draws none where the target is its own final value (the default a report takes),
+    which would mark where the run ended, not a target it was given."""
     if groups is None:
         groups = [(r.label, [r]) for r in runs]
     groups = [(label, members) for label, members in groups if members]
+    if target is not None and len(groups) == 1 and target == default_target(groups[0][1]):
+        target = None
     short = "val_accuracy" if groups[0][1][0].metric == "val_accuracy" else "val_ppl"
     out: dict[str, Any] = {}
     for attr, (name, _) in CURVES.items():

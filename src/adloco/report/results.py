@@ -145,7 +145,7 @@ def add_compute_options(p: argparse.ArgumentParser, default: str) -> None:
     """``--compute`` and ``--seconds-per-example``, for every command that prices simulated time."""
     p.add_argument(
         "--compute",
-        choices=COMPUTE,
+        choices=("measured", "examples"),
         default=default,
         help="simulated compute per worker and round: its measured compute time, or its examples times "
         "one seconds-per-example constant shared by all compared runs (independent of machine load; "

@@ -129,12 +129,15 @@ def _requests(ax: Any, r: Run) -> None:
         if any(m in ("accumulate", "cap") for m in th.modes):
             lines.append((float(th.b_max), f"b_max = {th.b_max}"))
         for y, text in lines:
+            name = text.split(" =")[0]
             ax.axhline(
                 y,
                 color="dimgrey",
                 linestyle="--",
                 linewidth=1,
-                label=f"{text.split(' =')[0]} (κ: config switch.kappa; b_max: {th.source})",
+                label=f"κ·b_max (κ: config switch.kappa; b_max: {th.source})"
+                if name.startswith("κ")
+                else f"b_max ({th.source}): above it, switch mode accumulate accumulates and cap caps",
             )
             ax.annotate(
                 text,
@@ -168,7 +171,7 @@ def _requests(ax: Any, r: Run) -> None:
             else None,
         )
     ax.set(xlabel="round", ylabel="request b (examples per worker step)")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.06)  # room above the top request for a merge's label
     _integer_axis(ax.xaxis)
     _integer_axis(ax.yaxis)
 
@@ -176,7 +179,11 @@ def _requests(ax: Any, r: Run) -> None:
 def requests_figure(firsts: Sequence[tuple[str, Run, int]]) -> Any:
     """Each trainer's request per round; merges (◆, the merged trainers' requests dotted into it),
     changes of workers, the switch threshold κ·b_max and the Theorem 1 bound."""
-    fig, panels = _panels(firsts, "Request b per trainer per round (above κ·b_max a worker accumulates)")
+    fig, panels = _panels(
+        firsts,
+        "Request b per trainer per round\nmerges (◆), the micro-batch limit (dashed), the Theorem 1 bound "
+        "(×, reconstructed: ALGORITHM.md §8)",
+    )
     for (_, r, _), axs in zip(firsts, panels, strict=True):
         _requests(axs[0], r)
     _figure_legend(fig, panels)
