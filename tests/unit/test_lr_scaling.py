@@ -5,6 +5,7 @@ state, and the schedule indexed by examples (which leaves a constant batch's sch
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -246,3 +247,25 @@ def test_a_budget_run_schedules_by_the_examples_a_grown_request_trains_on() -> N
     total = cfg.algorithm.rounds * cfg.algorithm.inner_steps
     h = cfg.algorithm.inner_steps
     assert seen == [lr_at(h + 4 * k, total, cfg.inner) for k in range(h)]
+
+
+def test_the_requests_plot_draws_the_lr_beside_the_request(tmp_path: Path) -> None:
+    from adloco.report import plots, results
+    from tests.unit.test_reporting import recorded_run, rewrite
+
+    def with_lr(e: dict[str, Any]) -> list[dict[str, Any]]:
+        if e["event"] == "trainer":
+            e = {**e, "lr": 0.004 * math.sqrt(e["request"] / 4), "lr_scale": math.sqrt(e["request"] / 4)}
+        return [e]
+
+    run = rewrite(recorded_run(tmp_path, "scaled", "adloco", [50.0, 30.0, 20.0], 1_000), with_lr)
+    (loaded,) = results.load_all([run])
+    fig = plots.make_figures([loaded])["requests.png"]
+    twins = [ax for ax in fig.axes if ax.get_ylabel() == "inner lr at the round's last step"]
+    assert len(twins) == 1
+    (line,) = twins[0].get_lines()
+    assert list(line.get_ydata()) == pytest.approx([0.004, 0.004 * math.sqrt(2), 0.004 * math.sqrt(3)])
+    plain = recorded_run(tmp_path, "plain", "adloco", [50.0, 30.0], 1_000)  # no lr recorded: no second axis
+    (loaded,) = results.load_all([plain])
+    fig = plots.make_figures([loaded])["requests.png"]
+    assert not [ax for ax in fig.axes if ax.get_ylabel() == "inner lr at the round's last step"]

@@ -174,6 +174,33 @@ def _requests(ax: Any, r: Run) -> None:
     ax.set_ylim(0, ax.get_ylim()[1] * 1.06)  # room above the top request for a merge's label
     _integer_axis(ax.xaxis)
     _integer_axis(ax.yaxis)
+    _lrs(ax, r)
+
+
+def _lrs(ax: Any, r: Run) -> None:
+    """Beside the requests, on a second axis: each trainer's inner lr at the round's last step, with the
+    multiplier of batch.lr_scaling (ALGORITHM.md §10) in it; drawn when the runs recorded it and it moved."""
+    lr: dict[int, dict[int, float]] = {}
+    for e in r.of(events.Trainer):
+        if e.lr is not None:
+            lr.setdefault(e.trainer, {})[e.round] = e.lr
+    values = {v for pts in lr.values() for v in pts.values()}
+    if len(values) < 2:  # none recorded, or one constant lr: nothing to see beside the requests
+        return
+    twin = ax.twinx()
+    for k, (t, pts) in enumerate(sorted(lr.items())):
+        twin.plot(
+            list(pts),
+            list(pts.values()),
+            linestyle="--",
+            linewidth=0.8,
+            color=trainer_colour(t),
+            alpha=0.8,
+            label="inner lr (dashed, right axis; batch.lr_scaling's multiplier included)" if k == 0 else None,
+        )
+    twin.set_ylabel("inner lr at the round's last step")
+    twin.set_ylim(0, max(values) * 1.15)
+    twin.legend(loc="lower right", fontsize=7)
 
 
 def requests_figure(firsts: Sequence[tuple[str, Run, int]]) -> Any:
