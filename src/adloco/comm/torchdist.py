@@ -12,7 +12,9 @@ order (decisions are replicated), so every rank creates the same groups in the s
 
 from __future__ import annotations
 
+import atexit
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -23,6 +25,26 @@ from adloco.comm.base import Comm, CommFailure
 from adloco.comm.quantize import ErrorFeedback
 
 T = TypeVar("T")
+_EXIT_GUARD: list[bool] = []
+
+
+def _let_collectives_settle() -> None:
+    """Release the GIL for a moment before the interpreter finalizes.
+
+    A gloo worker thread drops its last reference to a finished collective's tensors after the caller's
+    ``wait()`` has returned, and dropping it takes the GIL. Once ``torch._dynamo`` has been imported (the
+    first optimizer step does it), the process group outlives ``destroy_process_group()`` and its threads
+    live until exit; a thread that asks for the GIL while the interpreter finalizes is ended by Python
+    inside a C++ frame, and the process aborts ("terminate called without an active exception") after a
+    run that succeeded. Running before finalization, this gives those threads the moment they need.
+    """
+    time.sleep(0.05)
+
+
+def _guard_exit() -> None:
+    if not _EXIT_GUARD:
+        _EXIT_GUARD.append(True)
+        atexit.register(_let_collectives_settle)
 
 
 class TorchDistComm(Comm):
@@ -40,6 +62,7 @@ class TorchDistComm(Comm):
         if workers_per_process < 1:
             raise ValueError(f"workers_per_process: {workers_per_process} must be >= 1")
         rank, world = dist.get_rank(), dist.get_world_size()
+        _guard_exit()
         wpp = workers_per_process
         super().__init__(world * wpp, range(rank * wpp, (rank + 1) * wpp), rank, world)
         self.wpp = wpp
