@@ -23,7 +23,15 @@ def test_a_program_that_succeeds_exits_with_status_zero_every_time(tmp_path: Pat
     failed = []
     for _ in range(8):
         p = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)],
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                str(script),
+            ],
             cwd=tmp_path,
             capture_output=True,
             text=True,
