@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # `adloco train` as the bench calls it, made up: final perplexity 30 (adloco), 40 (diloco), 50 (others),
 # + the seed, + 100·|outer.lr − 0.5| when outer.lr is set; 3 evaluations on the way down from 100.
 # $FAKE_BENCH (JSON) may name runs that fail ("fail") and a barrier folder where every run waits until
-# "barrier" runs have started ("barrier": [folder, n]).
+# "barrier" runs have started ("barrier": [folder, n]); "resolved": true writes the run's whole resolved
+# config, as adloco train does, instead of the keys set.
 FAKE = """
 import json, os, sys, time
 from pathlib import Path
@@ -64,6 +65,10 @@ for k, v in sets.items():
     section, key = k.split(".")
     config.setdefault(section, {{}})[key] = v
 config["algorithm"]["seed"] = seed
+if spec.get("resolved"):  # the whole resolved config, as adloco train writes it
+    import yaml
+    from adloco.config import dump_yaml, resolve
+    config = yaml.safe_load(dump_yaml(resolve(argv[argv.index("--config") + 1], [sets and f"{{k}}={{v}}" for k, v in sets.items()])))
 recorded_run(Path(sets["logging.out_dir"]), name + "-20260101-000000", method,
              [final + 40, final + 20, final], 2_000_000, seed=seed, config=config, label=name)
 """
@@ -412,6 +417,54 @@ def test_bad_bench_options(fake: Path, tmp_path: Path, capsys: pytest.CaptureFix
     assert err("--methods", "ddp", "--ablations", "no-merge", "--sweep", "inner.lr=1e-3,2e-3").startswith(
         "--ablations: they start from AdLoCo's selected setting"
     )
+
+
+def test_a_bench_resumes_keeping_the_runs_that_finished(
+    fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bench that lost runs (here one failed; a killed bench is the same) goes on with --resume: the
+    runs that finished with the config their task runs are kept, the others run; bad resumes are one line."""
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True, "fail": ["diloco-s1"]}))
+    args = ("--methods", "adloco,diloco", "--seeds", "0,1")
+    code, out = fake_bench(tmp_path, *args)
+    assert code == 1
+    capsys.readouterr()
+    # a finished run whose config is not its task's (made by other code, or edited) runs again
+    edited = next((out / "runs").glob("adloco-s1-*/config.yaml"))
+    cfg = yaml.safe_load(edited.read_text())
+    cfg["inner"]["lr"] = 0.5
+    edited.write_text(yaml.safe_dump(cfg))
+    (out / "runs" / "adloco-s1-20260101-000000").rename(out / "runs" / "adloco-s1-20250101-000000")
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True}))
+    code, _ = fake_bench(tmp_path, *args, "--resume")
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "[1/4] adloco seed 0 finished before: adloco-s0-20260101-000000" in printed.out
+    assert "diloco seed 0 finished before" in printed.out
+    assert "adloco seed 1 started" in printed.out and "diloco seed 1 started" in printed.out
+    results = json.loads((out / "results.json").read_text())
+    assert [r["status"] for v in ("adloco", "diloco") for r in results["variants"][v]["runs"]] == ["ok"] * 4
+    assert (out / "runs" / "adloco-s1-20250101-000000").is_dir()  # nothing the user had is lost
+    assert (out / "logs" / "diloco-s1.out.log").read_text() == "fake run diloco-s1\n" * 2
+
+    def err(*more: str, config: dict[str, Any] | None = None) -> str:
+        code, _ = fake_bench(tmp_path, *args, *more, config=config)
+        assert code == 2
+        return capsys.readouterr().err.strip().removeprefix("adloco: error: ")
+
+    assert err("--resume", config={"bench": {"budget": 300}, "inner": {"lr": 0.1}}).startswith(
+        f"--resume: {out}/shared.yaml differs from this command's config"
+    )
+    assert err().startswith(f"--out {str(out)!r}: exists and is not empty")
+    assert main(["bench", "--resume", "--budget", "100"]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == "adloco: error: --resume: needs --out BENCH_DIR, the bench to go on with"
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["bench", "--resume", "--budget", "100", "--out", str(empty)]) == 2
+    assert "not a folder adloco bench made" in capsys.readouterr().err
 
 
 def test_claims_give_per_seed_ratios_and_a_replaced_adloco_drops_its_ablations() -> None:

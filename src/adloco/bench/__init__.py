@@ -145,6 +145,13 @@ def add_parser(sub: Any) -> None:
     results.add_compute_options(b, "examples")
     b.add_argument("--out", help="comparison folder (default: <logging.out_dir>/bench-<timestamp>)")
     b.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with the unfinished bench in --out, run again with the command that started it: a run "
+        "that finished there with the config its task would run is kept, every other one runs (a "
+        "bench stopped by a lost machine or a kill loses only its unfinished runs)",
+    )
+    b.add_argument(
         "--report-only",
         metavar="BENCH_DIR",
         help="run nothing: write the report, plots and results.json of a finished bench again from its "
@@ -179,6 +186,21 @@ def prepare_data(cfg: Any) -> None:
         print(f"bench: preparing the data beforehand failed ({exc}); each run tries on its own", flush=True)
 
 
+def _check_resumable(out: Path, given: str | None, shared_yaml: str) -> None:
+    """--resume: ``out`` must be a bench folder made with the same shared settings."""
+    if given is None:
+        raise UserError("--resume: needs --out BENCH_DIR, the bench to go on with")
+    if not (out / "shared.yaml").is_file() or not (out / "runs").is_dir():
+        raise UserError(
+            f"--out {given!r}: not a folder adloco bench made (no shared.yaml and runs/), nothing to resume"
+        )
+    if (out / "shared.yaml").read_text(encoding="utf-8") != shared_yaml:
+        raise UserError(
+            f"--resume: {given}/shared.yaml differs from this command's config (a bench goes on with the "
+            "settings it started with: run it with the command that made it, adding --resume)"
+        )
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.seconds_per_example is not None and not args.seconds_per_example > 0:
         raise UserError(f"--seconds-per-example {args.seconds_per_example}: must be > 0")
@@ -196,15 +218,22 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         raise UserError(f"--select {args.select}: needs a target (--target or bench.target)")
     shared = resolve(None, args.overrides, base=settings["raw"])
     out = Path(args.out or Path(shared.logging.out_dir) / f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
-    if out.exists() and any(out.iterdir()):
-        raise UserError(f"--out {str(out)!r}: exists and is not empty (nothing is overwritten)")
+    shared_yaml = yaml.safe_dump(settings["raw"], sort_keys=False)
+    if args.resume:
+        _check_resumable(out, args.out, shared_yaml)
+    elif out.exists() and any(out.iterdir()):
+        raise UserError(
+            f"--out {str(out)!r}: exists and is not empty (nothing is overwritten; --resume goes on with "
+            "the bench there)"
+        )
     try:
         (out / "runs").mkdir(parents=True, exist_ok=True)
         (out / "logs").mkdir(exist_ok=True)
     except OSError as exc:
         raise UserError(f"--out {str(out)!r}: cannot be created ({exc.strerror})") from None
-    (out / "shared.yaml").write_text(yaml.safe_dump(settings["raw"], sort_keys=False), encoding="utf-8")
-    (out / "resolved.yaml").write_text(dump_yaml(shared), encoding="utf-8")
+    if not args.resume:
+        (out / "shared.yaml").write_text(shared_yaml, encoding="utf-8")
+        (out / "resolved.yaml").write_text(dump_yaml(shared), encoding="utf-8")
     tasks = plan(settings, todo)
     seeds = settings["seeds"]
     grid_runs = sum(len(g) for m, g in settings["grids"].items() if len(g) > 1 and m in dict(todo))

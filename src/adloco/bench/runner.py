@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import yaml
+
 from adloco.bench.grid import Setting, Task, _name, select
 from adloco.errors import UserError
 
@@ -54,8 +56,8 @@ class _Child:
         self.cmd = cmd
         self.err_path = logs / f"{task.name}.err.log"
         self.files = [
-            (logs / f"{task.name}.out.log").open("w", encoding="utf-8"),
-            self.err_path.open("w", encoding="utf-8"),
+            (logs / f"{task.name}.out.log").open("a", encoding="utf-8"),  # a resumed bench keeps the old
+            self.err_path.open("a", encoding="utf-8"),
         ]
         self.proc = subprocess.Popen(
             cmd,
@@ -89,6 +91,20 @@ def _run_dir(runs: Path, name: str) -> Path | None:
     pattern = re.compile(re.escape(name) + r"-\d{8}-\d{6}(-\d+)?")
     found = sorted(d for d in runs.iterdir() if d.is_dir() and pattern.fullmatch(d.name))
     return found[-1] if found else None
+
+
+def _finished_dirs(runs: Path, name: str) -> list[Path]:
+    """The run directories of task ``name`` that finished (they have summary.json), newest first."""
+    pattern = re.compile(re.escape(name) + r"-\d{8}-\d{6}(-\d+)?")
+    found = [d for d in runs.iterdir() if d.is_dir() and pattern.fullmatch(d.name)]
+    return sorted((d for d in found if (d / "summary.json").is_file()), reverse=True)
+
+
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's config without what does not change its results: where it logs, and its thread count."""
+    c = {k: v for k, v in config.items() if k != "logging"}
+    c["runtime"] = {k: v for k, v in dict(c.get("runtime") or {}).items() if k != "threads"}
+    return c
 
 
 def _tail(path: Path, n: int = TAIL) -> list[str]:
@@ -167,7 +183,7 @@ class Bench:
                 for t in self.tasks:
                     if len(self.running) >= self.jobs:
                         break
-                    if t.status == "queued" and t.setting is not None:
+                    if t.status == "queued" and t.setting is not None and not self.reuse(t):
                         self.start(t)
                 if not self.running:
                     break
@@ -181,6 +197,29 @@ class Bench:
         finally:
             if main:
                 signal.signal(signal.SIGTERM, old)
+
+    def reuse(self, t: Task) -> bool:
+        """--resume: take the run of ``t`` that finished in an earlier go, if its config is the one ``t``
+        runs now (a run left unfinished stays where it is, and ``t`` runs afresh beside it)."""
+        if not getattr(self.args, "resume", False):
+            return False
+        from adloco.config import dump_yaml, resolve
+        from adloco.report import results
+
+        expected = _comparable(yaml.safe_load(dump_yaml(resolve(self.out / "shared.yaml", self.sets(t)))))
+        for folder in _finished_dirs(self.out / "runs", t.name):
+            try:
+                run = results.load(folder)
+            except UserError:
+                continue
+            if _comparable(run.config) != expected:
+                continue
+            self.started += 1
+            t.number, t.status, t.folder, t.run = self.started, "ok", folder, run
+            t.seconds = float(run.summary.get("wall_s") or 0.0)
+            self.say(t, f"finished before: {folder.name}")
+            return True
+        return False
 
     def start(self, t: Task) -> None:
         self.started += 1
