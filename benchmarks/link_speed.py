@@ -97,11 +97,23 @@ def _cell(rs: list[float]) -> str:
     return f"{statistics.fmean(rs):.2f} [{min(rs):.2f}–{max(rs):.2f}]"
 
 
-def _label(doc: dict[str, Any], runs: dict[str, dict[int, Any]], variants: tuple[str, str]) -> str:
+def _label(
+    doc: dict[str, Any], runs: dict[str, dict[int, Any]], variants: tuple[str, str], prof: Any = None
+) -> str:
+    """The column's name: the model, its seeds, and how compute was priced (the bench's seconds per
+    example, or the profile's α, β, δ and its fixed share at the first request)."""
     first = next(iter(runs[variants[0]].values()), None)
     model = (first.config.get("model") or {}).get("name", "?") if first else "?"
     seeds = len(runs[variants[0]])
-    return f"`{model}`, {seeds} seed{'s' if seeds != 1 else ''} ({doc['compute']['seconds_per_example'] * 1e3:.1f} ms per example)"
+    if prof is None:
+        price = f"{doc['compute']['seconds_per_example'] * 1e3:.1f} ms per example"
+    else:
+        b0 = results.first_request([r for by_seed in runs.values() for r in by_seed.values()])
+        price = (
+            f"profile α {prof.alpha * 1e3:.1f} ms, β {prof.beta * 1e3:.1f} ms/row, δ {prof.delta * 1e3:.1f} ms, "
+            f"φ {prof.fixed_share(b0):.2f} at b₀ {b0}"
+        )
+    return f"`{model}`, {seeds} seed{'s' if seeds != 1 else ''} ({price})"
 
 
 def plot(
@@ -165,11 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         for folder in args.benches:
             doc, runs = _load_bench(folder, variants)
             prof = bench_profile(runs, args.profile, args.fixed_share)
-            label = (
-                _label(doc, runs, variants)
-                if prof is None
-                else f"{_label(doc, runs, variants)[:-1]}; {prof.source})"
-            )
+            label = _label(doc, runs, variants, prof)
             columns.append((label, [ratios(doc, runs, variants, m * 1e6 / 8, prof) for m in mbits]))
     except UserError as exc:
         print(exc, file=sys.stderr)

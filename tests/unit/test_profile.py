@@ -199,7 +199,8 @@ def test_link_speed_and_fixed_share_price_a_bench_by_a_profile(
         sys.path.pop(0)
     assert link_speed.main([str(bench_dir), "--mbits", "1e9", "--profile", str(tmp_path / "p.json")]) == 0
     out = capsys.readouterr().out
-    assert "measured)" in out and "| 1e+09 Mbit/s | 1.50 [1.50–1.50] |" in out  # 3 rounds against 2, alike
+    assert "(profile α 100.0 ms, β 10.0 ms/row, δ 50.0 ms, φ 0.71 at b₀ 4)" in out  # the price is named
+    assert "| 1e+09 Mbit/s | 1.50 [1.50–1.50] |" in out  # 3 rounds against 2, alike
     assert (
         fixed_share.main(
             [
