@@ -378,13 +378,13 @@ class Switch(Dial):
 class Wire(Dial):
     """What the round's all-reduces (Δ, the probe's mean gradient, DDP's gradients) travel as (ALGORITHM.md
     §9.4): float32 as it is, or the compressed all-reduce (bfloat16, float16, or int8 / int4 block-wise
-    absmax quantization in blocks of ``block`` values). θ always travels in float32."""
+    absmax quantization in blocks of ``block`` values). θ and the outer momentum, sent when trainers
+    merge and when workers move to another trainer, travel as ``theta_dtype`` (float32 unless set)."""
 
     SECTION: ClassVar[str] = "comm"
     dtype: WireDtype = setting(
         "float32",
-        "what is all-reduced each round (Δ, probe and DDP gradients) travels as; θ always in float32 "
-        "(ALGORITHM.md §9.4)",
+        "what is all-reduced each round (Δ, probe and DDP gradients) travels as (ALGORITHM.md §9.4)",
     )
     block: int = setting(
         256,
@@ -397,11 +397,22 @@ class Wire(Dial):
         False,
         "each worker adds what quantization dropped from its Δ to its next round's Δ (ALGORITHM.md §9.4)",
     )
+    theta_dtype: WireDtype = setting(
+        "float32",
+        "what θ and the outer momentum travel as when trainers merge and when workers move to another "
+        "trainer: float32, or the compressed all-reduce (int8/int4 in blocks of comm.block), after which "
+        "every holder of the trainer keeps the same decoded values (ALGORITHM.md §9.4)",
+    )
 
     @property
     def compressed(self) -> bool:
         """Whether the round's all-reduces go through the compressed all-reduce (any dtype but float32)."""
         return self.dtype != "float32"
+
+    @property
+    def theta(self) -> Wire:
+        """The wire of merges and moves: ``theta_dtype`` in this wire's blocks, without error feedback."""
+        return FLOAT32 if self.theta_dtype == "float32" else Wire(self.theta_dtype, self.block)
 
 
 FLOAT32 = Wire()  # what merges, moves and initial broadcasts travel as

@@ -30,8 +30,7 @@ import torch
 from adloco import events
 from adloco.algorithms import allocation, batching, lr_scaling, merging
 from adloco.comm.base import Part
-from adloco.round import WIDTH, DecisionMismatch, RoundAborted, RoundReport, WorkerRound
-from adloco.settings import FLOAT32
+from adloco.round import WIDTH, DecisionMismatch, RoundAborted, RoundReport, TrainerState, WorkerRound
 
 if TYPE_CHECKING:
     from adloco.algorithms.outer import OuterOptimizer
@@ -330,6 +329,7 @@ class Synchronization:
         # worker's process, so the sum over the union's processes counts every trainer exactly once.
         led = {members[t][0]: t for t in S if members[t][0] in self.replicas}
         merged: dict[str, torch.Tensor] = {}
+        wire = self.wire.theta
         for name in ("theta", "momentum") if self._new_outer().has_state else ("theta",):
 
             def add(x: int, out: torch.Tensor, name: str = name) -> None:
@@ -340,7 +340,9 @@ class Synchronization:
 
             buf = torch.empty_like(self.scratch)
             parts: dict[int, Part] = {x: functools.partial(add, x) for x in sorted(led, key=lambda x: led[x])}
-            self.comm.reduce(parts, union, "merge", buf, FLOAT32)
+            if wire.compressed:  # every worker of the union is a participant: the others add nothing
+                parts.update({x: _nothing for x in self._local(union) if x not in parts})
+            self.comm.reduce(parts, union, "merge", buf, wire)
             merged[name] = buf
         survivor = self.trainers[keep]
         if any(x in self.replicas for x in union):
@@ -375,7 +377,12 @@ class Synchronization:
         workers that change trainer; reset their inner optimizers; drop state no longer hosted."""
         holders = allocation.members(current)
         moved = [x for x in sorted(new) if new[x] != current[x]]
-        for x in moved:
+        if self.wire.theta.compressed:
+            self._send_compressed(holders, moved, new)
+            moved_plain: list[int] = []
+        else:
+            moved_plain = moved
+        for x in moved_plain:
             tr = self.trainers[new[x]]
             src = holders[tr.id][0]
             if x in self.replicas and not tr.hosted:  # this process receives a trainer it did not host
@@ -397,6 +404,38 @@ class Synchronization:
                 tr.theta = None
                 tr.outer = self._new_outer()
         return moved, changed
+
+    def _send_compressed(self, holders: dict[int, list[int]], moved: list[int], new: dict[int, int]) -> None:
+        """Moves through a compressed wire: θ (and the outer momentum) of a trainer that gains workers is
+        encoded once, its first holder sends those bytes to each newcomer, and every process that holds
+        or receives the trainer keeps the decoded values: the holders decode what they encoded
+        themselves (their copies are equal, so are their bytes), and all copies stay equal. The trainer
+        takes the wire's rounding once per move."""
+        from adloco.comm.compressed import decode, encode, piece_bytes
+
+        wire, P = self.wire.theta, self.scratch.numel()
+        for t in sorted({new[x] for x in moved}):
+            tr, src = self.trainers[t], holders[t][0]
+            newcomers = [x for x in moved if new[x] == t]
+            holds = tr.hosted
+            if self._local(newcomers) and not holds:  # this process receives a trainer it did not host
+                tr.theta = torch.zeros_like(self.scratch)
+            for name in ("theta", "momentum") if tr.outer.has_state else ("theta",):
+                value = tr.theta if name == "theta" else tr.momentum()
+                if holds and value is not None:
+                    payload = encode(value, wire.dtype, wire.block)
+                else:  # filled by the broadcast, or a place to stand while others send
+                    payload = torch.zeros(
+                        piece_bytes(P, wire.dtype, wire.block), dtype=torch.uint8, device=self.scratch.device
+                    )
+                for x in newcomers:  # every process calls every collective
+                    self.comm.broadcast(payload, src, [src, x], "move")
+                if tr.hosted:
+                    decoded = decode(payload, P, wire.dtype, wire.block)
+                    if name == "theta":
+                        tr.theta = decoded
+                    else:
+                        tr.outer.load_state_dict({"momentum": decoded})
 
     def _next_round(
         self,
@@ -540,3 +579,7 @@ class Synchronization:
                 f"round {self.round}: processes disagree on requests, merges or allocation ({groups}); "
                 "this is a bug or non-deterministic arithmetic, please report it with the run directory"
             )
+
+
+def _nothing(out: torch.Tensor) -> None:
+    """The part of a worker that takes part in a compressed all-reduce without a value of its own."""

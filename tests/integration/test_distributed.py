@@ -88,6 +88,7 @@ EVERY_PATH = [
     "comm.dtype=int8",
     "comm.block=64",
     "comm.error_feedback=true",
+    "comm.theta_dtype=int8",
 ]
 
 

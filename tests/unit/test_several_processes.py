@@ -119,3 +119,40 @@ def test_compressed_wire_dtypes_give_the_same_bits_in_threads_and_in_process(dty
         if c.feedback is not None:
             for w, fb in c.feedback.items():
                 assert fb.error is not None and torch.equal(fb.error, ref.feedback[w].error)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "int4"])
+def test_merges_and_moves_travel_compressed_and_every_copy_agrees(dtype: str) -> None:
+    """comm.theta_dtype: θ and the outer momentum cross processes on merges and moves through the
+    compressed all-reduce, counted at its size; every process holding a trainer keeps the same bits, and
+    four threads compute what one process does."""
+
+    def run(theta: str):  # type: ignore[no-untyped-def]
+        cfg = tiny_config(
+            **{
+                "algorithm": {"workers": 4, "trainers": 4, "rounds": 4},
+                "merge": {"every": 1},
+                "outer": {"optimizer": "nesterov"},
+                "batch": {"eta": 0.3},
+                "comm": {"theta_dtype": theta, "block": 64},
+            }
+        )
+        return reference_and_threaded(cfg, {0: 0, 1: 1, 2: 2, 3: 3}, 4)
+
+    plain, _ = run("float32")
+    ref, coords = run(dtype)
+    assert {"merge", "move"} <= set(ref.totals.by_kind)  # the run did merge and move
+    for kind in ("merge", "move"):  # bytes at the wire's size: 2, 1 or 1/2 byte a value, plus scales
+        ratio = ref.totals.by_kind[kind] / plain.totals.by_kind[kind]
+        assert ratio < {"bfloat16": 0.6, "int8": 0.35, "int4": 0.2}[dtype], (kind, ratio)
+    assert ref.totals.by_kind["delta"] == plain.totals.by_kind["delta"]  # Δ's wire is its own
+    (t,) = ref.trainers
+    assert not torch.equal(ref.theta(t), plain.theta(t))  # rounded once on the way
+    for c in coords:
+        assert c.requests == ref.requests and c.allocation == ref.allocation
+        assert c.totals.by_kind == ref.totals.by_kind
+        assert torch.equal(c.theta(t), ref.theta(t)) and torch.equal(
+            c.trainers[t].outer.v, ref.trainers[t].outer.v
+        )
+        for w, worker in c.replicas.items():
+            assert torch.equal(worker.flat.param, ref.replicas[w].flat.param)
