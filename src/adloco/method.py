@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -106,6 +107,10 @@ class AdLoCo(Synchronization, HookedMode, AlgorithmState):
             shares each trainer's M·b examples per step among its workers by their measured speed, and
             workers among trainers by capacity (ALGORITHM.md §9.3): faster on uneven devices, but the run
             then depends on timings.
+        fixed_rows: a forward and backward pass's fixed cost, in rows (α/β of a step-time profile,
+            ALGORITHM.md §11; ``adloco train`` takes it from ``runtime.profile``). With balance speed, a
+            worker's speed is measured net of it and each trainer's rows are shared so that every
+            worker's step takes the same time, fixed cost included; 0: a step costs its rows alone.
         emulate_speed: one factor in (0, 1] per worker (all of them, by id): worker w takes 1/s_w as long
             per step (it sleeps the difference): heterogeneous devices emulated on identical hardware.
         on_resize: loading the state of a run with another number of workers (ALGORITHM.md §9.2):
@@ -136,6 +141,7 @@ class AdLoCo(Synchronization, HookedMode, AlgorithmState):
         precision: Precision = "fp32",
         inner_state: InnerState = "keep",
         balance: Balance = "equal",
+        fixed_rows: float = 0.0,
         emulate_speed: Sequence[float] | None = None,
         on_resize: OnResize = "per_trainer",
         snapshot: bool = False,
@@ -155,6 +161,9 @@ class AdLoCo(Synchronization, HookedMode, AlgorithmState):
         choice("on_resize", on_resize, OnResize)
         choice("inner_state", inner_state, InnerState)
         self.balance, self.on_resize, self.inner_state = balance, on_resize, inner_state
+        if not (isinstance(fixed_rows, int | float) and math.isfinite(fixed_rows) and fixed_rows >= 0):
+            raise ValueError(f"fixed_rows = {fixed_rows!r}: must be a finite number >= 0 (rows)")
+        self.fixed_rows = float(fixed_rows)
         self.clip, self.precision = clip, precision
         self.outer_spec = _dial("outer", outer, Outer)
         self.batch = _dial("batch", batch, AdaptiveBatch)
@@ -321,7 +330,9 @@ class AdLoCo(Synchronization, HookedMode, AlgorithmState):
         self.mode = switch.mode_for(self.switch.schedule, self.switch.mode, len(self.trainers))
         members = self.members()
         speeds = {t: self._relative_speeds(ws) for t, ws in members.items()}
-        every = plan_round(self.requests, members, self.b_max, self.mode, self.switch, self.batch, speeds)
+        every = plan_round(
+            self.requests, members, self.b_max, self.mode, self.switch, self.batch, speeds, self.fixed_rows
+        )
         self.plans = {w: p for w, p in every.items() if w in self.replicas}
         self.step_rows = sum(p.effective for p in every.values())  # every worker's rows in one inner step
         # ALGORITHM.md §10: each trainer's lr multiplier follows the rows its steps use (b_t; b₀ its first)

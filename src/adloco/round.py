@@ -221,6 +221,18 @@ class WorkerProgress:
     skipped_before: int = 0
 
 
+def measured_speed(res: WorkerRound, fixed: float = 0.0) -> float:
+    """A worker's speed over a round: its rows (training and probe) per second, each forward and backward
+    pass counted as ``fixed`` rows more (a pass's fixed cost, α/β of a step-time profile, ALGORITHM.md
+    §11), so that a worker's speed does not depend on the share it was given; 0 when it did not compute."""
+    if res.compute_s <= 0 or res.examples <= 0:
+        return 0.0
+    passes = res.steps * max(res.accum, 1)
+    if res.probe_examples and res.micro:
+        passes += -(-res.probe_examples // res.micro)
+    return (res.examples + res.probe_examples + fixed * passes) / res.compute_s
+
+
 def relative_speeds(speed: Mapping[int, float], workers: Sequence[int]) -> dict[int, float] | None:
     """Workers' measured speeds relative to the fastest, in steps of 1/8 (ALGORITHM.md §9.3), or None for
     equal shares: before every worker was measured, and when the slowest is within 20% of the fastest
@@ -242,16 +254,19 @@ def plan_round(
     sw: Switch,
     batch: AdaptiveBatch,
     speeds: Mapping[int, Mapping[int, float] | None],
+    fixed: float = 0.0,
 ) -> dict[int, WorkerPlan]:
     """Every worker's plan for a round: trainer t's M·b_t examples per inner step shared among its M
-    workers (equally, or by ``speeds[t]``), each share cut into micro-batches by switch mode against the
+    workers (equally, or by ``speeds[t]`` with a step's ``fixed`` cost in rows), each share cut into micro-batches by switch mode against the
     worker's own b_max (ALGORITHM.md §5, ALGORITHM.md §9.3), and the pooled probe's chunks: one chunk size c per trainer
     (from its smallest step), a worker with a larger share contributing more chunks of c, up to
     probe_chunks, so the pooled statistics stay exact (ALGORITHM.md §2.5)."""
     share: dict[int, int] = {}  # examples per step each worker is asked for
     for t, ws in members.items():
         sp = speeds.get(t)
-        share.update(allocation.split(len(ws) * requests[t], sp) if sp else dict.fromkeys(ws, requests[t]))
+        share.update(
+            allocation.split(len(ws) * requests[t], sp, fixed) if sp else dict.fromkeys(ws, requests[t])
+        )
     cut = {w: switch.plan(share[w], b_max[w], mode, sw.kappa) for w in share}
     probes: dict[int, Probe] = {}
     if batch.estimator == "pooled" and batch.probing:

@@ -30,14 +30,22 @@ import torch
 from adloco import events
 from adloco.algorithms import allocation, batching, lr_scaling, merging
 from adloco.comm.base import Part
-from adloco.round import WIDTH, DecisionMismatch, RoundAborted, RoundReport, TrainerState, WorkerRound
+from adloco.round import (
+    WIDTH,
+    DecisionMismatch,
+    RoundAborted,
+    RoundReport,
+    TrainerState,
+    WorkerRound,
+    measured_speed,
+)
 
 if TYPE_CHECKING:
     from adloco.algorithms.outer import OuterOptimizer
     from adloco.comm.base import Comm
     from adloco.comm.quantize import ErrorFeedback
     from adloco.replica import Replica
-    from adloco.round import Totals, TrainerState, WorkerPlan, WorkerProgress
+    from adloco.round import Totals, WorkerPlan, WorkerProgress
     from adloco.settings import AdaptiveBatch, Merging, Wire
 
 log = logging.getLogger("adloco")
@@ -55,6 +63,7 @@ class Synchronization:
         feedback: dict[int, ErrorFeedback] | None
         b_max: dict[int, int]
         speed: dict[int, float]
+        fixed_rows: float
         totals: Totals
         batch: AdaptiveBatch
         merging: Merging
@@ -164,9 +173,9 @@ class Synchronization:
                     f"round {r + 1}: worker {w} ran out of memory; b_max {self.b_max[w]} -> {res.b_max}"
                 )
                 self.b_max[w] = res.b_max
-        for w, res in results.items():  # examples per second, a moving average (replicated: gathered numbers)
-            if res.compute_s > 0 and res.examples > 0:
-                v = (res.examples + res.probe_examples) / res.compute_s
+        for w, res in results.items():  # rows per second, a moving average (replicated: gathered numbers)
+            v = measured_speed(res, self.fixed_rows)
+            if v > 0:
                 self.speed[w] = v if w not in self.speed else 0.5 * v + 0.5 * self.speed[w]
         return results, self._faults(r, members, results)
 

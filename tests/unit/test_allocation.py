@@ -219,3 +219,65 @@ def test_by_capacity_shares_total_speed_by_request() -> None:
         2: 1,
         3: 1,
     }
+
+
+def test_split_with_a_fixed_cost_per_step_equalises_step_times() -> None:
+    """With a step's fixed cost c (rows), (c + m_w)/s_w is equal: rows move from slow workers to fast
+    ones (hand-computed: scale (16 + 4·2)/2.75 gives 6.73, 6.73, 2.36, 0.18; worker 3 held at one row,
+    the others share 15 rows at scale (15 + 3·2)/2.5 = 8.4: 6.4, 6.4, 2.2)."""
+    from adloco.algorithms.allocation import split
+
+    speeds = {0: 1, 1: 1, 2: 0.5, 3: 0.25}
+    assert split(16, speeds, fixed=2) == {0: 7, 1: 6, 2: 2, 3: 1}
+    assert split(16, speeds, fixed=0) == split(16, speeds)  # no fixed cost: proportional, as before
+    assert split(12, {0: 1.0, 1: 0.5}, fixed=2) == {0: 9, 1: 3}  # scale 16/1.5: quotas 8.67 and 3.33
+    assert split(8, {0: 1, 1: 1, 2: 1, 3: 1}, fixed=5) == {0: 2, 1: 2, 2: 2, 3: 2}  # equal speeds: equal
+    times = {w: (2 + m) / speeds[w] for w, m in split(16, speeds, fixed=2).items() if w != 3}
+    plain = {w: (2 + m) / speeds[w] for w, m in split(16, speeds).items() if w != 3}
+    assert max(times.values()) - min(times.values()) < max(plain.values()) - min(plain.values())
+
+
+def test_a_speed_net_of_the_fixed_cost_does_not_depend_on_the_share() -> None:
+    """The flaw RESULTS' heterogeneous section measured: a step costing α + β·m makes a worker given
+    fewer rows look slower per row, and so get fewer still. Counted net of α (fixed = α/β rows a pass),
+    one device measures one speed whatever its share."""
+    from adloco.round import WorkerRound, measured_speed
+
+    alpha, beta = 0.02, 0.01  # fixed = 2 rows
+
+    def worker(m: int, steps: int = 12) -> WorkerRound:
+        return WorkerRound(
+            steps=steps, examples=steps * m, compute_s=steps * (alpha + beta * m), micro=m, accum=1
+        )
+
+    small, large = worker(1), worker(8)
+    assert measured_speed(small) < 0.5 * measured_speed(large)  # rows per second: 33 against 80
+    assert measured_speed(small, alpha / beta) == pytest.approx(1 / beta)
+    assert measured_speed(large, alpha / beta) == pytest.approx(1 / beta)
+    assert measured_speed(WorkerRound()) == 0.0
+
+
+def test_a_round_plan_shares_rows_by_the_fixed_cost_it_is_given() -> None:
+    from adloco.round import plan_round
+    from adloco.settings import AdaptiveBatch, Switch
+
+    def rows(fixed: float) -> dict[int, int]:
+        plans = plan_round(
+            {0: 8},
+            {0: [0, 1, 2, 3]},
+            dict.fromkeys(range(4), 64),
+            "accumulate",
+            Switch(),
+            AdaptiveBatch(test="none", statistics=False),
+            {0: {0: 1.0, 1: 1.0, 2: 0.5, 3: 0.25}},
+            fixed,
+        )
+        return {w: p.effective for w, p in plans.items()}
+
+    assert rows(0) == {0: 12, 1: 11, 2: 6, 3: 3}  # 32 rows by speed: 11.64, 11.64, 5.82, 2.91
+    assert rows(4) == {
+        0: 13,
+        1: 13,
+        2: 5,
+        3: 1,
+    }  # (4 + m)/s equal: worker 3 (0.36) held at 1, then 13.2, 13.2, 4.6

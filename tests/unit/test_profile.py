@@ -152,6 +152,8 @@ def test_a_run_prices_simulated_time_by_runtime_profile(tmp_path: Path) -> None:
     assert summary.sim_s >= slowest and summary.sim_s == pytest.approx(
         max(d.priced_compute(d.algo.last_report).values())
     )
+    assert d.algo.fixed_rows == 2.0  # α/β: with balance speed, speeds net of it and rows shared by it
+    assert driver(tiny_config()).algo.fixed_rows == 0.0
     bad = run_main("train", "--set", f"runtime.profile={tmp_path / 'none.json'}")
     assert bad.returncode == 2
     assert (

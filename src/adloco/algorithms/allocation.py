@@ -86,15 +86,31 @@ def members(allocation: Mapping[int, int]) -> dict[int, list[int]]:
     return out
 
 
-def split(total: int, speeds: Mapping[int, float]) -> dict[int, int]:
-    """``total`` examples per step shared by workers in proportion to their speeds (ALGORITHM.md §9.3): largest
-    remainder, every worker at least one, ties by worker id. Equal speeds give equal shares."""
+def split(total: int, speeds: Mapping[int, float], fixed: float = 0.0) -> dict[int, int]:
+    """``total`` examples per step shared by workers so that their steps take the same time (ALGORITHM.md
+    §9.3): in proportion to their speeds when a step costs its rows alone, and, with ``fixed`` (a step's
+    fixed cost in rows, α/β of a step-time profile, §11), so that (fixed + m_w)/s_w is equal, a worker
+    whose share would fall below one row held at one and the rest shared again. Largest remainder, every
+    worker at least one, ties by worker id. Equal speeds give equal shares."""
     ids = sorted(speeds)
     if total < len(ids):
         raise ValueError(f"{total} examples cannot give each of {len(ids)} workers one")
     weights = {w: Fraction(speeds[w]).limit_denominator(10**6) for w in ids}
-    s = sum(weights.values(), Fraction(0))
-    quota = {w: (total * weights[w] / s) if s > 0 else Fraction(total, len(ids)) for w in ids}
+    c = Fraction(max(fixed, 0.0)).limit_denominator(10**6)
+    quota: dict[int, Fraction] = {}
+    free, rows = list(ids), Fraction(total)
+    while free:
+        s = sum((weights[w] for w in free), Fraction(0))
+        scale = (rows + len(free) * c) / s if s > 0 else None
+        q = {w: (weights[w] * scale - c) if scale is not None else rows / len(free) for w in free}
+        low = [w for w in free if q[w] < 1]
+        if not low or len(low) == len(free):
+            quota.update(q)
+            break
+        for w in low:  # at one row each; the others share the rest
+            quota[w] = Fraction(1)
+            free.remove(w)
+            rows -= 1
     out = {w: max(1, math.floor(quota[w])) for w in ids}
     while sum(out.values()) > total:  # the floor of one forced up: take from the most over its quota
         w = max((x for x in ids if out[x] > 1), key=lambda x: (out[x] - quota[x], -x))

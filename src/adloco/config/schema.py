@@ -241,7 +241,9 @@ class RuntimeConfig(Dial):
     profile: str | None = setting(
         None,
         "a step-time profile (adloco profile writes one) that prices each worker's compute in simulated time "
-        "as t(m, a) = a(α + βm) + δ per step (ALGORITHM.md §11); null: its measured compute",
+        "as t(m, a) = a(α + βm) + δ per step, and, with balance speed, measures speeds net of a pass's fixed "
+        "cost α and shares rows so that steps take the same time (ALGORITHM.md §11); null: measured compute, "
+        "and speeds as rows per second",
     )
 
 

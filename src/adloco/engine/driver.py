@@ -80,6 +80,7 @@ def build_algorithm(
         precision=cfg.model.precision,
         inner_state=cfg.inner.state,
         balance=cfg.runtime.balance,
+        fixed_rows=fixed_rows(cfg.runtime.profile),
         # one speed per worker id; a run that continues on more workers than listed runs the rest at 1
         emulate_speed=(list(cfg.runtime.emulate_speed) + [1.0] * a.workers)[: a.workers]
         if cfg.runtime.emulate_speed
@@ -88,6 +89,14 @@ def build_algorithm(
         snapshot=True,  # a signal stops a round part-way: undo it in place
         sync_initial=False,  # every process built its replicas from the same seeds
     )
+
+
+def fixed_rows(profile: str | None) -> float:
+    """A pass's fixed cost in rows, α/β of ``runtime.profile`` (0 without one, or with β = 0)."""
+    if not profile:
+        return 0.0
+    p = StepProfile.load(profile)
+    return p.alpha / p.beta if p.beta > 0 else 0.0
 
 
 class Driver:
