@@ -6,7 +6,13 @@ Each row is an ordinary `adloco train --nproc 4` run on `configs/bench-cpu.yaml`
 the budget below; the table gives wall time, the mean idle share (1 − mean/max of each trainer's
 workers' compute times, per round), final validation perplexity and the simulated time. Emulated speed
 is real sleeping, so wall time is what a user waits. About 20 minutes on 2 CPU cores.
-Usage:  python benchmarks/heterogeneous.py [--budget 3072] [--out benchmarks/out/heterogeneous]
+
+``--profile PATH`` (a step-time profile of one worker's device, ``adloco profile``) adds a
+``speed+profile`` row per method: speeds measured net of a step's fixed cost and rows shared so that
+steps take the same time (ALGORITHM.md §9.3); its simulated time is priced by the profile, the others'
+by measured compute.
+Usage:  python benchmarks/heterogeneous.py [--budget 3072] [--methods adloco,diloco] [--profile PATH]
+                                          [--out benchmarks/out/heterogeneous]
 """
 
 from __future__ import annotations
@@ -24,14 +30,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/out/heterogeneous")
     ap.add_argument("--budget", type=int, default=3072)
+    ap.add_argument("--methods", default="adloco,diloco")
+    ap.add_argument("--profile", help="a step-time profile: adds a speed+profile row per method")
     args = ap.parse_args()
     rows = []
-    for method in ("adloco", "diloco"):
-        for balance in ("speed", "equal"):
-            name = f"{method}-{balance}"
+    balances = ["speed", "equal"] + (["speed+profile"] if args.profile else [])
+    for method in args.methods.split(","):
+        for balance in balances:
+            name = f"{method}-{balance.replace('+', '-')}"
+            profile = (
+                [f"runtime.profile={Path(args.profile).resolve()}"] if balance == "speed+profile" else []
+            )
             sets = [
                 f"algorithm.method={method}",
-                f"runtime.balance={balance}",
+                f"runtime.balance={balance.split('+')[0]}",
+                *profile,
                 "runtime.emulate_speed=[1,1,0.5,0.25]",
                 "runtime.threads=1",
                 f"algorithm.budget={args.budget}",

@@ -328,8 +328,10 @@ class Driver:
 
     def priced_compute(self, report: RoundReport) -> dict[int, float]:
         """Every worker's compute in the round priced by the profile: its steps at the micro-batches it ran,
-        and the passes and rows the gradient probe added to its first step (ALGORITHM.md §11)."""
+        and the passes and rows the gradient probe added to its first step (ALGORITHM.md §11), on a device
+        ``runtime.emulate_speed`` times as fast as the profiled one."""
         assert self.profile is not None
+        emulate = self.algo.emulate
         passes = {}
         for t in report.trainers:
             if t.samples:
@@ -340,7 +342,8 @@ class Driver:
             eff = e.micro * e.accum
             steps = (e.examples or 0) // eff if eff else 0
             extra = max(0, passes.get(e.worker, 0) - e.accum)
-            out[e.worker] = self.profile.worker_seconds(steps, e.micro, e.accum, extra, e.probe_examples)
+            seconds = self.profile.worker_seconds(steps, e.micro, e.accum, extra, e.probe_examples)
+            out[e.worker] = seconds / (emulate[e.worker] if emulate else 1.0)
         return out
 
     # -- whole run ---------------------------------------------------------------------------------
