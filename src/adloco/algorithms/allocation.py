@@ -89,7 +89,7 @@ def members(allocation: Mapping[int, int]) -> dict[int, list[int]]:
 def split(total: int, speeds: Mapping[int, float], fixed: float = 0.0) -> dict[int, int]:
     """``total`` examples per step shared by workers so that their steps take the same time (ALGORITHM.md
     §9.3): in proportion to their speeds when a step costs its rows alone, and, with ``fixed`` (a step's
-    fixed cost in rows, α/β of a step-time profile, §11), so that (fixed + m_w)/s_w is equal, a worker
+    fixed cost in rows, α/β of a step-time profile, ALGORITHM.md §11), so that (fixed + m_w)/s_w is equal, a worker
     whose share would fall below one row held at one and the rest shared again. Largest remainder, every
     worker at least one, ties by worker id. Equal speeds give equal shares."""
     ids = sorted(speeds)
