@@ -153,7 +153,9 @@ def test_a_run_prices_simulated_time_by_runtime_profile(tmp_path: Path) -> None:
         max(d.priced_compute(d.algo.last_report).values())
     )
     assert d.algo.fixed_rows == 2.0  # α/β: with balance speed, speeds net of it and rows shared by it
-    slow = driver(tiny_config(f"runtime.profile={tmp_path / 'p.json'}", "runtime.emulate_speed=[1, 0.5, 1, 1]"))
+    slow = driver(
+        tiny_config(f"runtime.profile={tmp_path / 'p.json'}", "runtime.emulate_speed=[1, 0.5, 1, 1]")
+    )
     slow.run_round()
     priced = slow.priced_compute(slow.algo.last_report)
     assert priced[1] == pytest.approx(2 * priced[0])  # an emulated device half as fast: twice the time
