@@ -179,13 +179,23 @@ def _bench(tmp_path: Path) -> Path:
         for seed in (0, 1):
             run = recorded_run(bench_dir / "runs", f"{method}-s{seed}", method, ppls, nbytes, seed)
             runs.append({"seed": seed, "status": "ok", "folder": str(run.relative_to(bench_dir))})
-        variants[method] = {"runs": runs}
+        variants[method] = {"method": method, "runs": runs}
+    grid = []  # diloco's grid on seed 0: its selected run, and a slower one
+    for index, ppls in enumerate(([40.0, 20.0, 10.0], [40.0, 30.0, 20.0])):
+        run = recorded_run(bench_dir / "runs", f"diloco-g{index}-s0", "diloco", ppls, 8_000_000)
+        grid.append(
+            {
+                "status": "ok",
+                "folder": str(run.relative_to(bench_dir)),
+                "setting_text": f"batch.initial={4 << index}",
+            }
+        )
     doc = {
         "target": 20.0,
         "compute": {"mode": "examples", "seconds_per_example": 0.01},
         "network": {"bandwidth": 1e6, "latency": 0.01},
         "variants": variants,
-        "grids": {},
+        "grids": {"diloco": grid},
         "failed": [],
         "intro": [],
         "target_given": 20.0,
@@ -227,5 +237,13 @@ def test_link_speed_and_fixed_share_price_a_bench_by_a_profile(
     )
     out = capsys.readouterr().out
     assert "| 0.2 | 1.50 [1.50–1.50] |" in out and (tmp_path / "phi.png").stat().st_size > 1000
+    args = [str(bench_dir), "--profile", str(tmp_path / "p.json"), "--phi", "0.2", "--mbits", "1e9"]
+    assert fixed_share.main([*args, "--fastest-b"]) == 0  # diloco at the grid setting that is soonest
+    assert "| 0.2 | 1.50 [1.50–1.50] (batch.initial=4) |" in capsys.readouterr().out
+    assert fixed_share.main([*args, "--fastest-b", "--variants", "diloco,adloco"]) == 2
+    assert (
+        capsys.readouterr().err
+        == "fixed_share: --fastest-b: adloco's method 'adloco' has no grid in this bench\n"
+    )
     assert fixed_share.main([str(bench_dir), "--profile", str(tmp_path / "p.json"), "--phi", "1.2"]) == 2
     assert capsys.readouterr().err == "fixed_share: --phi: numbers in [0, 1); --mbits: positive numbers\n"
