@@ -8,12 +8,16 @@ latency α (s):
 A round's simulated time is the slowest worker's compute time (divided by its speed) plus the cost of
 every counted collective of the round, one after another as the engine issues them (collectives of
 disjoint trainers could overlap: the model is conservative there).
+
+A :class:`Link` is the same model handed to a communicator: with ``network.emulate`` every counted
+collective is held back until its wall time is what the model says (:attr:`adloco.comm.Comm.link`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -27,6 +31,30 @@ def collective_seconds(op: str, n: int, payload: int, bandwidth: float, latency:
     if op == "all_gather":
         return (n - 1) * payload / bandwidth + (n - 1) * latency
     raise ValueError(f"unknown collective {op!r}")
+
+
+@dataclass(frozen=True)
+class Link:
+    """The modelled link: ``bandwidth`` bytes per second (> 0) and ``latency`` seconds per hop (>= 0)."""
+
+    bandwidth: float
+    latency: float
+
+    def __post_init__(self) -> None:
+        if not (_number(self.bandwidth) and self.bandwidth > 0):
+            raise ValueError(
+                f"link: bandwidth {self.bandwidth!r} must be a finite number > 0 (bytes per second)"
+            )
+        if not (_number(self.latency) and self.latency >= 0):
+            raise ValueError(f"link: latency {self.latency!r} must be a finite number >= 0 (seconds)")
+
+    def seconds(self, op: str, n: int, payload: int) -> float:
+        """A collective's modelled time on this link (:func:`collective_seconds`)."""
+        return collective_seconds(op, n, payload, self.bandwidth, self.latency)
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def comm_seconds(collectives: Iterable[Sequence[Any]], bandwidth: float, latency: float) -> float:

@@ -9,6 +9,10 @@ Accounting is logical and identical in every backend (ALGORITHM.md §7): a colle
 payload is one message when n > 1, and moves, summed over all workers,
 ``all_reduce``: 2(n−1)·B (ring), ``broadcast``: (n−1)·B, ``all_gather`` of B bytes each: n(n−1)·B.
 What only serves logging or evaluation (losses, timings, validation results) is not counted.
+
+With a :attr:`Comm.link` (``network.emulate``), every counted collective is held back: after the real
+one, the process sleeps until its wall time is the collective's time on the modelled link
+(:mod:`adloco.netmodel`, the model simulated time prices). It only sleeps: nothing decided depends on it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from adloco.netmodel import Link
 from adloco.settings import FLOAT32, Wire
 
 if TYPE_CHECKING:
@@ -37,10 +42,19 @@ class CommRecord:
     workers: int  # n: logical participants
     payload: int  # B: bytes each participant contributes (in the wire dtype)
     wire: int  # bytes moved over the network, summed over participants
-    seconds: float = 0.0  # wall time this process spent in the collective
+    seconds: float = 0.0  # wall time this process spent in the collective (an emulated link's hold included)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def hold(seconds: float) -> float:
+    """Sleep ``seconds`` (nothing when <= 0); returns the seconds actually slept."""
+    if seconds <= 0:
+        return 0.0
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    return time.perf_counter() - t0
 
 
 def wire_bytes(op: str, n: int, payload: int) -> int:
@@ -85,12 +99,42 @@ class Comm:
     # differ by noise alone, and work is shared equally unless heterogeneity is emulated.
     one_device = True
 
-    def __init__(self, n_workers: int, local_workers: Sequence[int], rank: int = 0, world: int = 1) -> None:
+    def __init__(
+        self,
+        n_workers: int,
+        local_workers: Sequence[int],
+        rank: int = 0,
+        world: int = 1,
+        link: Link | tuple[float, float] | None = None,
+    ) -> None:
         self.n_workers = n_workers
         self.local_workers = list(local_workers)
         self.rank, self.world = rank, world
         self.root = 0  # the rank that writes the run directory (receives fetch; sends a restart's state)
         self.records: list[CommRecord] = []
+        self.link = link
+
+    @property
+    def link(self) -> Link | None:
+        """The modelled link every counted collective is held back to, or None (no delay; the default).
+
+        Set it to ``(bandwidth, latency)`` (bytes per second, seconds per hop) or a
+        :class:`adloco.netmodel.Link`: after each collective that is counted (a positive payload), a
+        process that hosts one of its workers sleeps ``max(0, modelled − measured)`` seconds, the modelled
+        time being the one simulated time prices (ALGORITHM.md §7). Each process is held back on its own,
+        after its own collective; contention between simultaneous collectives is not modelled."""
+        return self._link
+
+    @link.setter
+    def link(self, value: Link | tuple[float, float] | None) -> None:
+        if value is None or isinstance(value, Link):
+            self._link = value
+            return
+        try:
+            bandwidth, latency = value
+        except (TypeError, ValueError):
+            raise ValueError(f"link: {value!r} must be (bandwidth, latency), a Link or None") from None
+        self._link = Link(bandwidth, latency)
 
     def owner(self, worker: int) -> int:
         """The rank of the process hosting ``worker``."""
@@ -100,7 +144,19 @@ class Comm:
         """The workers hosted by process ``rank``, ascending."""
         return [w for w in range(self.n_workers) if self.owner(w) == rank]
 
-    def _account(self, kind: str, op: str, n: int, payload: int, seconds: float = 0.0) -> None:
+    def _hosts(self, workers: Sequence[int]) -> bool:
+        """Whether this process hosts one of ``workers`` (takes part in their collective)."""
+        return not set(self.local_workers).isdisjoint(workers)
+
+    def _account(
+        self, kind: str, op: str, n: int, payload: int, seconds: float = 0.0, here: bool = True
+    ) -> None:
+        """Record a counted collective that took ``seconds``; with a :attr:`link`, first hold it back to
+        its modelled time where this process took part in it (``here``)."""
+        if self._link is not None and here and payload > 0:
+            modelled = self._link.seconds(op, n, payload)
+            if modelled > seconds:
+                seconds += hold(modelled - seconds)
         self.records.append(CommRecord(kind, op, n, payload, wire_bytes(op, n, payload), seconds))
 
     def drain(self) -> list[CommRecord]:
@@ -158,7 +214,9 @@ class Comm:
         with _named(kind):
             self._all_reduce(tensor, workers)
         if nbytes > 0:
-            self._account(kind, "all_reduce", len(workers), nbytes, time.perf_counter() - t0)
+            self._account(
+                kind, "all_reduce", len(workers), nbytes, time.perf_counter() - t0, self._hosts(workers)
+            )
 
     def _reduce_compressed(
         self,
@@ -191,6 +249,7 @@ class Comm:
             len(workers),
             payload_bytes(numel, len(workers), wire.dtype, wire.block),
             time.perf_counter() - t0,
+            bool(mine),
         )
         return out
 
@@ -200,7 +259,12 @@ class Comm:
         with _named(kind):
             self._broadcast(tensor, src, workers)
         self._account(
-            kind, "broadcast", len(workers), tensor.numel() * tensor.element_size(), time.perf_counter() - t0
+            kind,
+            "broadcast",
+            len(workers),
+            tensor.numel() * tensor.element_size(),
+            time.perf_counter() - t0,
+            self._hosts(workers),
         )
 
     def all_gather_rows(

@@ -12,13 +12,15 @@ import torch
 
 from adloco.comm.base import Comm
 from adloco.comm.quantize import ErrorFeedback
+from adloco.netmodel import Link
 
 
 class InProcessComm(Comm):
-    """All ``n_workers`` workers live in this process."""
+    """All ``n_workers`` workers live in this process. ``link``: hold every counted collective back to
+    its time on this modelled link, ``(bandwidth, latency)`` (:attr:`adloco.comm.Comm.link`)."""
 
-    def __init__(self, n_workers: int) -> None:
-        super().__init__(n_workers, range(n_workers))
+    def __init__(self, n_workers: int, *, link: Link | tuple[float, float] | None = None) -> None:
+        super().__init__(n_workers, range(n_workers), link=link)
 
     def _all_reduce(self, tensor: torch.Tensor, workers: Sequence[int]) -> None:
         return None

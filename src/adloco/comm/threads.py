@@ -20,6 +20,7 @@ import torch
 
 from adloco.comm.base import Comm
 from adloco.comm.quantize import ErrorFeedback
+from adloco.netmodel import Link
 
 
 class Hub:
@@ -39,15 +40,26 @@ class Hub:
 
 class ThreadComm(Comm):
     """Thread ``rank`` of ``hub``. ``owner`` maps every worker to the thread hosting it (default: worker
-    w in thread w, one worker each)."""
+    w in thread w, one worker each). ``link``: hold every counted collective back to its time on this
+    modelled link, ``(bandwidth, latency)`` (:attr:`adloco.comm.Comm.link`): each thread hosting one of
+    its workers sleeps once, however many of them it hosts."""
 
-    def __init__(self, hub: Hub, rank: int, owner: Mapping[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        rank: int,
+        owner: Mapping[int, int] | None = None,
+        *,
+        link: Link | tuple[float, float] | None = None,
+    ) -> None:
         owner = dict(owner) if owner is not None else {w: w for w in range(hub.world)}
         if not 0 <= rank < hub.world:
             raise ValueError(f"rank: {rank} is not in [0, {hub.world})")
         if sorted(set(owner.values())) != list(range(hub.world)):
             raise ValueError(f"owner: every thread 0..{hub.world - 1} must host at least one worker")
-        super().__init__(len(owner), [w for w, r in sorted(owner.items()) if r == rank], rank, hub.world)
+        super().__init__(
+            len(owner), [w for w, r in sorted(owner.items()) if r == rank], rank, hub.world, link=link
+        )
         self.hub, self._owner = hub, owner
 
     def owner(self, worker: int) -> int:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from adloco.comm.base import Comm, CommFailure
 from adloco.comm.quantize import ErrorFeedback
+from adloco.netmodel import Link
 
 T = TypeVar("T")
 _EXIT_GUARD: list[bool] = []
@@ -51,9 +52,17 @@ class TorchDistComm(Comm):
     """The default process group (``torch.distributed.init_process_group`` must have run).
 
     ``device``: where the tensors it moves live (default: this rank's CUDA device under NCCL, else CPU).
+    ``link``: hold every counted collective back to its time on this modelled link, ``(bandwidth,
+    latency)`` (:attr:`adloco.comm.Comm.link`).
     """
 
-    def __init__(self, workers_per_process: int = 1, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        workers_per_process: int = 1,
+        device: torch.device | str | None = None,
+        *,
+        link: Link | tuple[float, float] | None = None,
+    ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError(
                 "comm: torch.distributed is not initialized; call torch.distributed.init_process_group() "
@@ -64,7 +73,7 @@ class TorchDistComm(Comm):
         rank, world = dist.get_rank(), dist.get_world_size()
         _guard_exit()
         wpp = workers_per_process
-        super().__init__(world * wpp, range(rank * wpp, (rank + 1) * wpp), rank, world)
+        super().__init__(world * wpp, range(rank * wpp, (rank + 1) * wpp), rank, world, link=link)
         self.wpp = wpp
         if device is None:
             nccl = dist.get_backend() == "nccl"

@@ -259,6 +259,11 @@ class NetworkConfig(Dial):
     latency: float = setting(
         1e-3, "simulated time: seconds per message hop", at_least=0, allowed=">= 0 (seconds)"
     )
+    emulate: bool = setting(
+        False,
+        "hold every counted collective back to its time at this bandwidth and latency (a sleep after the "
+        "real one), so that wall time shows what the link costs; decisions are unchanged (ALGORITHM.md §7)",
+    )
 
 
 @dataclass(frozen=True)

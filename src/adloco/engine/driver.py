@@ -110,7 +110,9 @@ class Driver:
         log: Callable[[str], None] = print,
     ) -> None:
         self.cfg, self.comm, self.data, self.device, self.log = cfg, comm, data, device, log
-        a = cfg.algorithm
+        a, net = cfg.algorithm, cfg.network
+        if net.emulate:  # wall time held back to the link simulated time prices (run_round's sim_s)
+            comm.link = (net.bandwidth, net.latency)
         # Every trainer draws from its own subset, keyed by its id (a merge's survivor keeps its own).
         self.subsets = {
             t: trainer_subset(data.n_train, cfg.data.subset_fraction, a.seed, t) for t in range(a.trainers)

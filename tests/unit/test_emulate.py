@@ -1,0 +1,188 @@
+"""``network.emulate`` (ALGORITHM.md §7): every counted collective held back to its time on the modelled link.
+
+The hold itself, priced against :func:`adloco.netmodel.collective_seconds` with the sleep recorded
+instead of slept (exact amounts, one hold per participating thread, none for what is not counted) and
+with a real sleep (the collective's wall time is its modelled time); a run whose wall time is its
+simulated time when the link is slow, with the same decisions as without emulation; and a bad value.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from adloco.comm import base
+from adloco.comm.inprocess import InProcessComm
+from adloco.comm.threads import Hub, ThreadComm
+from adloco.netmodel import Link, collective_seconds, comm_seconds
+from tests.helpers import driver, run_main, tiny_config
+
+BW, LAT = 1e4, 2e-3  # 10 kB/s and 2 ms: 400 bytes take 40 ms
+
+
+@pytest.fixture
+def holds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, float]]]:
+    """The holds asked for, as (thread id, seconds), recorded instead of slept (a fake clock)."""
+    asked: list[tuple[int, float]] = []
+    lock = threading.Lock()
+
+    def fake(seconds: float) -> float:
+        with lock:
+            asked.append((threading.get_ident(), seconds))
+        return max(seconds, 0.0)
+
+    monkeypatch.setattr(base, "hold", fake)
+    yield asked
+
+
+def _add(value: float) -> Callable[[torch.Tensor], None]:
+    return lambda out: out.add_(value)
+
+
+def test_every_counted_collective_is_held_back_to_its_modelled_time(holds: list[tuple[int, float]]) -> None:
+    comm = InProcessComm(4, link=(BW, LAT))
+    assert comm.link == Link(BW, LAT)
+    out = torch.zeros(100)  # 400 bytes of float32
+    comm.reduce({w: _add(1.0) for w in range(4)}, [0, 1, 2], "delta", out)
+    comm.broadcast(out, 0, [0, 3], "move")
+    comm.all_gather_rows({w: [1.0, 2.0, 3.0] for w in range(4)}, 3, "stats", counted=2)
+    ctl = torch.zeros(101)  # 100 values counted, 1 of control: one hold, for the counted body
+    comm.reduce({w: _add(1.0) for w in range(2)}, [0, 1], "grad", ctl, control=1)
+    expected = [
+        collective_seconds("all_reduce", 3, 400, BW, LAT),
+        collective_seconds("broadcast", 2, 400, BW, LAT),
+        collective_seconds("all_gather", 4, 16, BW, LAT),
+        collective_seconds("all_reduce", 2, 400, BW, LAT),
+    ]
+    records = comm.drain()
+    assert [(r.kind, r.op, r.workers, r.payload) for r in records] == [
+        ("delta", "all_reduce", 3, 400),
+        ("move", "broadcast", 2, 400),
+        ("stats", "all_gather", 4, 16),
+        ("grad", "all_reduce", 2, 400),
+    ]
+    # each held back by what the real collective (next to nothing in one process) left of its modelled
+    # time, once, and recorded at its modelled time
+    assert len(holds) == 4
+    for (_, asked), modelled in zip(holds, expected, strict=True):
+        assert modelled - 0.005 < asked <= modelled
+    assert [r.seconds for r in records] == pytest.approx(expected)
+    # not counted, not held: uncounted gathers (checks, evaluation), a group of one worker, and no link
+    holds.clear()
+    comm.all_gather_rows({w: [1.0] for w in range(4)}, 1, "check", counted=0)
+    comm.reduce({0: _add(1.0)}, [0], "delta", out)
+    comm.link = None
+    comm.reduce({w: _add(1.0) for w in range(4)}, [0, 1, 2, 3], "delta", out)
+    assert holds == []
+    assert comm.drain()[-1].seconds < collective_seconds("all_reduce", 4, 400, BW, LAT)
+
+
+def test_the_hold_is_a_real_sleep_of_the_modelled_time() -> None:
+    comm = InProcessComm(2, link=Link(BW, LAT))
+    out = torch.zeros(100)
+    modelled = collective_seconds("broadcast", 2, 400, BW, LAT)  # 40 ms + 2 ms
+    t0 = time.perf_counter()
+    comm.broadcast(out, 0, [0, 1], "move")
+    took = time.perf_counter() - t0
+    # at least the modelled time; more only by a sleep's overshoot (generous: other jobs share the cores)
+    assert modelled <= took < modelled + 0.1
+    (rec,) = comm.drain()
+    assert modelled <= rec.seconds <= took
+    free = InProcessComm(2)
+    t0 = time.perf_counter()
+    free.broadcast(out, 0, [0, 1], "move")
+    assert time.perf_counter() - t0 < modelled / 2  # without a link, loopback costs next to nothing
+
+
+def test_threads_hold_back_once_per_thread_that_takes_part(holds: list[tuple[int, float]]) -> None:
+    owner = {0: 0, 1: 0, 2: 1}  # thread 0 hosts workers 0 and 1, thread 1 worker 2
+    hub = Hub(2, timeout=30)
+    comms = [ThreadComm(hub, r, owner, link=(BW, LAT)) for r in range(2)]
+    idents: dict[int, int] = {}
+    errors: list[BaseException] = []
+
+    def work(rank: int) -> None:
+        try:
+            comm = comms[rank]
+            idents[rank] = threading.get_ident()
+            parts = {w: _add(1.0) for w in comm.local_workers}
+            out = torch.zeros(100)
+            comm.reduce(parts, [0, 1, 2], "delta", out)  # both threads take part: each holds once
+            comm.broadcast(out, 0, [0, 1], "move")  # thread 0 alone hosts these workers
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            hub.abort()
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    per_thread = {r: [s for i, s in holds if i == idents[r]] for r in range(2)}
+    assert len(per_thread[0]) == 2 and len(per_thread[1]) == 1  # not once per worker hosted
+    recs = [comm.drain() for comm in comms]
+    for r in recs:  # every thread counts every collective the same way
+        assert [(x.kind, x.workers, x.payload) for x in r] == [("delta", 3, 400), ("move", 2, 400)]
+        assert r[0].seconds == pytest.approx(collective_seconds("all_reduce", 3, 400, BW, LAT))
+    modelled = collective_seconds("broadcast", 2, 400, BW, LAT)
+    assert recs[0][1].seconds == pytest.approx(modelled) and recs[1][1].seconds < modelled
+
+
+def test_a_bad_link_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"link: bandwidth 0 must be a finite number > 0"):
+        InProcessComm(2, link=(0, 1e-3))
+    with pytest.raises(ValueError, match=r"link: latency -1 must be a finite number >= 0"):
+        InProcessComm(2, link=(1e6, -1))
+    with pytest.raises(ValueError, match=r"must be \(bandwidth, latency\), a Link or None"):
+        InProcessComm(2, link=1e6)  # type: ignore[arg-type]
+
+
+def _rounds(emulate: bool, rounds: int) -> list[dict[str, Any]]:
+    # AdLoCo on 4 workers: merges, moves, Δ all-reduces and the statistics' gathers every round, on a
+    # tiny model (3,632 parameters, 14.5 kB) over a 100 kB/s link: communication dominates
+    cfg = tiny_config(
+        f"network.emulate={str(emulate).lower()}", "network.bandwidth=1e5", "network.latency=1e-3"
+    )
+    d = driver(cfg)
+    out = []
+    for _ in range(rounds):
+        evs = d.run_round()
+        compute = [e.compute_s for e in evs if e.event == "worker"]
+        out.append({**evs[-1].to_dict(), "compute_sum_s": sum(compute)})
+    return out
+
+
+def test_an_emulated_run_takes_its_simulated_time_and_decides_the_same() -> None:
+    emulated = _rounds(True, 3)
+    train = sum(r["train_s"] for r in emulated)
+    sim = sum(r["sim_s"] for r in emulated)
+    comm = sum(comm_seconds(r["collectives"], 1e5, 1e-3) for r in emulated)
+    assert comm > 0.8 * sim  # communication dominates
+    # Simulated time is the slowest worker's compute plus every counted collective at its modelled time.
+    # The emulated round (train_s: the round without evaluation) runs the same compute for real and holds
+    # every collective to its modelled time, so it is never shorter; it is longer by what simulated time
+    # leaves out: in one process the workers compute one after another (the others' compute), and the
+    # driver's own work (batches, the outer step, the statistics' arithmetic) with the sleeps' overshoot,
+    # a few ms a round here, allowed 10% + 0.1 s.
+    others = sum(r["compute_sum_s"] - r["max_compute_s"] for r in emulated)
+    assert sim <= train <= sim + others + 0.1 * sim + 0.1
+    for r in emulated:  # the round's time in counted collectives is at least their modelled time
+        assert r["comm_s"] >= comm_seconds(r["collectives"], 1e5, 1e-3)
+    real = _rounds(False, 3)
+    assert sum(r["train_s"] for r in real) < 0.5 * train  # loopback alone: much faster
+    same = ("loss", "requests", "requests_next", "allocation", "collectives", "bytes", "communications")
+    for a, b in zip(emulated, real, strict=True):  # it only sleeps: nothing decided depends on it
+        assert {k: a[k] for k in same} == {k: b[k] for k in same}
+
+
+def test_a_bad_emulate_value_is_one_line() -> None:
+    ran = run_main("train", "--set", "network.emulate=maybe")
+    assert ran.returncode == 2
+    assert ran.stderr == "adloco: error: config: network.emulate = 'maybe': must be true or false\n"
+    assert tiny_config().network.emulate is False  # off unless asked
