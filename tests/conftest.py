@@ -26,6 +26,13 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The private Hugging Face home and cache go with the session (each xdist worker has its own)."""
+    import shutil
+
+    shutil.rmtree(_TMP, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def text_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small folder of Python source files (a slice of the standard library), copied once."""
