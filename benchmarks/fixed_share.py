@@ -19,46 +19,14 @@ Usage:  python benchmarks/fixed_share.py BENCH --profile profile.json|auto [--ph
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from link_speed import _cell, _load_bench, bench_profile, ratios
+from link_speed import _cell, _load_bench, bench_profile, plot, ratios
 
 from adloco.errors import UserError
 from adloco.report import results
-
-
-def plot(
-    path: Path, phis: list[float], curves: dict[float, list[list[float]]], variants: tuple[str, str]
-) -> None:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 4.2))
-    ax = fig.add_subplot()
-    for mbit, per_phi in curves.items():
-        xs = [p for p, rs in zip(phis, per_phi, strict=True) if rs]
-        line = ax.plot(
-            xs, [statistics.fmean(rs) for rs in per_phi if rs], marker="o", label=f"{mbit:g} Mbit/s"
-        )[0]
-        ax.fill_between(
-            xs,
-            [min(rs) for rs in per_phi if rs],
-            [max(rs) for rs in per_phi if rs],
-            color=line.get_color(),
-            alpha=0.2,
-            linewidth=0,
-        )
-    ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
-    ax.set_xlabel("fixed-cost share φ of a step at the first request")
-    ax.set_ylabel(f"time to target, {variants[0]} / {variants[1]}")
-    ax.set_title(
-        f"below 1: {variants[0]} reaches the target sooner (mean, min–max band over seeds)", fontsize=9
-    )
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def _grid_runs(doc: dict[str, Any], variant: str) -> list[tuple[str, Any]]:
@@ -139,7 +107,15 @@ def main(argv: list[str] | None = None) -> int:
         cells = [_cell(curves[m][i]) + (f" ({chosen[m][i]})" if args.fastest_b else "") for m in mbits]
         print(f"| {phi:g} | " + " | ".join(cells) + " |")
     if args.plot:
-        plot(args.plot, phis, curves, variants)
+        columns = [(f"{m:g} Mbit/s", per_phi) for m, per_phi in curves.items()]
+        plot(
+            args.plot,
+            phis,
+            columns,
+            variants,
+            "fixed-cost share φ of a step at the first request",
+            log_x=False,
+        )
         print(f"\nplot: {args.plot}")
     return 0
 

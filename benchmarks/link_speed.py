@@ -117,29 +117,41 @@ def _label(
 
 
 def plot(
-    path: Path, mbits: list[float], columns: list[tuple[str, list[list[float]]]], variants: tuple[str, str]
+    path: Path,
+    xs: list[float],
+    columns: list[tuple[str, list[list[float]]]],
+    variants: tuple[str, str],
+    xlabel: str = "simulated link, Mbit/s",
+    log_x: bool = True,
 ) -> None:
+    """Each column's per-seed ratios at every x (a list per x; empty where not reached) as its mean line
+    with a min–max band; 1 dashed (below it the first variant is sooner). fixed_share.py draws with it."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7, 4.2))
     ax = fig.add_subplot()
-    for label, per_link in columns:
-        xs = [m for m, rs in zip(mbits, per_link, strict=True) if rs]
-        mean = [statistics.fmean(rs) for rs in per_link if rs]
-        line = ax.plot(xs, mean, marker="o", label=label.replace("`", ""))[0]
+    for label, per_x in columns:
+        reached = [(x, rs) for x, rs in zip(xs, per_x, strict=True) if rs]
+        line = ax.plot(
+            [x for x, _ in reached],
+            [statistics.fmean(rs) for _, rs in reached],
+            marker="o",
+            label=label.replace("`", ""),
+        )[0]
         ax.fill_between(
-            xs,
-            [min(rs) for rs in per_link if rs],
-            [max(rs) for rs in per_link if rs],
+            [x for x, _ in reached],
+            [min(rs) for _, rs in reached],
+            [max(rs) for _, rs in reached],
             color=line.get_color(),
             alpha=0.2,
             linewidth=0,
         )
     ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
-    ax.set_xscale("log")
-    ax.set_xticks(mbits, [f"{m:g}" for m in mbits])
-    ax.minorticks_off()
-    ax.set_xlabel("simulated link, Mbit/s")
+    if log_x:
+        ax.set_xscale("log")
+        ax.set_xticks(xs, [f"{x:g}" for x in xs])
+        ax.minorticks_off()
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(f"time to target, {variants[0]} / {variants[1]}")
     ax.set_title(
         f"below 1: {variants[0]} reaches the target sooner (mean, min–max band over seeds)", fontsize=9

@@ -149,17 +149,20 @@ def test_the_hooked_form_scales_the_users_step_and_restores_it() -> None:
 
 
 def test_gain_follows_the_measured_noise_and_the_state_keeps_it() -> None:
-    ms = models(2)
-    algo = AdLoCo(
-        ms,
-        [torch.optim.AdamW(m.parameters(), lr=0.01) for m in ms],
-        inner_steps=2,
-        trainers=1,
-        loss_fn=loss_fn,
-        batch=AdaptiveBatch("norm", initial=4, max=64, eta=0.2, lr_scaling="gain"),
-        merge=Merging("none"),
-        switch=Switch(b_max=64),
-    )
+    def make() -> AdLoCo:
+        ms = models(2)
+        return AdLoCo(
+            ms,
+            [torch.optim.AdamW(m.parameters(), lr=0.01) for m in ms],
+            inner_steps=2,
+            trainers=1,
+            loss_fn=loss_fn,
+            batch=AdaptiveBatch("norm", initial=4, max=64, eta=0.2, lr_scaling="gain"),
+            merge=Merging("none"),
+            switch=Switch(b_max=64),
+        )
+
+    algo = make()
     data = Data()
     first = run_round(algo, data).trainers[0]
     tr = algo.trainers[0]
@@ -170,17 +173,7 @@ def test_gain_follows_the_measured_noise_and_the_state_keeps_it() -> None:
     assert b_t > 4  # the norm test grew the request
     assert tr.lr_ratio == pytest.approx((1 + tr.noise / 4) / (1 + tr.noise / b_t))
     assert algo.replicas[0].lr_scale == pytest.approx(min(math.sqrt(tr.lr_ratio), 4.0))
-    ms2 = models(2)
-    again = AdLoCo(
-        ms2,
-        [torch.optim.AdamW(m.parameters(), lr=0.01) for m in ms2],
-        inner_steps=2,
-        trainers=1,
-        loss_fn=loss_fn,
-        batch=AdaptiveBatch("norm", initial=4, max=64, eta=0.2, lr_scaling="gain"),
-        merge=Merging("none"),
-        switch=Switch(b_max=64),
-    )
+    again = make()
     again.load_state_dict(algo.full_state_dict())
     assert (again.trainers[0].b0, again.trainers[0].noise) == (tr.b0, tr.noise)
     assert again.replicas[0].lr_scale == algo.replicas[0].lr_scale
