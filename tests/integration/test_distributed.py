@@ -127,6 +127,33 @@ def test_processes_give_the_in_process_run(tmp_path: Path, text_corpus: Path) ->
     assert p.stdout.count("initial validation perplexity") == 1  # rank 0 alone prints progress
 
 
+def test_processes_share_rows_by_speed_with_a_profile_they_fit_themselves(
+    tmp_path: Path, text_corpus: Path
+) -> None:
+    """balance speed with runtime.profile auto across processes: speeds and the fitted α/β that share rows
+    follow timings, yet every rank must take the same decisions (the agreement check stops a run that
+    does not) and the run ends with its own profile."""
+    speed = ["runtime.balance=speed", "runtime.profile=auto", "runtime.emulate_speed=[1, 0.5, 1, 0.25]"]
+    speed += ["algorithm.trainers=1", "algorithm.rounds=5", "switch.b_max=8"]
+    p = adloco(
+        "train",
+        "--nproc",
+        "2",
+        *TINY,
+        *[a for v in [*speed, "runtime.workers_per_process=2"] for a in ("--set", v)],
+        "--set",
+        f"data.source={text_corpus}",
+        "--set",
+        f"logging.out_dir={tmp_path}",
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    (run,) = list(tmp_path.iterdir())
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = {(e["round"], e["worker"]): e["examples"] for e in events if e["event"] == "worker"}
+    assert rows[(5, 0)] > rows[(5, 3)]  # the slow worker was given fewer rows: shares followed speeds
+    assert "runtime.profile auto" in json.loads((run / "profile.json").read_text())["source"]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

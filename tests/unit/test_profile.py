@@ -70,6 +70,23 @@ def test_a_profile_is_fitted_from_rounds_that_vary_and_refused_from_rounds_that_
     assert (got.alpha, got.beta, got.delta) == pytest.approx((0.005, 0.02, 0.003), rel=1e-6)
     with pytest.raises(UserError, match="all used one micro-batch size"):
         fit_runs([(1.0 + i * 1e-3, 12, 12, 48) for i in range(4)])
+    # no step accumulated: α and δ are one fixed cost per pass, which prices those steps exactly
+    flat = [(true.worker_seconds(12, m, 1), 12, 12, 12 * m) for m in (2, 4, 8)]
+    one = fit_runs(flat)
+    assert (one.alpha, one.beta, one.delta) == pytest.approx((0.008, 0.02, 0.0), rel=1e-6)
+    assert (
+        one.source
+        == "fitted from 3 worker rounds, α with the optimizer step in it (the steps all accumulated alike)"
+    )
+    # a fit that would go negative is the best fit with that coefficient at 0, not the clipped one
+    import numpy as np
+
+    shapes = [(12, m, a) for m, a in ((2, 1), (4, 1), (8, 1), (8, 2), (8, 4))]
+    neg = [(-0.001 * s * a + 0.02 * s * m * a + 0.003 * s, s, s * a, s * m * a) for s, m, a in shapes]
+    got = fit_runs(neg)  # unconstrained: α = -0.001
+    x = np.array([[e, s] for _, s, _, e in neg], dtype=float)
+    (beta, delta), *_ = np.linalg.lstsq(x, np.array([c for c, *_ in neg]), rcond=None)
+    assert got.alpha == 0 and (got.beta, got.delta) == pytest.approx((beta, delta), rel=1e-9)
 
 
 def test_adloco_profile_measures_and_writes_a_profile(tmp_path: Path, text_corpus: Path) -> None:
@@ -166,6 +183,77 @@ def test_a_run_prices_simulated_time_by_runtime_profile(tmp_path: Path) -> None:
         bad.stderr
         == f"adloco: error: config: runtime.profile = '{tmp_path / 'none.json'}': no such file (adloco profile writes one)\n"
     )
+
+
+def test_a_run_fits_its_own_profile_from_its_rounds_with_runtime_profile_auto(
+    tmp_path: Path, text_corpus: Path
+) -> None:
+    import dataclasses
+
+    true = StepProfile(alpha=0.5, beta=0.25, delta=0.125)
+    cfg = tiny_config(
+        "runtime.profile=auto",
+        "runtime.emulate_speed=[1, 0.5, 1, 1]",
+        "network.latency=0",
+        "network.bandwidth=1e30",
+    )
+    d = driver(cfg)
+    d.run_round()
+    real = d.algo.last_report
+
+    def timed(micro: int, accum: int) -> object:  # the round as the true profile would have timed it
+        ws = []
+        for e in real.workers:
+            e = dataclasses.replace(e, micro=micro, accum=accum, examples=2 * micro * accum, probe_examples=0)
+            ws.append(
+                dataclasses.replace(
+                    e, compute_s=true.worker_seconds(2, micro, accum) / d.algo.emulate[e.worker]
+                )
+            )
+        return dataclasses.replace(
+            real, workers=ws, trainers=[dataclasses.replace(t, samples=0) for t in real.trainers]
+        )
+
+    assert d.auto_rows == [] and d.profile is None and d.algo.fixed_rows == 0.0  # the first round: warm-up
+    d._fit_own_profile(timed(2, 1))
+    d._fit_own_profile(timed(2, 2))
+    assert d.profile is None  # one micro-batch size: α and β cannot be told apart, compute stays measured
+    d._fit_own_profile(timed(4, 1))
+    got = d.profile
+    assert got is not None and (got.alpha, got.beta, got.delta) == pytest.approx((0.5, 0.25, 0.125), rel=1e-9)
+    assert (
+        got.source == "fitted from 12 worker rounds of this run (runtime.profile auto)"
+        and got.residual < 1e-9
+    )
+    assert d.algo.fixed_rows == pytest.approx(2.0)  # the emulated worker was measured at its device's speed
+    assert d.priced_compute(timed(4, 1))[1] == pytest.approx(2 * true.worker_seconds(2, 4, 1))
+    again = driver(cfg)  # a resume: the same profile, the same shares
+    again.load_state_dict(d.state_dict())
+    assert again.profile == d.profile and again.algo.fixed_rows == d.algo.fixed_rows
+
+    out = tmp_path / "runs"
+    sets = ["model.name=llama-micro", "data.tokenizer=bpe:300", "data.seq_len=16", "algorithm.rounds=6"]
+    sets += ["algorithm.inner_steps=2", "algorithm.trainers=1", "runtime.balance=speed"]
+    sets += ["runtime.emulate_speed=[1, 0.5, 1, 0.25]", "switch.b_max=8", "logging.save_model=false"]
+    sets += ["runtime.profile=auto", "logging.progress=off", "logging.plots=false", "eval.max_examples=4"]
+    ran = run_main(
+        "train",
+        "--set",
+        f"data.source={text_corpus}",
+        "--set",
+        f"logging.out_dir={out}",
+        *[a for kv in sets for a in ("--set", kv)],
+    )
+    assert ran.returncode == 0, ran.stderr
+    (run,) = out.iterdir()
+    micros = {
+        json.loads(x)["micro"]
+        for x in (run / "metrics.jsonl").read_text().splitlines()[1:]
+        if json.loads(x)["event"] == "worker"
+    }
+    assert len(micros) >= 2, micros  # speeds shared rows unequally, so the run could fit its profile
+    fitted = StepProfile.load(run / "profile.json")
+    assert "runtime.profile auto" in fitted.source and fitted.model == "llama-micro" and fitted.seq_len == 16
 
 
 def _bench(tmp_path: Path) -> Path:

@@ -38,7 +38,7 @@ def check(cfg: Config, resuming: bool = False) -> None:
         check_speeds(rt.emulate_speed, a.workers)
     except ValueError as exc:
         raise UserError(f"config: {exc}") from None
-    if rt.profile is not None:  # read now: a run must not fail on it at its first round
+    if rt.profile is not None and rt.profile != "auto":  # read now: a run must not fail at its first round
         from adloco.engine.profile import StepProfile
 
         StepProfile.load(rt.profile, where=f"config: runtime.profile = {rt.profile!r}")

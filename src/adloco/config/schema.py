@@ -242,8 +242,9 @@ class RuntimeConfig(Dial):
         None,
         "a step-time profile (adloco profile writes one) that prices each worker's compute in simulated time "
         "as t(m, a) = a(α + βm) + δ per step, and, with balance speed, measures speeds net of a pass's fixed "
-        "cost α and shares rows so that steps take the same time (ALGORITHM.md §11); null: measured compute, "
-        "and speeds as rows per second",
+        "cost α and shares rows so that steps take the same time (ALGORITHM.md §11); auto: fitted from the "
+        "run's own worker rounds once they have used several micro-batch sizes (measured compute until then; "
+        "the fit is written to the run's profile.json); null: measured compute, and speeds as rows per second",
     )
 
 

@@ -27,7 +27,7 @@ from adloco.data.sampling import ShardStream, trainer_subset
 from adloco.data.tokens import Data
 from adloco.engine.evaluation import evaluate, perplexity, spread
 from adloco.engine.inner import lr_at, make_optimizer
-from adloco.engine.profile import StepProfile
+from adloco.engine.profile import AUTO, StepProfile, fit_runs
 from adloco.errors import UserError
 from adloco.flat import flatten
 from adloco.method import AdLoCo, RoundAborted
@@ -91,11 +91,12 @@ def build_algorithm(
     )
 
 
-def fixed_rows(profile: str | None) -> float:
-    """A pass's fixed cost in rows, α/β of ``runtime.profile`` (0 without one, or with β = 0)."""
-    if not profile:
+def fixed_rows(profile: str | StepProfile | None) -> float:
+    """A pass's fixed cost in rows, α/β of ``runtime.profile`` (0 without one, with ``auto`` before the run
+    has fitted its own, or with β = 0)."""
+    if not profile or profile == AUTO:
         return 0.0
-    p = StepProfile.load(profile)
+    p = profile if isinstance(profile, StepProfile) else StepProfile.load(profile)
     return p.alpha / p.beta if p.beta > 0 else 0.0
 
 
@@ -143,8 +144,16 @@ class Driver:
         # saw the same examples share a point of it. A run bounded by rounds follows its steps: how many
         # examples a growing batch will see is not known in advance.
         self.lr_unit = a.workers * cfg.batch.initial
-        # simulated compute: each worker's measured seconds, or its steps priced by a profile (ALGORITHM.md §11)
-        self.profile = StepProfile.load(cfg.runtime.profile) if cfg.runtime.profile else None
+        # Simulated compute (ALGORITHM.md §11): each worker's measured seconds, or its steps priced by a
+        # profile; with ``auto``, one fitted from this run's own worker rounds once they tell α from β.
+        self.auto_profile = cfg.runtime.profile == AUTO
+        self.auto_rows: list[
+            tuple[float, int, int, int]
+        ] = []  # (compute s, steps, passes, rows) per worker round
+        self._warm = False  # this process has trained a round (the first pays for warm-up)
+        self.profile = (
+            StepProfile.load(cfg.runtime.profile) if cfg.runtime.profile and not self.auto_profile else None
+        )
         self.trained = 0  # examples in inner steps so far (probe rows are not steps)
         self.stop_requested: Callable[[], bool] = lambda: False  # set by whoever handles signals
         # Dropout draws from the process's generators, which imports and model loading may have
@@ -289,6 +298,8 @@ class Driver:
         assert report is not None and report.round == r + 1
         train_s = time.perf_counter() - t_start
         net = cfg.network
+        if self.auto_profile:
+            self._fit_own_profile(report)
         compute = report.compute_s if self.profile is None else self.priced_compute(report)
         sim_s = netmodel.round_seconds(compute, report.collectives, net.bandwidth, net.latency)
         self.sim_s += sim_s
@@ -328,17 +339,54 @@ class Driver:
         out.append(summary)
         return out
 
-    def priced_compute(self, report: RoundReport) -> dict[int, float]:
-        """Every worker's compute in the round priced by the profile: its steps at the micro-batches it ran,
-        and the passes and rows the gradient probe added to its first step (ALGORITHM.md §11), on a device
-        ``runtime.emulate_speed`` times as fast as the profiled one."""
-        assert self.profile is not None
-        emulate = self.algo.emulate
+    def _probe_passes(self, report: RoundReport) -> dict[int, int]:
+        """worker -> forward and backward passes the gradient probe took in its first step."""
         passes = {}
         for t in report.trainers:
             if t.samples:
                 k = max(1, round(t.samples / len(t.workers)))
                 passes.update({w: k for w in t.workers})
+        return passes
+
+    def _fit_own_profile(self, report: RoundReport) -> None:
+        """``runtime.profile: auto``: add the round's worker rounds to the run's own and refit α, β, δ on
+        all of them (plain float arithmetic: every rank gets the same bits, so shares agree); until the
+        rounds tell a step's fixed cost from its cost per row (several micro-batch sizes), compute stays
+        measured and rows are shared by rows alone. The first round a process trains is left out: it pays
+        for allocations and warm-up that no later step pays."""
+        warm, self._warm = self._warm, True
+        if not warm:
+            return
+        emulate, probe = self.algo.emulate, self._probe_passes(report)
+        for e in report.workers:
+            eff = e.micro * e.accum
+            steps = (e.examples or 0) // eff if eff else 0
+            passes = steps * e.accum + max(0, probe.get(e.worker, 0) - e.accum)
+            seconds = e.compute_s * (emulate[e.worker] if emulate else 1.0)  # on the device, not emulated
+            self.auto_rows.append((seconds, steps, passes, (e.examples or 0) + e.probe_examples))
+        self._refit()
+
+    def _refit(self) -> None:
+        try:
+            prof = fit_runs(self.auto_rows, "runtime.profile auto", " of this run (runtime.profile auto)")
+        except UserError:
+            return
+        self.profile = dataclasses.replace(
+            prof,
+            device=str(self.device),
+            torch=torch.__version__,
+            model=self.cfg.model.name or "",
+            seq_len=self.cfg.data.seq_len,
+            b_max=min(self.algo.b_max.values()),  # what every worker fits
+        )
+        self.algo.fixed_rows = fixed_rows(self.profile)
+
+    def priced_compute(self, report: RoundReport) -> dict[int, float]:
+        """Every worker's compute in the round priced by the profile: its steps at the micro-batches it ran,
+        and the passes and rows the gradient probe added to its first step (ALGORITHM.md §11), on a device
+        ``runtime.emulate_speed`` times as fast as the profiled one."""
+        assert self.profile is not None
+        emulate, passes = self.algo.emulate, self._probe_passes(report)
         out = {}
         for e in report.workers:
             eff = e.micro * e.accum
@@ -454,6 +502,7 @@ class Driver:
             "rounds_lost": self.rounds_lost,
             "trained": self.trained,
             "lr_unit": self.lr_unit,
+            "auto_profile_rows": [list(r) for r in self.auto_rows],
             "model": self.fingerprint(),
             "processes": self.comm.world,
         }
@@ -468,6 +517,11 @@ class Driver:
         self.restarts = int(d.get("restarts", 0))
         self.rounds_lost = int(d.get("rounds_lost", 0))
         self.lr_unit = int(d.get("lr_unit", self.lr_unit))
+        if self.auto_profile:  # the run's own profile as it stood: the same shares and prices as before
+            self.auto_rows = [
+                (float(c), int(s), int(p), int(e)) for c, s, p, e in d.get("auto_profile_rows", [])
+            ]
+            self._refit()
         # a checkpoint from before the schedule counted examples: its rounds at the initial request
         self.trained = int(d.get("trained", self.algo.round * self.cfg.algorithm.inner_steps * self.lr_unit))
 

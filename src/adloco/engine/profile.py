@@ -25,6 +25,7 @@ from typing import Any
 from adloco.errors import UserError
 
 FORMAT = 1
+AUTO = "auto"  # runtime.profile: fitted from the run's own worker rounds
 
 
 @dataclass(frozen=True)
@@ -147,27 +148,94 @@ def measure(
     return out, delta
 
 
-def fit_runs(rows: Sequence[tuple[float, int, int, int]]) -> StepProfile:
+def fit_runs(
+    rows: Sequence[tuple[float, int, int, int]], what: str = "--profile auto", of: str = ""
+) -> StepProfile:
     """α, β, δ fitted from finished rounds: rows of (compute seconds, steps, micro-batches, examples) of
-    worker rounds, compute ≈ α·passes + β·examples + δ·steps (least squares, each clipped at 0). The runs'
-    steps must vary enough (several micro-batch sizes) for the fixed and the per-row cost to be told apart."""
-    import numpy as np
+    worker rounds, compute ≈ α·passes + β·examples + δ·steps, by least squares with every coefficient ≥ 0.
+    The rounds must have used several micro-batch sizes for the fixed and the per-row cost to be told apart;
+    where every step accumulated alike, α and δ cannot be told apart and are fitted as one fixed cost per
+    micro-batch (δ = 0), which prices those steps exactly. ``what`` names the source in an error, ``of``
+    says whose rounds they were (in the profile's ``source``).
 
+    Plain float arithmetic in a fixed order, no BLAS: the same rows give the same bits on every machine, so
+    the ranks of a run that fits its own profile (``runtime.profile: auto``) share rows by the same α/β."""
     data = [(c, s, p, e) for c, s, p, e in rows if s > 0 and math.isfinite(c) and c > 0]
     if len(data) < 3:
-        raise UserError("--profile auto: fewer than three worker rounds with steps to fit a profile from")
-    x = np.array([[p, e, s] for _, s, p, e in data], dtype=float)
-    y = np.array([c for c, *_ in data], dtype=float)
-    if np.linalg.matrix_rank(x / x.max(axis=0)) < 3:
+        raise UserError(f"{what}: fewer than three worker rounds with steps to fit a profile from")
+    xs = [(float(p), float(e), float(s)) for _, s, p, e in data]
+    ys = [c for c, *_ in data]
+    source = f"fitted from {len(data)} worker rounds{of}"
+    if _independent(xs):
+        alpha, beta, delta = _nonnegative_least_squares(xs, ys)
+    elif _independent([x[:2] for x in xs]):
+        (alpha, beta), delta = _nonnegative_least_squares([x[:2] for x in xs], ys), 0.0
+        source += ", α with the optimizer step in it (the steps all accumulated alike)"
+    else:
         raise UserError(
-            "--profile auto: the runs' steps all used one micro-batch size, so a step's fixed cost and its "
+            f"{what}: the steps all used one micro-batch size, so a step's fixed cost and its "
             "cost per row cannot be told apart; measure a profile with adloco profile and pass its file"
         )
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    alpha, beta, delta = (max(0.0, float(v)) for v in coef)
-    pred = x @ np.array([alpha, beta, delta])
-    residual = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
-    return StepProfile(alpha, beta, delta, residual=residual, source=f"fitted from {len(data)} worker rounds")
+    rel = [((alpha * x[0] + beta * x[1] + delta * x[2]) - y) / y for x, y in zip(xs, ys, strict=True)]
+    residual = math.sqrt(sum(r * r for r in rel) / len(rel))
+    return StepProfile(alpha, beta, delta, residual=residual, source=source)
+
+
+def _independent(xs: Sequence[Sequence[float]]) -> bool:
+    """Whether the columns of ``xs`` are far from dependent: the determinant of their Gram matrix of
+    cosines (1 for orthogonal columns, 0 for dependent ones) is at least 1e-6."""
+    n = len(xs[0])
+    norms = [math.sqrt(sum(x[j] ** 2 for x in xs)) for j in range(n)]
+    if min(norms) == 0:
+        return False
+    gram = [[sum(x[i] * x[j] for x in xs) / (norms[i] * norms[j]) for j in range(n)] for i in range(n)]
+    return _solve(gram, [0.0] * n) is not None and _det(gram) >= 1e-6
+
+
+def _det(a: list[list[float]]) -> float:
+    if len(a) == 1:
+        return a[0][0]
+    return sum((-1) ** j * a[0][j] * _det([row[:j] + row[j + 1 :] for row in a[1:]]) for j in range(len(a)))
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """x with a·x = b (Gaussian elimination with partial pivoting), or None when a is singular."""
+    n = len(b)
+    m = [[*row, v] for row, v in zip(a, b, strict=True)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda i: abs(m[i][col]))
+        m[col], m[pivot] = m[pivot], m[col]
+        if abs(m[col][col]) < 1e-300:
+            return None
+        for i in range(col + 1, n):
+            f = m[i][col] / m[col][col]
+            m[i] = [vi - f * vc for vi, vc in zip(m[i], m[col], strict=True)]
+    x = [0.0] * n
+    for i in reversed(range(n)):
+        x[i] = (m[i][n] - sum(m[i][j] * x[j] for j in range(i + 1, n))) / m[i][i]
+    return x
+
+
+def _nonnegative_least_squares(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
+    """min ‖x·c − y‖² over c ≥ 0, exactly, for a handful of columns: the unconstrained fit on every subset
+    of the columns (the others held at 0), the best of those with no negative coefficient."""
+    n = len(xs[0])
+    best: tuple[float, list[float]] = (math.inf, [0.0] * n)
+    for mask in range(1, 1 << n):
+        cols = [j for j in range(n) if mask >> j & 1]
+        gram = [[sum(x[i] * x[j] for x in xs) for j in cols] for i in cols]
+        c = _solve(gram, [sum(x[i] * y for x, y in zip(xs, ys, strict=True)) for i in cols])
+        if c is None or min(c) < 0:
+            continue
+        full = [0.0] * n
+        for j, v in zip(cols, c, strict=True):
+            full[j] = v
+        sse = sum(
+            (sum(f * v for f, v in zip(full, x, strict=True)) - y) ** 2 for x, y in zip(xs, ys, strict=True)
+        )
+        if sse < best[0]:
+            best = (sse, full)
+    return best[1]
 
 
 # -- adloco profile ------------------------------------------------------------------------------------

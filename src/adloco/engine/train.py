@@ -255,6 +255,10 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
             if run_dir is not None and state is not None:
                 model = next(iter(driver.algo.replicas.values())).model
                 models.save(model, state, data.tokenizer, run_dir / "model")
+        if run_dir is not None and driver.auto_profile and driver.profile is not None:
+            driver.profile.save(
+                run_dir / "profile.json"
+            )  # the run's own fit: adloco report --profile takes it
         if run_dir is not None:
             rundir.write_atomic(run_dir / "summary.json", json.dumps(summary.to_dict(), indent=2) + "\n")
     except CommFailure as exc:
