@@ -10,8 +10,9 @@ is real sleeping, so wall time is what a user waits. About 20 minutes on 2 CPU c
 ``--profile PATH`` (a step-time profile of one worker's device, ``adloco profile``) adds a
 ``speed+profile`` row per method: speeds measured net of a step's fixed cost and rows shared so that
 steps take the same time (ALGORITHM.md §9.3); its simulated time is priced by the profile, the others'
-by measured compute.
-Usage:  python benchmarks/heterogeneous.py [--budget 3072] [--methods adloco,diloco] [--profile PATH]
+by measured compute. ``--profile auto``: the run fits its profile from its own rounds
+(``runtime.profile: auto``), which under contention includes what the contention costs.
+Usage:  python benchmarks/heterogeneous.py [--budget 3072] [--methods adloco,diloco] [--profile PATH|auto]
                                           [--out benchmarks/out/heterogeneous]
 """
 
@@ -31,16 +32,18 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/out/heterogeneous")
     ap.add_argument("--budget", type=int, default=3072)
     ap.add_argument("--methods", default="adloco,diloco")
-    ap.add_argument("--profile", help="a step-time profile: adds a speed+profile row per method")
+    ap.add_argument(
+        "--profile",
+        help="a step-time profile, or auto (fitted by each run): adds a speed+profile row per method",
+    )
     args = ap.parse_args()
     rows = []
     balances = ["speed", "equal"] + (["speed+profile"] if args.profile else [])
     for method in args.methods.split(","):
         for balance in balances:
             name = f"{method}-{balance.replace('+', '-')}"
-            profile = (
-                [f"runtime.profile={Path(args.profile).resolve()}"] if balance == "speed+profile" else []
-            )
+            where = args.profile if args.profile == "auto" else Path(args.profile or ".").resolve()
+            profile = [f"runtime.profile={where}"] if balance == "speed+profile" else []
             sets = [
                 f"algorithm.method={method}",
                 f"runtime.balance={balance.split('+')[0]}",
