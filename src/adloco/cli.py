@@ -221,13 +221,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UserError(f"--nproc {args.nproc}: must be >= 1")
             if distributed:
                 raise UserError("--nproc: already running under torchrun; drop --nproc")
-            wpp = cfg.runtime.workers_per_process
+            from adloco.config.checks import check_layout
+
+            rt = cfg.runtime
             flexible = resume is not None or args.max_restarts > 0  # workers follow the processes
-            if cfg.algorithm.workers != args.nproc * wpp and not flexible:
-                raise UserError(
-                    f"config: algorithm.workers = {cfg.algorithm.workers}: must equal processes ({args.nproc}) x "
-                    f"runtime.workers_per_process ({wpp})"
-                )
+            check_layout(cfg.algorithm.workers, args.nproc, rt.workers_per_process, rt.shards, flexible)
             return _launch(args.nproc, args.max_restarts, argv)
         from adloco.engine.train import DistributedFailure, Stopped, TrainingFailed, train
 

@@ -24,14 +24,23 @@ _ATTR = "_adloco_flat"
 
 def flatten(module: nn.Module) -> FlatModule:
     """The module's :class:`FlatModule`, created on first use (the parameters move into it), and again
-    when its parameters no longer live in it (a deep copy of the module, or its parameters moved)."""
+    when its parameters no longer live in it (a deep copy of the module, or its parameters moved); a
+    module sharded with FSDP2 (``fully_shard``: its parameters are DTensors) gets a :class:`ShardedFlat`."""
     flat = module.__dict__.get(_ATTR)
     if not isinstance(flat, FlatModule) or not flat.holds(module):
-        flat = FlatModule(module)
+        flat = ShardedFlat(module) if _sharded(module) else FlatModule(module)
     return flat
 
 
+def _sharded(module: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
 class FlatModule:
+    aliased = True  # the parameters are views of the buffer (ShardedFlat: copies)
+
     def __init__(self, module: nn.Module) -> None:
         params = list(module.parameters())  # unique: tied weights appear once
         if not params:
@@ -133,3 +142,100 @@ class FlatModule:
     def clone_state_dict(self) -> dict[str, torch.Tensor]:
         """The module's state dict with every tensor copied out of the shared flat storage."""
         return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+
+    def push(self) -> None:
+        """Nothing: the parameters are views of the buffer (:class:`ShardedFlat` copies)."""
+
+    def collect(self) -> None:
+        """Nothing: backward accumulates into the buffer's views (:class:`ShardedFlat` copies)."""
+
+
+class ShardedFlat(FlatModule):
+    """The flat buffers of this rank's shards of a module sharded with FSDP2 (ALGORITHM.md §12): P/k values
+    (this rank's pieces of every parameter, in flat order), copied rather than aliased, since FSDP owns
+    its parameters' storage.
+
+    The buffer is the worker's θ as the round sees it. :meth:`push` copies it into the shards (after
+    every write: an optimizer step on :attr:`groups`, a load); after every backward pass :meth:`collect`
+    adds the shards' gradients (reduce-scattered by FSDP: the mean over the worker's ranks) into
+    :attr:`grad` and clears them, so :attr:`grad` accumulates exactly as the aliased buffer does.
+    """
+
+    aliased = False
+
+    def __init__(self, module: nn.Module) -> None:
+        params = list(module.parameters())
+        kinds = sorted({str(p.dtype) for p in params})
+        if kinds != ["torch.float32"]:
+            raise ValueError(f"model: parameters must be float32 (found {', '.join(kinds)})")
+        decay = [p for p in params if p.ndim >= 2]
+        other = [p for p in params if p.ndim < 2]
+        self.params = decay + other
+        self.locals = [p.to_local() for p in self.params]  # type: ignore[attr-defined]  # FSDP storage
+        device = self.locals[0].device
+        self.numel = sum(t.numel() for t in self.locals)
+        self.n_decay = sum(t.numel() for t in self.locals[: len(decay)])
+        self.param = torch.empty(self.numel, device=device, dtype=torch.float32)
+        self.grad = torch.zeros(self.numel, device=device, dtype=torch.float32)
+        offset = 0
+        with torch.no_grad():
+            for t in self.locals:
+                self.param[offset : offset + t.numel()].copy_(t.reshape(-1))
+                offset += t.numel()
+        self.module = module
+        self.groups = []
+        for lo, hi in ((0, self.n_decay), (self.n_decay, self.numel)):
+            if hi > lo:
+                g = nn.Parameter(self.param[lo:hi])
+                g.grad = self.grad[lo:hi]
+                self.groups.append(g)
+        self.decay_flags = [True, False] if self.n_decay and self.n_decay < self.numel else [self.n_decay > 0]
+        module.__dict__[_ATTR] = self
+
+    def holds(self, module: nn.Module) -> bool:
+        params = list(module.parameters())
+        return len(params) == len(self.params) and {id(p) for p in params} == {id(p) for p in self.params}
+
+    @torch.no_grad()
+    def push(self) -> None:
+        """The buffer into the shards the module computes with."""
+        offset = 0
+        for t in self.locals:
+            t.copy_(self.param[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+    @torch.no_grad()
+    def collect(self) -> None:
+        """grad += the shards' gradients of the last backward pass; theirs cleared for the next."""
+        offset = 0
+        for p, t in zip(self.params, self.locals, strict=True):
+            n = t.numel()
+            if p.grad is not None:
+                self.grad[offset : offset + n].add_(p.grad.to_local().reshape(-1))  # type: ignore[attr-defined]
+                p.grad = None
+            offset += n
+
+    def alias_grads(self) -> None:
+        """Nothing to alias: the shards' gradients are collected after each backward pass."""
+
+    def gather_grads(self) -> torch.Tensor:
+        return self.grad
+
+    def scatter_grads(self) -> None:
+        """The engine's optimizer steps on :attr:`groups`, whose gradients are the buffer's."""
+
+    def zero_grad(self) -> None:
+        self.grad.zero_()
+        for p in self.params:
+            p.grad = None
+
+    def clone_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole module's state dict, gathered from every shard on the worker's first rank (empty
+        elsewhere); every rank of the worker calls it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        self.push()
+        full = get_model_state_dict(
+            self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        return {k: v.detach().clone() for k, v in full.items() if isinstance(v, torch.Tensor)}

@@ -190,7 +190,7 @@ class AdLoCo(Synchronization, HookedMode, AlgorithmState):
         self.counts_rows = True  # False in the hooked form when the rows of a step are unknown
         b_max = self.switch.b_max_or_default
         self.replicas: dict[int, Replica] = {
-            w: Replica(m, o, loss_fn, clip=clip, precision=precision, b_max=b_max)
+            w: Replica(m, o, loss_fn, clip=clip, precision=precision, b_max=b_max, shards=self.comm.shards)
             for w, m, o in zip(self.comm.local_workers, models, optimizers, strict=True)
         }
         sizes = {r.flat.numel for r in self.replicas.values()}

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from adloco.algorithms.batching import WorkerStats
+from adloco.comm.base import Shards
 from adloco.flat import FlatModule, flatten
 from adloco.settings import Precision, choice
 
@@ -104,6 +105,7 @@ class Replica:
         clip: float = 0.0,
         precision: str = "fp32",
         b_max: int = 8,
+        shards: Shards | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -116,6 +118,13 @@ class Replica:
             raise ValueError(f"clip = {clip!r}: must be >= 0 (0 turns clipping off)")
         self.model = model
         self.flat: FlatModule = flatten(model)
+        # the ranks that hold this worker's replica between them (ALGORITHM.md §12; one: unsharded)
+        self.shards = shards or Shards()
+        if self.flat.aliased != (self.shards.size == 1):
+            raise ValueError(
+                "model: a model sharded with fully_shard needs a communicator over its mesh, and a "
+                "communicator over a mesh a sharded model (TorchDistComm(mesh=...))"
+            )
         self.optimizer = optimizer
         self.loss_fn: LossFn = loss_fn or hf_loss
         self.clip = clip
@@ -164,6 +173,7 @@ class Replica:
     def load(self, theta: torch.Tensor) -> None:
         """θ_m ← θ_t (ALGORITHM.md §1, step 1)."""
         self.flat.param.copy_(theta)
+        self.flat.push()
 
     def reset_optimizer(self) -> None:
         """Forget moments and step counts (a worker that moves to another trainer, or ``reset``)."""
@@ -264,7 +274,12 @@ class Replica:
             if self._good_steps % 2000 == 0:
                 self.loss_scale *= 2.0
         if self.clip > 0:
-            norm = torch.linalg.vector_norm(self.flat.grad)
+            g = self.flat.grad
+            norm = (
+                torch.linalg.vector_norm(g)
+                if self.shards.size == 1
+                else self.shards.sum_(torch.dot(g, g).reshape(1)).sqrt()[0]  # over every shard of the worker
+            )
             self._clip_coef = torch.clamp(self.clip / (norm + 1e-6), max=1.0)
             self.flat.grad.mul_(self._clip_coef)
         self.flat.scatter_grads()
@@ -273,6 +288,7 @@ class Replica:
             self.optimizer.step()
         finally:
             self.restore_lr()
+        self.flat.push()
 
     def scale_lr(self) -> None:
         """Multiply every param group's lr by ``lr_scale`` for one step (exactly restored by
@@ -296,16 +312,33 @@ class Replica:
     def finite(self) -> bool:
         """Whether every parameter is finite: NaN and ±inf all show in the extremes (one pass, no mask)."""
         lo, hi = torch.aminmax(self.flat.param)
-        return math.isfinite(float(lo)) and math.isfinite(float(hi))
+        ok = math.isfinite(float(lo)) and math.isfinite(float(hi))
+        if self.shards.size > 1:  # finite on every shard of the worker
+            ok = not bool(self.shards.max_(torch.tensor([0.0 if ok else 1.0], device=self.device)).item())
+        return ok
 
     # -- pieces ------------------------------------------------------------------------------------
     def forward_backward(self, batch: Batch, scale: float) -> torch.Tensor:
-        """Backward of ``scale`` x the batch's mean loss (times the fp16 loss scale); returns the loss."""
+        """Backward of ``scale`` x the batch's mean loss (times the fp16 loss scale); returns the loss.
+
+        Sharded (ALGORITHM.md §12): each of the worker's k ranks runs its share of the rows, its loss
+        weighted k·n_j/n, so that FSDP's mean of the k gradients is the gradient of the whole batch's
+        mean loss; a rank with no rows runs one with weight 0 (FSDP's collectives need every rank). The
+        loss returned is this rank's weighted part: its mean over the worker's ranks is the batch's."""
+        k = self.shards.size
+        if k > 1:
+            n = n_rows(batch)
+            lo, hi = self.shards.split(n)
+            weight = k * (hi - lo) / n
+            batch = rows(batch, lo, hi) if hi > lo else rows(batch, 0, 1)
         with torch.autocast(
             self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None
         ):
             loss = self.loss_fn(self.model, batch)
+        if k > 1:
+            loss = loss * weight
         (loss.float() * (scale * self.loss_scale)).backward()
+        self.flat.collect()
         return loss.detach().float()
 
     def _accumulate(self, batch: Batch, micro: int) -> torch.Tensor:
@@ -343,6 +376,8 @@ class Replica:
             if self.chunks is not None and probe.keep == "chunks":
                 self.chunks[j].copy_(g)
         mean_sq = torch.dot(acc, acc).double() / (k * k)
+        if self.shards.size > 1:  # sums over the parameters: over every shard of the worker
+            sum_sq, entries, mean_sq = self.shards.sum_(torch.stack([sum_sq, entries, mean_sq]))
         s2 = self.loss_scale**2
         scale = self.loss_scale
         return WorkerStats(
@@ -393,7 +428,8 @@ class Replica:
         sample)."""
         g = self.flat.gather_grads()
         u = self._unclip()
-        return float(torch.dot(g, g)) * u * u, float(g.sum(dtype=torch.float64)) * u
+        sq, entries = self.shards.sum_(torch.stack([torch.dot(g, g).double(), g.sum(dtype=torch.float64)]))
+        return float(sq) * u * u, float(entries) * u
 
     @torch.no_grad()
     def add_sample_sum(self, out: torch.Tensor, paper: bool) -> None:
@@ -409,6 +445,8 @@ class Replica:
     def sample_dots(self, gbar: torch.Tensor, paper: bool) -> torch.Tensor:
         """(k,) float64: <g_j, ḡ> for this round's gradient samples."""
         if paper:
-            return (torch.dot(self.flat.gather_grads(), gbar) * self._unclip()).reshape(1).double()
-        assert self.chunks is not None, "the probe kept no chunk gradients"
-        return (self.chunks[: self._probe_k] @ gbar).double()
+            dots = (torch.dot(self.flat.gather_grads(), gbar) * self._unclip()).reshape(1).double()
+        else:
+            assert self.chunks is not None, "the probe kept no chunk gradients"
+            dots = (self.chunks[: self._probe_k] @ gbar).double()
+        return self.shards.sum_(dots)  # over every shard of the worker

@@ -252,11 +252,12 @@ class AlgorithmState:
         }
 
     def gather_parameters(self, t: int) -> torch.Tensor | None:
-        """Trainer t's θ on the root rank (None elsewhere); every process must call it (not counted)."""
+        """Trainer t's θ on the root rank (sharded: this rank's shard of it, on every rank of the root's
+        worker), None elsewhere; every process must call it (not counted)."""
         tr = self.trainers[t]
         buf = self.scratch
         if tr.theta is not None:
             buf.copy_(tr.theta)
         self.comm.fetch(buf, self.members()[t][0])
         self.comm.drain()
-        return buf.clone() if self.comm.rank == self.comm.root else None
+        return buf.clone() if self.comm.at_root else None

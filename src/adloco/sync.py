@@ -136,7 +136,8 @@ class Synchronization:
                 sq, entries = rep.last_gradient()
                 st = batching.WorkerStats(1, plans[w].effective, sq, sq, sum_entries=entries)
             mean = (pr.loss / pr.steps).item() if pr.steps and pr.loss is not None else math.nan
-            finite = pr.steps > 0 and (math.isfinite(mean) or pr.loss is None) and rep.finite()
+            params_finite = rep.finite()  # on every shard: every rank of a worker calls it
+            finite = pr.steps > 0 and (math.isfinite(mean) or pr.loss is None) and params_finite
             local[w] = WorkerRound(
                 k=st.n if st else 0,
                 c=st.c if st else 0,
@@ -159,6 +160,8 @@ class Synchronization:
                 lr=rep.last_lr,
                 lr_scale=rep.lr_scale,
             ).to_row()
+        if self.comm.shards.size > 1:
+            local = {w: self._whole_worker(row) for w, row in local.items()}
         counted = (WorkerRound.STATS + (b.formula == "reference")) if b.probing else 0
         rows = self.comm.all_gather_rows(local, WIDTH, "stats", counted)
         results = {w: WorkerRound.from_row(rows[w]) for w in sorted(rows)}
@@ -178,6 +181,27 @@ class Synchronization:
             if v > 0:
                 self.speed[w] = v if w not in self.speed else 0.5 * v + 0.5 * self.speed[w]
         return results, self._faults(r, members, results)
+
+    def _whole_worker(self, row: list[float]) -> list[float]:
+        """A sharded worker's row from its ranks' (ALGORITHM.md §12): the loss is the mean of their
+        weighted parts, the compute time the slowest rank's, a stop request or a non-finite shard anyone's,
+        b_max the smallest; the statistics were summed over the shards already (the replica's)."""
+        res = WorkerRound.from_row(row)
+        shards = self.comm.shards
+        total = shards.sum_(torch.tensor([res.loss], dtype=torch.float64))
+        worst = shards.max_(
+            torch.tensor(
+                [res.compute_s, float(res.aborted), float(not res.finite), -res.b_max], dtype=torch.float64
+            )
+        )
+        res.loss = float(total[0]) / shards.size
+        res.compute_s, res.aborted, res.finite, res.b_max = (
+            float(worst[0]),
+            bool(worst[1]),
+            not bool(worst[2]),
+            int(-worst[3]),
+        )
+        return res.to_row()
 
     def _outer_steps(
         self, members: dict[int, list[int]], ok: dict[int, list[int]], results: dict[int, WorkerRound]
@@ -304,7 +328,7 @@ class Synchronization:
             buf = self.scratch
             self._reduce(members[t], "probe", buf, functools.partial(self._add_sample_sum, paper=paper))
             gbar = buf.div_(n_t)  # ḡ: (P,)
-            g2 = float(torch.dot(gbar, gbar))
+            g2 = float(self.comm.shards.sum_(torch.dot(gbar, gbar).reshape(1).double())[0])  # every shard
             for w in self._local(members[t]):
                 rows[w][0] = g2
                 if need_p:

@@ -340,6 +340,58 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: algorithm.workers = 3: must equal processes (2) x runtime.workers_per_process (1)",
     ),
     (
+        "shards-not-dividing-processes",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.shards=2"), "--nproc", "3"],
+        "config: runtime.shards = 2: must divide the number of processes (3): each worker is runtime.shards processes",
+    ),
+    (
+        "shards-workers-layout",
+        [
+            "train",
+            *S("logging.out_dir={tmp}/runs", "runtime.shards=2", "algorithm.workers=4"),
+            "--nproc",
+            "4",
+        ],
+        "config: algorithm.workers = 4: must equal processes (4) / runtime.shards (2) = 2",
+    ),
+    (
+        "shards-resumed-or-elastic",
+        [
+            "train",
+            *S(
+                "logging.out_dir={tmp}/runs",
+                "runtime.shards=2",
+                "algorithm.workers=2",
+                "algorithm.trainers=2",
+            ),
+            "--nproc",
+            "4",
+            "--max-restarts",
+            "1",
+        ],
+        "config: runtime.shards = 2: resumed and elastic runs of sharded workers are not supported yet (checkpoints of sharded state are not built)",
+    ),
+    (
+        "shards-in-process",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.shards=2", "runtime.backend=inprocess")],
+        "config: runtime.backend = 'inprocess': must be torchdist or auto with runtime.shards > 1 (shards are processes: adloco train --nproc N)",
+    ),
+    (
+        "shards-in-one-process",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.shards=2")],
+        "config: runtime.shards = 2: a sharded worker is several processes: start with adloco train --nproc N (or torchrun), N = algorithm.workers x runtime.shards",
+    ),
+    (
+        "shards-with-several-workers-a-process",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.shards=2", "runtime.workers_per_process=2")],
+        "config: runtime.workers_per_process = 2: must be 1 with runtime.shards > 1 (a worker spans processes, not the other way round)",
+    ),
+    (
+        "shards-absurd",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.shards=0")],
+        "config: runtime.shards = 0: must be in [1, 4096]",
+    ),
+    (
         "threads-absurd",
         ["train", *S("logging.out_dir={tmp}/runs", "runtime.threads=99999999999")],
         "config: runtime.threads = 99999999999: must be in [0, 4096]",

@@ -55,6 +55,7 @@ def spied(n: int) -> tuple[Any, InProcessComm]:
     real = InProcessComm(n)
     fake = mock.create_autospec(Comm, instance=True)
     fake.n_workers, fake.local_workers, fake.rank, fake.world = n, list(range(n)), 0, 1
+    fake.shards, fake.mesh = real.shards, None
     for name in ("reduce", "broadcast", "all_gather_rows", "all_gather_json", "fetch", "drain", "owner"):
         getattr(fake, name).side_effect = getattr(real, name)
     return fake, real

@@ -22,7 +22,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -88,6 +88,37 @@ def _named(kind: str) -> Iterator[None]:
         raise CommFailure(exc.op, kind, exc.detail) from exc.__cause__
 
 
+class Shards:
+    """The ranks that hold one worker's replica between them (``runtime.shards``, ALGORITHM.md §12): ``size``
+    of them, this rank the ``index``-th, in the torch.distributed ``group`` of the worker. Sums over the
+    parameters (norms, dot products, the batch test's statistics) are summed over them before any decision.
+    One rank (the default): every reduction is the value itself."""
+
+    def __init__(self, size: int = 1, index: int = 0, group: object = None) -> None:
+        self.size, self.index, self.group = size, index, group
+
+    def _reduce(self, t: torch.Tensor, op: str) -> torch.Tensor:
+        if self.size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=self.group)
+        return t
+
+    def sum_(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` summed over the worker's ranks, in place (returned)."""
+        return self._reduce(t, "SUM")
+
+    def max_(self, t: torch.Tensor) -> torch.Tensor:
+        return self._reduce(t, "MAX")
+
+    def split(self, n: int) -> tuple[int, int]:
+        """This rank's rows [lo, hi) of ``n`` rows shared as evenly as they go (the first n mod k ranks get
+        one more)."""
+        q, r = divmod(n, self.size)
+        lo = self.index * q + min(self.index, r)
+        return lo, lo + q + (self.index < r)
+
+
 class Comm:
     """Base class: accounting here, data movement in the backends' ``_`` methods.
 
@@ -111,6 +142,8 @@ class Comm:
         self.local_workers = list(local_workers)
         self.rank, self.world = rank, world
         self.root = 0  # the rank that writes the run directory (receives fetch; sends a restart's state)
+        self.shards = Shards()  # the ranks of this process's worker (one: a worker is one process)
+        self.mesh: Any = None  # sharded workers: the (worker, shard) device mesh (TorchDistComm)
         self.records: list[CommRecord] = []
         self.link = link
 
@@ -135,6 +168,11 @@ class Comm:
         except (TypeError, ValueError):
             raise ValueError(f"link: {value!r} must be (bandwidth, latency), a Link or None") from None
         self._link = Link(bandwidth, latency)
+
+    @property
+    def at_root(self) -> bool:
+        """Whether this process receives :meth:`fetch`: the root, or (sharded) one of its worker's ranks."""
+        return self.rank // self.shards.size == self.root // self.shards.size
 
     def owner(self, worker: int) -> int:
         """The rank of the process hosting ``worker``."""

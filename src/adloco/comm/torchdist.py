@@ -8,11 +8,19 @@ Groups: a collective among some workers runs in the process group of the ranks h
 are created on first use and cached by their rank set. Every rank issues every collective in the same
 order (decisions are replicated), so every rank creates the same groups in the same order, as
 ``new_group`` requires, with no separate rebuild step after a merge or a reallocation.
+
+Sharded workers (``mesh``, ALGORITHM.md §12): a 2-D device mesh (worker, shard) of N ranks, k per worker,
+worker w on ranks w·k .. w·k + k − 1, each holding the j-th shard of its replica. Every collective over
+workers runs between the ranks of this rank's shard index j (each moves its P/k values): the rank that
+"hosts" worker w, seen from here, is w·k + j. A group over some workers is created k times, once per
+shard index, by every rank in the same order, and each rank keeps its own. The round's accounting is
+summed over the worker's k ranks when it is drained, so bytes are counted per worker, as unsharded.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,7 +29,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from adloco.comm.base import Comm, CommFailure
+from adloco.comm.base import Comm, CommFailure, CommRecord, Shards
 from adloco.comm.quantize import ErrorFeedback
 from adloco.netmodel import Link
 
@@ -62,6 +70,7 @@ class TorchDistComm(Comm):
         device: torch.device | str | None = None,
         *,
         link: Link | tuple[float, float] | None = None,
+        mesh: Any = None,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError(
@@ -73,29 +82,71 @@ class TorchDistComm(Comm):
         rank, world = dist.get_rank(), dist.get_world_size()
         _guard_exit()
         wpp = workers_per_process
-        super().__init__(world * wpp, range(rank * wpp, (rank + 1) * wpp), rank, world, link=link)
-        self.wpp = wpp
+        k = 1 if mesh is None else int(mesh.size(1))
+        if mesh is not None:
+            if mesh.ndim != 2 or mesh.mesh_dim_names != ("worker", "shard") or wpp != 1:
+                raise ValueError("mesh: a 2-D device mesh ('worker', 'shard') with one worker per process")
+            if mesh.mesh.flatten().tolist() != list(range(world)):
+                raise ValueError(
+                    "mesh: worker w must be ranks w·k .. w·k + k - 1 (init_device_mesh's layout)"
+                )
+        if mesh is None:
+            super().__init__(world * wpp, range(rank * wpp, (rank + 1) * wpp), rank, world, link=link)
+        else:
+            super().__init__(world // k, [rank // k], rank, world, link=link)
+            self.shards = Shards(k, rank % k, mesh.get_group("shard"))
+        self.wpp, self.k, self.mesh = wpp, k, mesh
         if device is None:
             nccl = dist.get_backend() == "nccl"
             device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         self.device = torch.device(device)
         self.one_device = world == 1
         self._groups: dict[tuple[int, ...], Any] = {}
+        # the ranks of this shard index, one per worker, and their group (the world's when unsharded)
+        self._everyone = tuple(w * k + rank % k for w in range(self.n_workers))
+        self._world_group = None if mesh is None else mesh.get_group("worker")
 
     def owner(self, worker: int) -> int:
+        """The rank of the process hosting ``worker`` (sharded: its rank of this rank's shard index)."""
+        if self.k > 1:
+            return worker * self.k + self.rank % self.k
         return worker // self.wpp
+
+    def workers_of(self, rank: int) -> list[int]:
+        if self.k > 1:
+            return [rank // self.k]
+        return super().workers_of(rank)
 
     def _ranks(self, workers: Sequence[int]) -> tuple[int, ...]:
         return tuple(sorted({self.owner(w) for w in workers}))
 
     def _group(self, ranks: tuple[int, ...]) -> Any:
-        if len(ranks) == self.world:
-            return None  # the default (world) group
+        if ranks == self._everyone:
+            return self._world_group  # None: the default (world) group
         g = self._groups.get(ranks)
         if g is None:  # every rank gets here in the same order: see the module docstring
-            g = self._guard("new_group", lambda: dist.new_group(list(ranks)))
+            mine = self.rank % self.k
+            for j in range(self.k):  # sharded: the same workers' group for every shard index
+                ranks_j = [r - mine + j for r in ranks]
+                made = self._guard("new_group", lambda r=ranks_j: dist.new_group(r))  # type: ignore[misc]
+                if j == mine:
+                    g = made
             self._groups[ranks] = g
         return g
+
+    def drain(self) -> list[CommRecord]:
+        """Records since the last drain; sharded, each vector collective's bytes summed over the worker's
+        ranks (every rank of a worker made the same collectives, each on its shard), so a worker's P values
+        count once."""
+        out = super().drain()
+        if self.k > 1 and out:
+            sizes = torch.tensor([[r.payload, r.wire] for r in out], dtype=torch.float64)
+            self.shards.sum_(sizes)
+            out = [  # a gather of scalars is the whole worker's already: each rank sent the same row
+                r if r.op == "all_gather" else dataclasses.replace(r, payload=int(p), wire=int(w))
+                for r, (p, w) in zip(out, sizes.tolist(), strict=True)
+            ]
+        return out
 
     def _guard(self, op: str, fn: Callable[[], T]) -> T:
         """Run a torch.distributed call; any failure becomes a CommFailure (the caller adds the kind)."""
@@ -126,7 +177,8 @@ class TorchDistComm(Comm):
         for w, row in rows.items():
             buf[w] = torch.tensor(list(row), dtype=torch.float64)
         buf = buf.to(self.device)
-        self._guard("all_gather", lambda: dist.all_reduce(buf))
+        group = self._world_group
+        self._guard("all_gather", lambda: dist.all_reduce(buf, group=group))
         return {w: [float(x) for x in r] for w, r in enumerate(buf.cpu().tolist())}
 
     def _all_gather_bytes(self, data: bytes) -> list[bytes]:
@@ -169,7 +221,10 @@ class TorchDistComm(Comm):
         )
 
     def fetch(self, tensor: torch.Tensor, src: int) -> None:
-        s, root = self.owner(src), self.root
+        s, root = (
+            self.owner(src),
+            self.root - self.root % self.k + self.rank % self.k,
+        )  # sharded: the root worker, shard j
         if s == root:
             return
         # gloo's point-to-point transport sends host memory only: CUDA tensors go through a CPU copy

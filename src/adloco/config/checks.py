@@ -34,6 +34,31 @@ def check(cfg: Config, resuming: bool = False) -> None:
         rt.workers_per_process,
         f"a divisor of algorithm.workers ({a.workers})",
     )
+    if rt.shards > 1:  # a worker spans several processes (ALGORITHM.md §12)
+        _need(
+            rt.workers_per_process == 1,
+            "runtime.workers_per_process",
+            rt.workers_per_process,
+            "1 with runtime.shards > 1 (a worker spans processes, not the other way round)",
+        )
+        _need(
+            rt.backend != "inprocess",
+            "runtime.backend",
+            rt.backend,
+            "torchdist or auto with runtime.shards > 1 (shards are processes: adloco train --nproc N)",
+        )
+        _need(
+            cfg.model.precision != "fp16",
+            "model.precision",
+            cfg.model.precision,
+            "fp32 or bf16 with runtime.shards > 1 (fp16's loss scaling is not shared across a worker's ranks)",
+        )
+        _need(
+            a.method != "ddp",
+            "algorithm.method",
+            a.method,
+            "adloco, diloco or localsgd with runtime.shards > 1",
+        )
     try:
         check_speeds(rt.emulate_speed, a.workers)
     except ValueError as exc:
@@ -109,3 +134,29 @@ def check_memory(cfg: Config) -> None:
     sizing.refuse_if_over(train, available, where, field, value, what)
     what = f"a validation batch of {eval_rows:,} x {d.seq_len:,} tokens through {name}"
     sizing.refuse_if_over(val, available, where, "eval.batch_size", cfg.eval.batch_size, what)
+
+
+def check_layout(workers: int, processes: int, workers_per_process: int, shards: int, flexible: bool) -> None:
+    """The layout of workers over ``processes`` (``flexible``: a resumed or elastic run, whose workers
+    follow its processes): one line and exit 2 before anything starts when it cannot work."""
+    if shards > 1:  # a worker is `shards` processes (ALGORITHM.md §12)
+        if processes % shards:
+            raise UserError(
+                f"config: runtime.shards = {shards}: must divide the number of processes ({processes}): each "
+                "worker is runtime.shards processes"
+            )
+        if flexible:
+            raise UserError(
+                f"config: runtime.shards = {shards}: resumed and elastic runs of sharded workers are not "
+                "supported yet (checkpoints of sharded state are not built)"
+            )
+        if workers * shards != processes:
+            raise UserError(
+                f"config: algorithm.workers = {workers}: must equal processes ({processes}) / runtime.shards "
+                f"({shards}) = {processes // shards}"
+            )
+    elif workers != processes * workers_per_process and not flexible:
+        raise UserError(
+            f"config: algorithm.workers = {workers}: must equal processes ({processes}) x "
+            f"runtime.workers_per_process ({workers_per_process})"
+        )

@@ -208,6 +208,13 @@ class RuntimeConfig(Dial):
     workers_per_process: int = setting(
         1, "torchdist: workers hosted by each process (they share its device)", at_least=1
     )
+    shards: int = setting(
+        1,
+        "torchdist: ranks per worker: each worker is k processes holding one replica sharded with FSDP2 "
+        "(fully_shard) on a (worker, shard) mesh, so algorithm.workers = processes / k (ALGORITHM.md §12)",
+        at_least=1,
+        at_most=4096,
+    )
     dist_backend: Literal["auto", "nccl", "gloo"] = setting(
         "auto",
         "torchdist: NCCL on CUDA, gloo on CPU (auto: gloo also when processes share a GPU, which NCCL "

@@ -31,7 +31,7 @@ from adloco.engine.profile import AUTO, StepProfile, fit_runs
 from adloco.errors import UserError
 from adloco.flat import flatten
 from adloco.method import AdLoCo, RoundAborted
-from adloco.models import ModelFactory
+from adloco.models import ModelFactory, shard
 from adloco.round import RoundReport
 from adloco.telemetry.metrics import MetricsSink
 from adloco.telemetry.progress import Progress
@@ -62,6 +62,8 @@ def build_algorithm(
     models, optimizers = [], []
     for w in comm.local_workers:
         model = copy.deepcopy(inits[start[w]]).to(device)
+        if comm.shards.size > 1:  # this rank's shards of the worker's replica (ALGORITHM.md §12)
+            shard(model, comm.mesh["shard"])
         model.train()
         models.append(model)
         optimizers.append(make_optimizer(flatten(model), cfg.inner))
@@ -129,7 +131,9 @@ class Driver:
         self.algo = build_algorithm(cfg, comm, factory, device, min(configured, smallest_shard))
         if device.type == "cuda" and cfg.switch.b_max is None:
             self._search_b_max(min(smallest_shard, cfg.batch.max))
-        self.n_params = self.algo.n_params
+        # the whole model's parameters (sharded: the worker's, not this rank's P/k)
+        model = next(iter(self.algo.replicas.values())).model
+        self.n_params = sum(p.numel() for p in model.parameters())
         self.last_eval: dict[int, float] = {}
         self.last_accuracy: dict[int, float] = {}
         self.initial_metrics: dict[str, Any] = {}

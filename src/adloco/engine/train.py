@@ -129,6 +129,11 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
 
     elastic = env.elastic_launch()
     ctx = None
+    if cfg.runtime.shards > 1 and backend_of(cfg) != "torchdist":
+        raise UserError(
+            f"config: runtime.shards = {cfg.runtime.shards}: a sharded worker is several processes: start with "
+            "adloco train --nproc N (or torchrun), N = algorithm.workers x runtime.shards"
+        )
     if backend_of(cfg) == "torchdist":
         rt = cfg.runtime
         ctx = join.start(
@@ -139,6 +144,7 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
             cfg.elastic.timeout if elastic is not None else rt.timeout,  # a dead peer costs a restart, soon
             rt.dist_backend,
             flexible=elastic is not None or resume is not None,
+            shards=rt.shards,
         )
         cfg = cfg.replace(algorithm={"workers": ctx.comm.n_workers})
         comm: Comm = ctx.comm
@@ -224,8 +230,17 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
         every = cfg.elastic.checkpoint_every if elastic is not None else cfg.checkpoint.every
         saver = Checkpointer(driver, cfg.to_dict, run_dir, sink, cfg.checkpoint.keep, background=True)
 
+        sharded = comm.shards.size > 1
+        if sharded:
+            say(
+                f"runtime.shards = {comm.shards.size}: checkpoints of sharded workers are not built yet; "
+                "this run writes none and cannot be resumed"
+            )
+
         def after_round(final: bool) -> None:
             assert driver is not None
+            if sharded:
+                return
             if final or (every > 0 and driver.round % every == 0):
                 saver.save(wait=final)
 
@@ -237,7 +252,7 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
                 except RoundAborted as exc:
                     progress.close()
                     assert signals.signum is not None or comm.world > 1
-                    saved = saver.save(wait=True)
+                    saved = saver.save(wait=True) if not sharded else "none (sharded workers)"
                     raise Stopped(signals.signum or signal.SIGTERM, exc.round, run_dir, saved) from None
                 except TooManyBadRounds as exc:
                     saver.wait()

@@ -15,6 +15,7 @@ _EXPORTS = {
     "factory_for": "adloco.models.factory",
     "output_layer": "adloco.models.factory",
     "save": "adloco.models.factory",
+    "shard": "adloco.models.factory",
 }
 __all__ = sorted(_EXPORTS)
 

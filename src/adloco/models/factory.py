@@ -214,6 +214,20 @@ def save(model: Any, state: dict[str, torch.Tensor], tokenizer: Any, path: Path)
     tokenizer.save_pretrained(path)
 
 
+def shard(model: Any, mesh: Any) -> Any:
+    """``model`` sharded in place with FSDP2 over ``mesh`` (one dimension: a worker's ranks, ALGORITHM.md
+    §12): each block the model names as not to be split (Hugging Face's ``_no_split_modules``: a decoder
+    layer) is its own unit, the rest (embeddings, norm, head) the root's, as torchtitan shards a model."""
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = set(getattr(model, "_no_split_modules", None) or [])
+    for module in list(model.modules()):
+        if module is not model and type(module).__name__ in blocks:
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
 def factory_for(cfg: ModelConfig, seq_len: int, data: Any) -> ModelFactory:
     """The factory of a run's models: the config's model for its data's vocabulary, special tokens and
     labels (``data``: :class:`adloco.data.tokens.Data`)."""

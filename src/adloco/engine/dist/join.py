@@ -27,6 +27,7 @@ import torch.distributed as dist
 from adloco.comm.base import CommFailure
 from adloco.comm.torchdist import TorchDistComm, first_sentence
 from adloco.engine.dist.env import LOOPBACK_ENV, STORE_ENV, launched_by_torchrun
+from adloco.config.checks import check_layout
 from adloco.errors import UserError
 
 T = TypeVar("T")
@@ -161,6 +162,7 @@ def start(
     timeout: float,
     dist_backend: str = "auto",
     flexible: bool = False,
+    shards: int = 1,
 ) -> DistContext:
     """Join the process group (env:// from torchrun), pin threads, pick the device, check the layout.
 
@@ -174,11 +176,7 @@ def start(
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     world = int(os.environ["WORLD_SIZE"])
-    if n_workers != world * workers_per_process and not flexible:
-        raise UserError(
-            f"config: algorithm.workers = {n_workers}: must equal processes ({world}) x "
-            f"runtime.workers_per_process ({workers_per_process})"
-        )
+    check_layout(n_workers, world, workers_per_process, shards, flexible)
     use_cuda = device_kind == "cuda" or (device_kind == "auto" and torch.cuda.is_available())
     if use_cuda and not torch.cuda.is_available():
         raise UserError("config: runtime.device = 'cuda': no CUDA device is available (use 'auto' or 'cpu')")
@@ -208,7 +206,12 @@ def start(
         )
     else:  # torchrun: env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)
         dist.init_process_group(backend, timeout=limit, device_id=device_id)
-    comm = TorchDistComm(workers_per_process, device)
+    mesh = None
+    if shards > 1:  # worker w on ranks w·k .. w·k + k − 1 (init_device_mesh's row-major layout)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device.type, (world // shards, shards), mesh_dim_names=("worker", "shard"))
+    comm = TorchDistComm(workers_per_process, device, mesh=mesh)
     return DistContext(
         comm, device, dist.get_rank(), world, local_rank, n_threads, Heartbeat(dist.get_rank())
     )

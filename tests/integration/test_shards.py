@@ -1,0 +1,73 @@
+"""Workers that span several processes (runtime.shards, ALGORITHM.md §12): 4 gloo processes as 2 workers x
+2 shards, each replica sharded with FSDP2, against 2 unsharded workers in 2 processes. The same run: the
+same requests, merges, allocation and bytes every round, the same final model within float32 rounding
+(FSDP's reduce-scatter sums the rows' gradients in another order)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_distributed import TINY, adloco, load_run
+
+SHARDED = ["--set", "algorithm.workers=2", "--set", "switch.b_max=4", "--set", "algorithm.rounds=4"]
+ADLOCO = [  # two trainers that merge (a move of θ and momentum), the test that needs the shared mean
+    "algorithm.trainers=2",
+    "merge.every=2",
+    "batch.test=augmented_inner_product",
+    "batch.vartheta=0.05",
+]
+
+
+def _pair(tmp_path: Path, corpus: Path, extra: list[str]) -> tuple[dict, dict]:
+    common = [*TINY, *SHARDED, *[a for v in extra for a in ("--set", v)], "--set", f"data.source={corpus}"]
+    runs = []
+    for name, nproc, shards in (("unsharded", "2", "1"), ("sharded", "4", "2")):
+        out = tmp_path / name
+        p = adloco(
+            "train",
+            "--nproc",
+            nproc,
+            *common,
+            "--set",
+            f"runtime.shards={shards}",
+            "--set",
+            f"logging.out_dir={out}",
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs.append(load_run(out))
+    return runs[0], runs[1]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["algorithm.method=diloco", "algorithm.trainers=1"], ["algorithm.method=adloco", *ADLOCO]],
+    ids=["diloco", "adloco"],
+)
+def test_two_workers_of_two_shards_give_the_run_of_two_unsharded_workers(
+    tmp_path: Path, text_corpus: Path, extra: list[str]
+) -> None:
+    a, b = _pair(tmp_path, text_corpus, extra)
+    assert b["rounds"] == a["rounds"]  # requests and allocation, every round
+    assert b["merges"] == a["merges"]
+    if "algorithm.method=adloco" in extra:
+        assert len(a["merges"]) == 1 and a["rounds"][-1][1] != a["rounds"][0][1]  # merged; requests grew
+    for key in ("bytes_total", "communications_total", "bytes_by_kind", "examples_total"):
+        assert b["summary"][key] == a["summary"][key], key
+    assert b["summary"]["final_val_ppl"] == pytest.approx(a["summary"]["final_val_ppl"], rel=1e-4)
+    assert b["start"]["processes"] == 4
+    for name, ref in a["params"].items():  # the saved model is the whole model, gathered from its shards
+        assert b["params"][name].shape == ref.shape
+        assert (b["params"][name] - ref).abs().max().item() < 1e-5, name
+
+
+def test_shards_compress_each_shard_with_its_own_scales(tmp_path: Path, text_corpus: Path) -> None:
+    """int8 with error feedback, θ in int8 too: each rank quantizes its shard in blocks of its own, so the
+    rounding differs a little from the unsharded run's (another cut into blocks), and so do the scales'
+    bytes; the decisions are the same."""
+    wire = ["comm.dtype=int8", "comm.block=64", "comm.error_feedback=true", "comm.theta_dtype=int8"]
+    a, b = _pair(tmp_path, text_corpus, ["algorithm.method=adloco", *ADLOCO, *wire])
+    assert b["rounds"] == a["rounds"] and b["merges"] == a["merges"]
+    assert b["summary"]["bytes_total"] == pytest.approx(a["summary"]["bytes_total"], rel=0.02)
+    assert b["summary"]["final_val_ppl"] == pytest.approx(a["summary"]["final_val_ppl"], rel=1e-2)
