@@ -40,6 +40,7 @@ def _sharded(module: nn.Module) -> bool:
 
 class FlatModule:
     aliased = True  # the parameters are views of the buffer (ShardedFlat: copies)
+    full_numel: int  # the whole model's values (sharded: more than this rank's numel)
 
     def __init__(self, module: nn.Module) -> None:
         params = list(module.parameters())  # unique: tied weights appear once
@@ -60,7 +61,7 @@ class FlatModule:
         decay = [p for p in params if p.ndim >= 2]
         other = [p for p in params if p.ndim < 2]
         device = params[0].device
-        self.numel = sum(p.numel() for p in params)
+        self.numel = self.full_numel = sum(p.numel() for p in params)
         self.n_decay = sum(p.numel() for p in decay)
         self.param = torch.empty(self.numel, device=device, dtype=torch.float32)  # (P,)
         self.grad = torch.zeros(self.numel, device=device, dtype=torch.float32)  # (P,)
@@ -190,7 +191,52 @@ class ShardedFlat(FlatModule):
                 g.grad = self.grad[lo:hi]
                 self.groups.append(g)
         self.decay_flags = [True, False] if self.n_decay and self.n_decay < self.numel else [self.n_decay > 0]
+        # where this rank's values sit in the whole model's flat layout (an unsharded replica's)
+        self.full_numel = sum(p.numel() for p in self.params)
+        mesh = self.params[0].device_mesh  # type: ignore[attr-defined]
+        self.k, self.index = mesh.size(), mesh.get_local_rank()
+        if [t.numel() for t in self.locals] != [n for _, _, n in self.pieces(self.index)]:
+            raise ValueError(
+                "model: sharded other than fully_shard's default (dim 0, in k near-equal chunks)"
+            )
         module.__dict__[_ATTR] = self
+
+    def pieces(self, index: int) -> list[tuple[int, int, int]]:
+        """(offset in shard ``index``'s buffer, offset in the whole model's flat layout, length) of every
+        parameter's piece: fully_shard cuts dim 0 as ``torch.chunk`` does (chunks of ⌈d/k⌉ rows)."""
+        out, local, whole = [], 0, 0
+        for p in self.params:
+            rows = p.shape[0] if p.ndim else 1
+            per_row = p.numel() // rows if rows else 0
+            chunk = -(-rows // self.k)
+            lo, hi = min(index * chunk, rows), min((index + 1) * chunk, rows)
+            out.append((local, whole + lo * per_row, (hi - lo) * per_row))
+            local += (hi - lo) * per_row
+            whole += p.numel()
+        return out
+
+    def reshard(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's values of a vector in the whole model's flat layout (a checkpoint's)."""
+        return torch.cat([full[g : g + n] for _, g, n in self.pieces(self.index)])
+
+    def unshard(self, local: torch.Tensor, group: object) -> torch.Tensor | None:
+        """The whole model's flat vector from every rank's ``local`` values, on the worker's first rank
+        (None on the others); every rank of the worker calls it, in the same order."""
+        import torch.distributed as dist
+
+        longest = max(n for n in (sum(x[2] for x in self.pieces(j)) for j in range(self.k)))
+        padded = torch.zeros(longest, device=local.device, dtype=local.dtype)
+        padded[: local.numel()] = local
+        first = dist.get_global_rank(group, 0)  # type: ignore[arg-type]
+        parts = [torch.empty_like(padded) for _ in range(self.k)] if self.index == 0 else None
+        dist.gather(padded, parts, dst=first, group=group)  # type: ignore[arg-type]
+        if parts is None:
+            return None
+        full = torch.empty(self.full_numel, device=local.device, dtype=local.dtype)
+        for j, part in enumerate(parts):
+            for lo, g, n in self.pieces(j):
+                full[g : g + n] = part[lo : lo + n]
+        return full
 
     def holds(self, module: nn.Module) -> bool:
         params = list(module.parameters())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from adloco.algorithms.outer import OuterOptimizer
     from adloco.comm.base import Comm
     from adloco.comm.quantize import ErrorFeedback
+    from adloco.flat import ShardedFlat
     from adloco.replica import Replica
     from adloco.settings import AdaptiveBatch, Merging
 
@@ -81,7 +82,7 @@ class AlgorithmState:
         return {
             "round": self.round,
             "workers": self.comm.n_workers,
-            "parameters": self.n_params,
+            "parameters": self._whole_params(),
             "requests": self.requests,
             "allocation": dict(self.allocation),
             "b_max": dict(self.b_max),
@@ -92,11 +93,21 @@ class AlgorithmState:
             "lr_state": {t: [tr.b0, tr.noise] for t, tr in sorted(self.trainers.items())},
         }
 
+    def _whole_params(self) -> int:
+        """P of the whole model (sharded workers, ALGORITHM.md §12: not this rank's P/k)."""
+        return next(iter(self.replicas.values())).flat.full_numel
+
     def full_state_dict(self) -> dict[str, Any] | None:
         """Every trainer's and worker's state, gathered on the root rank (None elsewhere): what a checkpoint
         holds, independent of how workers were spread over processes. Every process must call it; the
-        transfers are output, not training, and are not counted."""
-        root = self.comm.rank == self.comm.root
+        transfers are output, not training, and are not counted.
+
+        Sharded workers (ALGORITHM.md §12): each shard index gathers its P/k values as unsharded workers
+        gather theirs, on the ranks of the root's worker, which then put every vector together in the whole
+        model's flat layout on the root: the checkpoint is the one an unsharded run writes, so it resumes
+        with any number of workers and any ``runtime.shards``."""
+        root = self.comm.at_root
+        shards = self.comm.shards
         members = self.members()
         buf = self.scratch
         trainers: dict[int, dict[str, torch.Tensor]] = {}
@@ -118,8 +129,9 @@ class AlgorithmState:
             str(w): {"keys": {k: list(v.shape) for k, v in inners[w].items()}, "scalars": rep.scalars()}
             for w, rep in self.replicas.items()
         }
-        for part in self.comm.all_gather_json(mine):
-            layouts.update({int(w): v for w, v in dict(part).items()})  # type: ignore[call-overload]
+        for q, part in enumerate(self.comm.all_gather_json(mine)):
+            if q % shards.size == shards.index:  # sharded: the layouts of this shard index's ranks
+                layouts.update({int(w): v for w, v in dict(part).items()})  # type: ignore[call-overload]
         replicas: dict[int, dict[str, Any]] = {}
         for w in range(self.comm.n_workers):
             inner = inners.get(w, {})
@@ -137,6 +149,24 @@ class AlgorithmState:
         self.comm.drain()  # output, not training
         if not root:
             return None
+        if shards.size > 1:  # the root worker's ranks put each vector together, in one order
+            flat = cast("ShardedFlat", next(iter(self.replicas.values())).flat)
+            n = flat.numel
+
+            def whole(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+                out = {}
+                for key in sorted(d):
+                    v = d[key]
+                    if v.dim() == 1 and v.numel() == n:
+                        got = flat.unshard(v.to(self.device), shards.group)
+                        v = got.cpu() if got is not None else v
+                    out[key] = v
+                return out
+
+            trainers = {t: whole(v) for t, v in sorted(trainers.items())}
+            replicas = {w: {**r, "inner": whole(r["inner"])} for w, r in sorted(replicas.items())}
+            if shards.index != 0:
+                return None
         return {**self._meta(), "trainers": trainers, "replicas": replicas}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -145,14 +175,16 @@ class AlgorithmState:
         A worker the state has no inner state for starts a fresh inner optimizer. A full state written
         with another number of workers is first resized (ALGORITHM.md §9.2, :meth:`_resized`); what changed is
         in :attr:`membership`."""
-        if int(state["parameters"]) != self.n_params:
+        if int(state["parameters"]) != self._whole_params():
             raise ValueError(
                 f"state: holds a model of {int(state['parameters']):,} parameters; these replicas have "
-                f"{self.n_params:,}"
+                f"{self._whole_params():,}"
             )
         self.membership = None
         if int(state["workers"]) != self.comm.n_workers:
             state = self._resized(state, self.comm.n_workers)
+        if self.comm.shards.size > 1:
+            state = self._this_shard(state)
         self.round = int(state["round"])
         self.allocation = {int(w): int(t) for w, t in state["allocation"].items()}
         self.b_max = {int(w): int(x) for w, x in state["b_max"].items()}
@@ -189,6 +221,26 @@ class AlgorithmState:
             rep.load(self.theta(self.allocation[w]))
         self._h = 0
         self._plan()
+
+    def _this_shard(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """A state in the whole model's flat layout with every vector cut to this rank's values (sharded
+        workers; a state this process wrote itself, :meth:`state_dict`, is already)."""
+        flat = cast("ShardedFlat", next(iter(self.replicas.values())).flat)
+        full = flat.full_numel
+
+        def cut(d: Mapping[str, Any]) -> dict[str, Any]:
+            return {
+                k: flat.reshard(v)
+                if isinstance(v, torch.Tensor) and v.dim() == 1 and v.numel() == full
+                else v
+                for k, v in d.items()
+            }
+
+        return {
+            **state,
+            "trainers": {t: cut(v) for t, v in state["trainers"].items()},
+            "replicas": {w: {**r, "inner": cut(r["inner"])} for w, r in state["replicas"].items()},
+        }
 
     def _resized(self, state: Mapping[str, Any], n: int) -> dict[str, Any]:
         """A full state of N workers as one of ``n``: trainers merged by policy while more trainers than

@@ -5,9 +5,12 @@ same requests, merges, allocation and bytes every round, the same final model wi
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 from tests.integration.test_distributed import TINY, adloco, load_run
 
@@ -49,6 +52,12 @@ def test_two_workers_of_two_shards_give_the_run_of_two_unsharded_workers(
     tmp_path: Path, text_corpus: Path, extra: list[str]
 ) -> None:
     a, b = _pair(tmp_path, text_corpus, extra)
+    _same_run(a, b, extra)
+    if "algorithm.method=adloco" in extra:
+        _resumes(tmp_path)
+
+
+def _same_run(a: dict, b: dict, extra: list[str]) -> None:
     assert b["rounds"] == a["rounds"]  # requests and allocation, every round
     assert b["merges"] == a["merges"]
     if "algorithm.method=adloco" in extra:
@@ -60,6 +69,41 @@ def test_two_workers_of_two_shards_give_the_run_of_two_unsharded_workers(
     for name, ref in a["params"].items():  # the saved model is the whole model, gathered from its shards
         assert b["params"][name].shape == ref.shape
         assert (b["params"][name] - ref).abs().max().item() < 1e-5, name
+
+
+def _resumes(tmp_path: Path) -> None:
+    """The checkpoints of both runs (every 2 rounds: round 2 of 4), resumed: on the same layout (bitwise the
+    uninterrupted run), with another k (the checkpoint reshards: 2 -> 1 and 1 -> 2), and with fewer workers
+    of the same k (the run continues as a resize does, ALGORITHM.md §9.2)."""
+    sharded, unsharded = (next((tmp_path / name).iterdir()) for name in ("sharded", "unsharded"))
+    whole = load_file(sharded / "model" / "model.safetensors")
+    for source, nproc, shards, exact in (
+        (sharded, "4", "2", True),  # the same layout
+        (sharded, "2", "1", False),  # k 2 -> 1
+        (unsharded, "4", "2", False),  # k 1 -> 2
+        (sharded, "2", "2", None),  # one worker of two shards: a resize
+    ):
+        run = tmp_path / f"resume-{source.parent.name}-{nproc}-{shards}"
+        shutil.copytree(source, run)
+        p = adloco(
+            "train",
+            "--nproc",
+            nproc,
+            "--resume",
+            str(run / "checkpoints" / "round-000002"),
+            "--set",
+            f"runtime.shards={shards}",
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        got = load_file(run / "model" / "model.safetensors")
+        if exact is None:
+            events = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+            change = [e for e in events if e["event"] == "membership"][-1]
+            assert (change["workers_before"], change["workers"]) == (2, 1)
+            continue
+        for name, ref in whole.items():
+            diff = (got[name] - ref).abs().max().item()
+            assert diff == 0 if exact else diff < 1e-5, (source.parent.name, nproc, shards, name, diff)
 
 
 def test_shards_compress_each_shard_with_its_own_scales(tmp_path: Path, text_corpus: Path) -> None:

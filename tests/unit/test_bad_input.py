@@ -355,23 +355,6 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: algorithm.workers = 4: must equal processes (4) / runtime.shards (2) = 2",
     ),
     (
-        "shards-resumed-or-elastic",
-        [
-            "train",
-            *S(
-                "logging.out_dir={tmp}/runs",
-                "runtime.shards=2",
-                "algorithm.workers=2",
-                "algorithm.trainers=2",
-            ),
-            "--nproc",
-            "4",
-            "--max-restarts",
-            "1",
-        ],
-        "config: runtime.shards = 2: resumed and elastic runs of sharded workers are not supported yet (checkpoints of sharded state are not built)",
-    ),
-    (
         "shards-in-process",
         ["train", *S("logging.out_dir={tmp}/runs", "runtime.shards=2", "runtime.backend=inprocess")],
         "config: runtime.backend = 'inprocess': must be torchdist or auto with runtime.shards > 1 (shards are processes: adloco train --nproc N)",

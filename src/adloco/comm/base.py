@@ -324,6 +324,9 @@ class Comm:
     def fetch(self, tensor: torch.Tensor, src: int) -> None:
         """The root rank receives worker ``src``'s process's ``tensor`` (output, not training: not counted)."""
 
+    def spread(self, tensor: torch.Tensor) -> None:
+        """In place: every process gets the root's ``tensor`` (a restart's state; not counted)."""
+
     def all_gather_json(self, obj: object) -> list[object]:
         """Every process's JSON-able ``obj``, in rank order (metadata such as state layouts; not counted).
 

@@ -220,6 +220,10 @@ class TorchDistComm(Comm):
             "all_to_all", lambda: compressed_all_reduce([parts[w] for w in mine], dtype, block, ops, fb)
         )
 
+    def spread(self, tensor: torch.Tensor) -> None:
+        root = self.root
+        self._guard("broadcast", lambda: dist.broadcast(tensor, src=root))
+
     def fetch(self, tensor: torch.Tensor, src: int) -> None:
         s, root = (
             self.owner(src),

@@ -145,12 +145,7 @@ def check_layout(workers: int, processes: int, workers_per_process: int, shards:
                 f"config: runtime.shards = {shards}: must divide the number of processes ({processes}): each "
                 "worker is runtime.shards processes"
             )
-        if flexible:
-            raise UserError(
-                f"config: runtime.shards = {shards}: resumed and elastic runs of sharded workers are not "
-                "supported yet (checkpoints of sharded state are not built)"
-            )
-        if workers * shards != processes:
+        if workers * shards != processes and not flexible:
             raise UserError(
                 f"config: algorithm.workers = {workers}: must equal processes ({processes}) / runtime.shards "
                 f"({shards}) = {processes // shards}"

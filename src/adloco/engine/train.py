@@ -230,17 +230,8 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
         every = cfg.elastic.checkpoint_every if elastic is not None else cfg.checkpoint.every
         saver = Checkpointer(driver, cfg.to_dict, run_dir, sink, cfg.checkpoint.keep, background=True)
 
-        sharded = comm.shards.size > 1
-        if sharded:
-            say(
-                f"runtime.shards = {comm.shards.size}: checkpoints of sharded workers are not built yet; "
-                "this run writes none and cannot be resumed"
-            )
-
         def after_round(final: bool) -> None:
             assert driver is not None
-            if sharded:
-                return
             if final or (every > 0 and driver.round % every == 0):
                 saver.save(wait=final)
 
@@ -252,7 +243,7 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
                 except RoundAborted as exc:
                     progress.close()
                     assert signals.signum is not None or comm.world > 1
-                    saved = saver.save(wait=True) if not sharded else "none (sharded workers)"
+                    saved = saver.save(wait=True)
                     raise Stopped(signals.signum or signal.SIGTERM, exc.round, run_dir, saved) from None
                 except TooManyBadRounds as exc:
                     saver.wait()

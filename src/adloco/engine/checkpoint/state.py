@@ -36,6 +36,9 @@ class Generators:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every rank's generators on the root (this rank's own elsewhere); every process calls it."""
         mine = torch.cat([x.to(torch.uint8).reshape(-1) for x in rng_state()]).to(self.device)
+        if self.comm.shards.size > 1:  # a worker's ranks: one gather over every rank (a few KB each)
+            every = self.comm.all_gather_json(mine.cpu().tolist())
+            return {f"rank-{q}": torch.tensor(v, dtype=torch.uint8) for q, v in enumerate(every)}  # type: ignore[arg-type]
         out = {}
         for q, w in sorted(self._first_workers().items()):
             got = mine.clone()
@@ -80,6 +83,8 @@ class RunState:
         if comm.world == 1:
             assert state is not None
             return state
+        if comm.shards.size > 1:
+            return self._share_whole(state)
         root = comm.rank == comm.root
         src = comm.workers_of(comm.root)[0]  # the root rank's process, addressed by one of its workers
         device = self.driver.device
@@ -144,3 +149,60 @@ class RunState:
         comm.drain()  # a restart's transfers, not training
         algo_state = {**meta["algorithm"], "trainers": trainers, "replicas": replicas}
         return {"algorithm": algo_state, "rng": rng, "driver": meta["driver"]}
+
+    def _share_whole(self, state: dict[str, Any] | None) -> dict[str, Any]:
+        """Sharded workers (ALGORITHM.md §12): the whole checkpoint from the root to every process, each
+        vector in the whole model's layout; every rank then cuts out its own values (load_state_dict)."""
+        comm, device = self.comm, self.driver.device
+        root = comm.rank == comm.root
+        if root:
+            assert state is not None
+            layout = {
+                "algorithm": {
+                    k: v for k, v in state["algorithm"].items() if k not in ("trainers", "replicas")
+                },
+                "tensors": [
+                    [path, list(v.shape), str(v.dtype).removeprefix("torch.")] for path, v in _tensors(state)
+                ],
+                "scalars": {str(w): r["scalars"] for w, r in state["algorithm"]["replicas"].items()},
+                "driver": state["driver"],
+            }
+        meta = cast(dict[str, Any], comm.all_gather_json(layout if root else None)[comm.root])
+        given = dict(_tensors(state)) if root and state is not None else {}
+        out: dict[str, Any] = {
+            "algorithm": {
+                **meta["algorithm"],
+                "trainers": {},
+                "replicas": {int(w): {"scalars": s, "inner": {}} for w, s in meta["scalars"].items()},
+            },
+            "rng": {},
+            "driver": meta["driver"],
+        }
+        for path, shape, dtype in meta["tensors"]:
+            buf = torch.zeros(shape, dtype=getattr(torch, dtype), device=device)
+            if root:
+                buf.copy_(given[tuple(path)])
+            comm.spread(buf)
+            section, *rest = path
+            if section == "rng":
+                if rest[0] == f"rank-{comm.rank}":  # its own generators only
+                    out["rng"][rest[0]] = buf.cpu()
+            elif section == "trainers":
+                out["algorithm"]["trainers"].setdefault(int(rest[0]), {})[rest[1]] = buf
+            else:
+                out["algorithm"]["replicas"][int(rest[0])]["inner"][rest[1]] = buf
+        return out
+
+
+def _tensors(state: dict[str, Any] | None) -> list[tuple[tuple[str, ...], torch.Tensor]]:
+    """Every tensor of a checkpoint's state with its path, in one order."""
+    if state is None:
+        return []
+    algo = state["algorithm"]
+    out: list[tuple[tuple[str, ...], torch.Tensor]] = []
+    for t, d in sorted(algo["trainers"].items(), key=lambda x: int(x[0])):
+        out += [(("trainers", str(t), k), v) for k, v in sorted(d.items())]
+    for w, r in sorted(algo["replicas"].items(), key=lambda x: int(x[0])):
+        out += [(("replicas", str(w), k), v) for k, v in sorted(r["inner"].items())]
+    out += [(("rng", k), v) for k, v in sorted(state["rng"].items())]
+    return out
