@@ -5,14 +5,17 @@ Each row is an ordinary `adloco train --nproc k` run on `configs/bench-cpu-10m.y
 with one worker (`algorithm.workers=1`, so the k processes are the worker's shards); k = 1 is the
 baseline, `--nproc 1` without `runtime.shards` (an unsharded worker in one process). While a run goes,
 this script polls the launcher's child processes (the ranks) every ``--poll`` seconds and keeps the
-last ``VmHWM`` (peak resident set) read from ``/proc/<pid>/status`` before each exits. The table
-gives, per rank: the parameters it holds (P/k), the parameter + gradient + AdamW (exp_avg, exp_avg_sq)
-bytes that come to, computed as ceil(P/k) x 4 bytes x 4 (llama-10m's dim-0 sizes, 320, 864 and 4096,
-are multiples of 4, so FSDP2 pads nothing at k = 2, 4), its measured peak RSS, and the median round
-and training time (rounds 2 on; round 1 includes start-up). A bare process that only imports torch and
-adloco is measured the same way first: the library's base RSS, common to every rank. With one worker
-there is no Δ traffic between workers: the Δ bytes per round are 0, and the shards' own all-gathers
-and reduce-scatters inside a worker are not counted by adloco's telemetry.
+last ``VmHWM`` (peak resident set) read from ``/proc/<pid>/status`` before each exits, and also the
+VmHWM as of the poll at which rank 0 has logged the last round: the peak through training and
+evaluation, before the end-of-run checkpoint (written by every run, sharded ones too: the root
+worker's ranks gather whole-model vectors for it). The table gives, per rank: the parameters it holds
+(P/k), the parameter + gradient + AdamW (exp_avg, exp_avg_sq) bytes that come to, computed as
+ceil(P/k) x 4 bytes x 4 (llama-10m's dim-0 sizes, 320, 864 and 4096, are multiples of 4, so FSDP2
+pads nothing at k = 2, 4), its measured peak RSS both ways, and the median round and training time
+(rounds 2 on; round 1 includes start-up). A bare process that only imports torch and adloco is
+measured the same way first: the library's base RSS, common to every rank. With one worker there is
+no Δ traffic between workers: the Δ bytes per round are 0, and the shards' own all-gathers and
+reduce-scatters inside a worker are not counted by adloco's telemetry.
 
 About 5 minutes on 2 CPU cores (the k = 4 ranks share them). Linux only (reads /proc).
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/shards.py --out /work/measure/shards/runs
@@ -31,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,10 +73,27 @@ def rank_of(pid: int) -> int | None:
     return None
 
 
-def watch(cmd: list[str], log: Path, poll: float, ranks: bool) -> tuple[int, dict[str, int], float]:
+def rounds_logged(out: Path, name: str, since: float) -> int:
+    """Round events rank 0 has written so far to the newest run directory of this name (metrics.jsonl
+    is flushed line by line)."""
+    runs = [d for d in out.glob(f"{name}-*") if d.stat().st_mtime >= since]
+    if not runs:
+        return 0
+    try:
+        text = max(runs, key=lambda d: d.stat().st_mtime).joinpath("metrics.jsonl").read_text()
+    except OSError:
+        return 0
+    return text.count('"event":"round"')
+
+
+def watch(
+    cmd: list[str], log: Path, poll: float, ranks: bool, trained: Callable[[], bool] = lambda: False
+) -> tuple[int, dict[str, int], dict[str, int], float]:
     """Run cmd, polling its processes' VmHWM; returns its exit code, the last VmHWM seen per process
-    ("launcher", "rank R", or "child PID" without a RANK) and the wall time."""
+    ("launcher", "rank R", or "child PID" without a RANK) over the whole run and as of the first poll
+    at which ``trained()`` held (before the final checkpoint), and the wall time."""
     peaks: dict[str, int] = {}
+    before: dict[str, int] = {}
     names: dict[int, str] = {}
     t0 = time.perf_counter()
     with log.open("w") as f:
@@ -87,10 +108,12 @@ def watch(cmd: list[str], log: Path, poll: float, ranks: bool) -> tuple[int, dic
                 v = hwm(pid)
                 if v is not None:
                     peaks[names[pid]] = max(peaks.get(names[pid], 0), v)
+            if not before and trained():
+                before = dict(peaks)
             if done:
                 break
             time.sleep(poll)
-    return p.returncode, peaks, time.perf_counter() - t0
+    return p.returncode, peaks, before, time.perf_counter() - t0
 
 
 def main() -> None:
@@ -108,7 +131,7 @@ def main() -> None:
     t_all = time.perf_counter()
 
     bare = [sys.executable, "-c", "import torch, adloco.engine.train; import time; time.sleep(1)"]
-    code, peaks, _ = watch(bare, out / "bare.log", args.poll, ranks=False)
+    code, peaks, _, _ = watch(bare, out / "bare.log", args.poll, ranks=False)
     if code != 0:
         raise SystemExit(f"bare import: failed\n{(out / 'bare.log').read_text()[-2000:]}")
     base = peaks["process"]
@@ -137,7 +160,12 @@ def main() -> None:
         cmd += ["--config", str(ROOT / "configs/bench-cpu-10m.yaml")]
         for s in sets:
             cmd += ["--set", s]
-        code, peaks, wall = watch(cmd, out / f"{name}.log", args.poll, ranks=True)
+        since = time.time() - 1
+
+        def trained(name: str = name, since: float = since) -> bool:
+            return rounds_logged(out, name, since) >= args.rounds
+
+        code, peaks, before, wall = watch(cmd, out / f"{name}.log", args.poll, True, trained)
         if code != 0:
             raise SystemExit(f"{name}: failed (exit {code})\n{(out / f'{name}.log').read_text()[-3000:]}")
         run = sorted(out.glob(f"{name}-*"))[-1]
@@ -148,15 +176,17 @@ def main() -> None:
         later = [e for e in rounds if e["round"] > 1] or rounds
         P = start["parameters"]
         per = math.ceil(P / k)
-        rank_peaks = [peaks.get(f"rank {r}") for r in range(k)]
-        if any(v is None for v in rank_peaks):
-            raise SystemExit(f"{name}: no VmHWM read for some rank: {peaks}")
-        each = " / ".join(f"{v / MIB:.0f}" for v in rank_peaks)  # type: ignore[operator]
-        top = max(rank_peaks)  # type: ignore[type-var]
+        rss = {}
+        for when, seen in (("train", before), ("all", peaks)):
+            got = [seen.get(f"rank {r}") for r in range(k)]
+            if any(v is None for v in got):
+                raise SystemExit(f"{name}: no VmHWM read for some rank ({when}): {seen}")
+            rss[when] = (max(got), " / ".join(f"{v / MIB:.0f}" for v in got))  # type: ignore[type-var,operator]
         bytes_round = statistics.median(e["bytes"] for e in rounds)
         line = (
             f"| {k} | {start['processes']} | {per / 1e6:.2f}M | {16 * per / MIB:.0f} MiB | "
-            f"{top / MIB:.0f} MiB ({each}) | {(top - base) / MIB:.0f} MiB | "
+            f"{rss['train'][0] / MIB:.0f} MiB ({rss['train'][1]}) | {(rss['train'][0] - base) / MIB:.0f} MiB | "
+            f"{rss['all'][0] / MIB:.0f} MiB ({rss['all'][1]}) | "
             f"{statistics.median(e['round_s'] for e in later):.2f} s | "
             f"{statistics.median(e['train_s'] for e in later):.2f} s | {bytes_round:.0f} | "
             f"{peaks['launcher'] / MIB:.0f} MiB | {s['peak_memory_bytes'] / MIB:.0f} MiB | {wall:.0f} s |"
@@ -171,11 +201,12 @@ def main() -> None:
     )
     print()
     print(
-        "| k | processes | parameters per rank | param+grad+AdamW per rank (computed) | peak RSS per rank: "
-        "max (rank 0 / 1 / ...) | max − bare | median round time | median train time | Δ bytes per round "
-        "(one worker: none) | launcher RSS | summary peak_memory_bytes (rank 0) | wall |"
+        "| k | processes | parameters per rank | param+grad+AdamW per rank (computed) | peak RSS per rank "
+        "through the last round: max (rank 0 / 1 / ...) | that max − bare | peak RSS per rank, whole run "
+        "(with the final checkpoint): max (rank 0 / 1 / ...) | median round time | median train time | "
+        "Δ bytes per round (one worker: none) | launcher RSS | summary peak_memory_bytes (rank 0) | wall |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     print(f"\nbenchmark took {time.perf_counter() - t_all:.0f} s")
 

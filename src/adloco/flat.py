@@ -35,7 +35,19 @@ def flatten(module: nn.Module) -> FlatModule:
 def _sharded(module: nn.Module) -> bool:
     from torch.distributed.tensor import DTensor
 
+    _reshard(module)
     return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def _reshard(module: nn.Module) -> None:
+    """Put every FSDP2 unit of ``module`` back in its sharded state: after a forward pass without a
+    backward one (an evaluation) the root unit keeps its parameters gathered, and they, not the shards,
+    are then what ``parameters()`` returns and what the next forward pass uses."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
 
 
 class FlatModule:
@@ -147,6 +159,9 @@ class FlatModule:
     def push(self) -> None:
         """Nothing: the parameters are views of the buffer (:class:`ShardedFlat` copies)."""
 
+    def after_step(self) -> None:
+        """Nothing: the parameters are views of the buffer (:class:`ShardedFlat` copies)."""
+
     def collect(self) -> None:
         """Nothing: backward accumulates into the buffer's views (:class:`ShardedFlat` copies)."""
 
@@ -165,6 +180,7 @@ class ShardedFlat(FlatModule):
     aliased = False
 
     def __init__(self, module: nn.Module) -> None:
+        _reshard(module)
         params = list(module.parameters())
         kinds = sorted({str(p.dtype) for p in params})
         if kinds != ["torch.float32"]:
@@ -239,12 +255,14 @@ class ShardedFlat(FlatModule):
         return full
 
     def holds(self, module: nn.Module) -> bool:
+        _reshard(module)
         params = list(module.parameters())
         return len(params) == len(self.params) and {id(p) for p in params} == {id(p) for p in self.params}
 
     @torch.no_grad()
     def push(self) -> None:
-        """The buffer into the shards the module computes with."""
+        """The buffer into the shards the module computes with (gathered copies dropped first)."""
+        _reshard(self.module)
         offset = 0
         for t in self.locals:
             t.copy_(self.param[offset : offset + t.numel()].view_as(t))
@@ -261,14 +279,54 @@ class ShardedFlat(FlatModule):
                 p.grad = None
             offset += n
 
+    # Who steps: the engine's optimizer on :attr:`groups` (the buffer is θ; pushed into the shards after a
+    # step), or the user's on the module's own DTensor parameters (the shards are θ; pulled into the
+    # buffer after a step). Replica sets it from the optimizer it is given.
+    user_steps = False
+
+    @torch.no_grad()
+    def pull(self) -> None:
+        """The shards into the buffer (after a user's optimizer stepped on them)."""
+        _reshard(self.module)
+        offset = 0
+        for t in self.locals:
+            self.param[offset : offset + t.numel()].copy_(t.reshape(-1))
+            offset += t.numel()
+
+    def after_step(self) -> None:
+        """Keep the buffer and the shards equal after an optimizer step: whichever it stepped on is θ."""
+        if self.user_steps:
+            self.pull()
+        else:
+            self.push()
+
     def alias_grads(self) -> None:
         """Nothing to alias: the shards' gradients are collected after each backward pass."""
 
     def gather_grads(self) -> torch.Tensor:
         return self.grad
 
+    @torch.no_grad()
     def scatter_grads(self) -> None:
-        """The engine's optimizer steps on :attr:`groups`, whose gradients are the buffer's."""
+        """A user's optimizer steps on the DTensor parameters: give them the buffer's gradient (the
+        engine's steps on :attr:`groups`, whose gradients are the buffer's already)."""
+        if not self.user_steps:
+            return
+        from torch.distributed.tensor import DTensor
+
+        offset = 0
+        for p, t in zip(self.params, self.locals, strict=True):
+            n = t.numel()
+            local = self.grad[offset : offset + n].view_as(t).clone()
+            p.grad = DTensor.from_local(
+                local,
+                p.device_mesh,  # type: ignore[attr-defined]
+                p.placements,  # type: ignore[attr-defined]
+                run_check=False,
+                shape=p.shape,
+                stride=p.stride(),
+            )
+            offset += n
 
     def zero_grad(self) -> None:
         self.grad.zero_()

@@ -95,6 +95,7 @@ class HookedMode:
     def _hooked_post(self, w: int) -> Callable[[Any, Any, Any], None]:
         def hook(opt: Any, args: Any, kwargs: Any) -> None:
             self.replicas[w].restore_lr()
+            self.replicas[w].flat.after_step()  # a sharded model's buffer follows the shards stepped on
             progress = self._round_progress()
             pr = progress[w]
             pr.steps += 1

@@ -22,7 +22,7 @@ from torch import nn
 
 from adloco.algorithms.batching import WorkerStats
 from adloco.comm.base import Shards
-from adloco.flat import FlatModule, flatten
+from adloco.flat import FlatModule, ShardedFlat, flatten
 from adloco.settings import Precision, choice
 
 Batch = Any  # a tensor, or a dict / list / tuple of tensors, rows along dimension 0
@@ -147,10 +147,25 @@ class Replica:
         self.sgd = isinstance(optimizer, torch.optim.SGD)  # the linear rule instead of the square root
         self._saved_lrs: list[Any] | None = None
 
-    def _optimizer_offsets(self) -> list[tuple[torch.Tensor, int]]:
-        """(tensor, offset in the flat buffer) of every tensor the optimizer updates."""
-        base, esize = self.flat.param.data_ptr(), self.flat.param.element_size()
-        end = base + self.flat.numel * esize
+    def _optimizer_offsets(self) -> list[tuple[torch.Tensor, int, int]]:
+        """(tensor, offset in the flat buffer, values in the buffer) of every tensor the optimizer updates.
+
+        A sharded model's (ALGORITHM.md §12) optimizer may be the engine's, on the buffer's groups, or the
+        user's, on the model's own DTensor parameters: then those hold θ and the buffer follows them."""
+        flat = self.flat
+        if isinstance(flat, ShardedFlat):
+            where = {
+                id(p): (off, n) for p, (off, _, n) in zip(flat.params, flat.pieces(flat.index), strict=True)
+            }
+            mine = [p for g in self.optimizer.param_groups for p in g["params"]]
+            if mine and all(id(p) in where for p in mine):
+                flat.user_steps = True
+                out = [(p, *where[id(p)]) for p in mine]
+                if len({id(p) for p in mine}) != len(flat.params):
+                    raise ValueError("inner_optimizer: build it on all of model.parameters()")
+                return out
+        base, esize = flat.param.data_ptr(), flat.param.element_size()
+        end = base + flat.numel * esize
         out = []
         for group in self.optimizer.param_groups:
             for p in group["params"]:
@@ -159,11 +174,11 @@ class Replica:
                         "inner_optimizer: updates a tensor that is not one of the model's parameters; build it "
                         "on model.parameters()"
                     )
-                out.append((p, (p.data_ptr() - base) // esize))
-        covered = sum(p.numel() for p, _ in out)
-        if covered != self.flat.numel:
+                out.append((p, (p.data_ptr() - base) // esize, p.numel()))
+        covered = sum(n for _, _, n in out)
+        if covered != flat.numel:
             raise ValueError(
-                f"inner_optimizer: updates {covered:,} of the model's {self.flat.numel:,} parameter values; "
+                f"inner_optimizer: updates {covered:,} of the model's {flat.numel:,} parameter values; "
                 "build it on all of model.parameters()"
             )
         return out
@@ -183,7 +198,7 @@ class Replica:
         """The inner optimizer's state as flat tensors: every per-parameter buffer as one (P,) tensor in
         the flat layout, scalar entries (``step``) as one value per optimized tensor; empty before the
         first step or after a reset."""
-        states = [self.optimizer.state.get(p, {}) for p, _ in self._offsets]
+        states = [self.optimizer.state.get(p, {}) for p, _, _ in self._offsets]
         if not all(states):
             return {}
         out: dict[str, torch.Tensor] = {}
@@ -194,8 +209,8 @@ class Replica:
                 out[key] = torch.stack([s[key].detach().to("cpu", torch.float32).reshape(()) for s in states])
                 continue
             flat = torch.empty(self.flat.numel, device=self.device, dtype=torch.float32)
-            for (p, off), s in zip(self._offsets, states, strict=True):
-                flat[off : off + p.numel()].copy_(s[key].reshape(-1))
+            for (_, off, n), s in zip(self._offsets, states, strict=True):
+                flat[off : off + n].copy_(_local(s[key]).reshape(-1))
             out[key] = flat
         return out
 
@@ -205,13 +220,13 @@ class Replica:
             return
         # step counts live on the host, except for fused or capturable optimizers (on the parameter's device)
         on_device = any(g.get("fused") or g.get("capturable") for g in self.optimizer.param_groups)
-        for i, (p, off) in enumerate(self._offsets):
+        for i, (p, off, n) in enumerate(self._offsets):
             entry: dict[str, torch.Tensor] = {}
             for key, v in state.items():
                 if v.dim() == 1 and v.numel() == len(self._offsets) and v.numel() != self.flat.numel:
                     entry[key] = v[i].detach().to(p.device if on_device else "cpu", copy=True)
                 else:
-                    entry[key] = v[off : off + p.numel()].to(self.device, copy=True).view_as(p)
+                    entry[key] = _like(p, v[off : off + n].to(self.device, copy=True))
             self.optimizer.state[p] = entry
 
     def scalars(self) -> list[float]:
@@ -288,7 +303,7 @@ class Replica:
             self.optimizer.step()
         finally:
             self.restore_lr()
-        self.flat.push()
+        self.flat.after_step()
 
     def scale_lr(self) -> None:
         """Multiply every param group's lr by ``lr_scale`` for one step (exactly restored by
@@ -450,3 +465,27 @@ class Replica:
             assert self.chunks is not None, "the probe kept no chunk gradients"
             dots = (self.chunks[: self._probe_k] @ gbar).double()
         return self.shards.sum_(dots)  # over every shard of the worker
+
+
+def _local(x: torch.Tensor) -> torch.Tensor:
+    """A DTensor's values on this rank (a sharded model's optimizer state); a tensor itself."""
+    to_local = getattr(x, "to_local", None)
+    return to_local() if to_local is not None else x
+
+
+def _like(p: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``values`` (this rank's, flat) shaped as optimizer state of ``p``: a DTensor like it when it is one."""
+    mesh = getattr(p, "device_mesh", None)
+    if mesh is None:
+        return values.view_as(p)
+    from torch.distributed.tensor import DTensor
+
+    local = _local(p)
+    return DTensor.from_local(
+        values.view_as(local),
+        mesh,
+        getattr(p, "placements"),  # noqa: B009 - a DTensor's (mypy sees a Tensor)
+        run_check=False,
+        shape=p.shape,
+        stride=p.stride(),
+    )

@@ -53,6 +53,15 @@ def test_adloco_in_your_own_loop_in_one_process_and_under_torchrun() -> None:
     assert sums[0] == pytest.approx(sums[1], rel=1e-5)
 
 
+def test_diloco_with_workers_sharded_by_fsdp2_in_your_own_loop() -> None:
+    """2 workers x 2 shards under torchrun: a model wrapped with fully_shard, the user's AdamW on its
+    DTensor parameters, `with algo:`; the rounds ran and the loss fell."""
+    out = run([*TORCHRUN[:-1], "4", "examples/diloco_fsdp.py"])
+    before, after = losses(out)
+    assert after < before - 1.0
+    assert "workers 2 x 2 shards, rounds 10" in out
+
+
 @pytest.mark.parametrize("launcher", ["python", "torchrun"])
 def test_diloco_under_a_hugging_face_trainer(launcher: str) -> None:
     """Two workers, each an unmodified Trainer (in threads, or in processes under torchrun): DiLoCo's rounds
