@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.helpers import ELASTIC_RUN, check_whole, only_run, run_events, set_args, with_faults
 
 TINY = ELASTIC_RUN
@@ -31,23 +33,30 @@ def env(fault: str | None = None) -> dict[str, str]:
     return with_faults({**os.environ, "OMP_NUM_THREADS": "1"}, fault)
 
 
-def test_a_killed_process_is_restarted_and_the_run_finishes(tmp_path: Path, text_corpus: Path) -> None:
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_killed_process_is_restarted_and_the_run_finishes(
+    tmp_path: Path, text_corpus: Path, shards: int
+) -> None:
     """`adloco train --nproc 4 --max-restarts 1`: rank 1 is SIGKILLed at the start of round 3; the agent
-    restarts the processes, they continue from round 2's checkpoint, and the run ends with exit 0."""
+    restarts the processes, they continue from round 2's checkpoint, and the run ends with exit 0. With
+    runtime.shards 2 the rank lost is one shard of worker 0 (ALGORITHM.md §12): its worker is lost with it,
+    and the restarted ranks reshard the checkpoint."""
     out = tmp_path / "runs"
+    workers = str(4 // shards)
     cmd = [sys.executable, "-m", "adloco", "train", "--nproc", "4", "--max-restarts", "1"]
-    cmd += sets(algorithm__rounds="5", algorithm__workers="4", algorithm__trainers="2", merge__every="2")
+    cmd += sets(algorithm__rounds="5", algorithm__workers=workers, algorithm__trainers="2", merge__every="2")
+    cmd += ["--set", f"runtime.shards={shards}"]
     cmd += ["--set", f"data.source={text_corpus}", "--set", f"logging.out_dir={out}"]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env("kill@1:3"), timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     run = only_run(out)
     evs = check_whole(run, 5)
     (member,) = [e for e in evs if e["event"] == "membership"]
-    assert member["round"] == 2 and member["workers"] == 4 and member["restarts"] == 1
+    assert member["round"] == 2 and member["workers"] == 4 // shards and member["restarts"] == 1
     assert member["restart_s"] is not None and 0 < member["restart_s"] < 120
     summary = json.loads((run / "summary.json").read_text())
     assert summary["restarts"] == 1 and summary["rounds_lost"] == 0
-    assert "membership: 4 workers (restart 1" in p.stdout
+    assert f"membership: {4 // shards} workers (restart 1" in p.stdout
     ckpts = [e["round"] for e in evs if e["event"] == "checkpoint"]
     assert ckpts == [1, 2, 3, 4, 5]  # elastic runs checkpoint every round
 
