@@ -18,7 +18,7 @@ no Δ traffic between workers: the Δ bytes per round are 0, and the shards' own
 reduce-scatters inside a worker are not counted by adloco's telemetry.
 
 About 5 minutes on 2 CPU cores (the k = 4 ranks share them). Linux only (reads /proc).
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/shards.py --out /work/measure/shards/runs
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/shards.py
 Usage:  python benchmarks/shards.py [--ks 1,2,4] [--rounds 3] [--inner-steps 4] [--batch 4]
                                     [--poll 0.2] [--out benchmarks/out/shards]
 """
