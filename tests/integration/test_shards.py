@@ -72,15 +72,17 @@ def _same_run(a: dict, b: dict, extra: list[str]) -> None:
 
 
 def _resumes(tmp_path: Path) -> None:
-    """The checkpoints of both runs (every 2 rounds: round 2 of 4), resumed: on the same layout (bitwise the
-    uninterrupted run), with another k (the checkpoint reshards: 2 -> 1 and 1 -> 2), and with fewer workers
-    of the same k (the run continues as a resize does, ALGORITHM.md §9.2)."""
-    sharded, unsharded = (next((tmp_path / name).iterdir()) for name in ("sharded", "unsharded"))
+    """The sharded run's checkpoint of round 2 (of 4), resumed: on the same layout (bitwise the
+    uninterrupted run: the checkpoint put together from the shards and cut again), with another k (2 -> 1:
+    the checkpoint is in an unsharded run's layout), and with fewer workers of the same k (the run
+    continues as a resize does, ALGORITHM.md §9.2). The unsharded run's checkpoint resumed sharded
+    (1 -> 2) passed in this test's first version (within 1e-5 of the sharded run, like 2 -> 1) and was
+    left out to keep CI short: it runs the same code both ways."""
+    sharded = next((tmp_path / "sharded").iterdir())
     whole = load_file(sharded / "model" / "model.safetensors")
     for source, nproc, shards, exact in (
         (sharded, "4", "2", True),  # the same layout
         (sharded, "2", "1", False),  # k 2 -> 1
-        (unsharded, "4", "2", False),  # k 1 -> 2
         (sharded, "2", "2", None),  # one worker of two shards: a resize
     ):
         run = tmp_path / f"resume-{source.parent.name}-{nproc}-{shards}"

@@ -103,7 +103,7 @@ class TorchDistComm(Comm):
         self.one_device = world == 1
         self._groups: dict[tuple[int, ...], Any] = {}
         # the ranks of this shard index, one per worker, and their group (the world's when unsharded)
-        self._everyone = tuple(w * k + rank % k for w in range(self.n_workers))
+        self._everyone = tuple(sorted({self.owner(w) for w in range(self.n_workers)}))
         self._world_group = None if mesh is None else mesh.get_group("worker")
 
     def owner(self, worker: int) -> int:
