@@ -1,5 +1,5 @@
 """Workers that span several processes (runtime.shards, ALGORITHM.md §12): 4 gloo processes as 2 workers x
-2 shards, each replica sharded with FSDP2, against 2 unsharded workers in 2 processes. The same run: the
+2 shards, each replica sharded with FSDP2, against 2 unsharded workers. The same run: the
 same requests, merges, allocation and bytes every round, the same final model within float32 rounding
 (FSDP's reduce-scatter sums the rows' gradients in another order)."""
 
@@ -24,23 +24,25 @@ ADLOCO = [  # two trainers that merge (a move of θ and momentum), the test that
 
 
 def _pair(tmp_path: Path, corpus: Path, extra: list[str]) -> tuple[dict, dict]:
+    """The unsharded run in this process (the in-process backend gives the run of 2 gloo processes:
+    tests/integration/test_distributed.py), the sharded one as 4 gloo processes."""
+    from adloco.cli import main
+
     common = [*TINY, *SHARDED, *[a for v in extra for a in ("--set", v)], "--set", f"data.source={corpus}"]
-    runs = []
-    for name, nproc, shards in (("unsharded", "2", "1"), ("sharded", "4", "2")):
-        out = tmp_path / name
-        p = adloco(
-            "train",
-            "--nproc",
-            nproc,
-            *common,
-            "--set",
-            f"runtime.shards={shards}",
-            "--set",
-            f"logging.out_dir={out}",
-        )
-        assert p.returncode == 0, p.stderr[-3000:]
-        runs.append(load_run(out))
-    return runs[0], runs[1]
+    one = ["--set", "runtime.threads=1", "--set", f"logging.out_dir={tmp_path / 'unsharded'}"]
+    assert main(["train", *common, *one]) == 0
+    p = adloco(
+        "train",
+        "--nproc",
+        "4",
+        *common,
+        "--set",
+        "runtime.shards=2",
+        "--set",
+        f"logging.out_dir={tmp_path / 'sharded'}",
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    return load_run(tmp_path / "unsharded"), load_run(tmp_path / "sharded")
 
 
 @pytest.mark.parametrize(
@@ -82,21 +84,25 @@ def _resumes(tmp_path: Path) -> None:
     whole = load_file(sharded / "model" / "model.safetensors")
     for source, nproc, shards, exact in (
         (sharded, "4", "2", True),  # the same layout
-        (sharded, "2", "1", False),  # k 2 -> 1
+        (sharded, None, "1", False),  # k 2 -> 1: 2 unsharded workers in this process
         (sharded, "2", "2", None),  # one worker of two shards: a resize
     ):
         run = tmp_path / f"resume-{source.parent.name}-{nproc}-{shards}"
         shutil.copytree(source, run)
-        p = adloco(
+        resume = [
             "train",
-            "--nproc",
-            nproc,
             "--resume",
             str(run / "checkpoints" / "round-000002"),
             "--set",
             f"runtime.shards={shards}",
-        )
-        assert p.returncode == 0, p.stderr[-3000:]
+        ]
+        if nproc is None:
+            from adloco.cli import main
+
+            assert main([*resume, "--set", "runtime.backend=inprocess", "--set", "runtime.threads=1"]) == 0
+        else:
+            p = adloco(*resume[:1], "--nproc", nproc, *resume[1:])
+            assert p.returncode == 0, p.stderr[-3000:]
         got = load_file(run / "model" / "model.safetensors")
         if exact is None:
             events = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
