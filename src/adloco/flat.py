@@ -88,7 +88,12 @@ class FlatModule:
                 offset += n
         self.alias_grads()
         self.module = module
-        # What the engine's inner optimizer sees: two leaf tensors aliasing the flat buffer, grads too.
+        self._make_groups()
+        module.__dict__[_ATTR] = self
+
+    def _make_groups(self) -> None:
+        """What the engine's inner optimizer sees: two leaf tensors aliasing the flat buffer (matrices with
+        weight decay, the rest without), their gradients the flat gradient's."""
         self.groups: list[nn.Parameter] = []
         for lo, hi in ((0, self.n_decay), (self.n_decay, self.numel)):
             if hi > lo:
@@ -96,7 +101,6 @@ class FlatModule:
                 g.grad = self.grad[lo:hi]
                 self.groups.append(g)
         self.decay_flags = [True, False] if self.n_decay and self.n_decay < self.numel else [self.n_decay > 0]
-        module.__dict__[_ATTR] = self
 
     def holds(self, module: nn.Module) -> bool:
         """Whether ``module``'s parameters are this flat buffer's views."""
@@ -194,19 +198,9 @@ class ShardedFlat(FlatModule):
         self.n_decay = sum(t.numel() for t in self.locals[: len(decay)])
         self.param = torch.empty(self.numel, device=device, dtype=torch.float32)
         self.grad = torch.zeros(self.numel, device=device, dtype=torch.float32)
-        offset = 0
-        with torch.no_grad():
-            for t in self.locals:
-                self.param[offset : offset + t.numel()].copy_(t.reshape(-1))
-                offset += t.numel()
         self.module = module
-        self.groups = []
-        for lo, hi in ((0, self.n_decay), (self.n_decay, self.numel)):
-            if hi > lo:
-                g = nn.Parameter(self.param[lo:hi])
-                g.grad = self.grad[lo:hi]
-                self.groups.append(g)
-        self.decay_flags = [True, False] if self.n_decay and self.n_decay < self.numel else [self.n_decay > 0]
+        self.pull()
+        self._make_groups()
         # where this rank's values sit in the whole model's flat layout (an unsharded replica's)
         self.full_numel = sum(p.numel() for p in self.params)
         mesh = self.params[0].device_mesh  # type: ignore[attr-defined]
@@ -240,7 +234,7 @@ class ShardedFlat(FlatModule):
         (None on the others); every rank of the worker calls it, in the same order."""
         import torch.distributed as dist
 
-        longest = max(n for n in (sum(x[2] for x in self.pieces(j)) for j in range(self.k)))
+        longest = max(sum(n for _, _, n in self.pieces(j)) for j in range(self.k))
         padded = torch.zeros(longest, device=local.device, dtype=local.dtype)
         padded[: local.numel()] = local
         first = dist.get_global_rank(group, 0)  # type: ignore[arg-type]
@@ -260,13 +254,22 @@ class ShardedFlat(FlatModule):
         return len(params) == len(self.params) and {id(p) for p in params} == {id(p) for p in self.params}
 
     @torch.no_grad()
-    def push(self) -> None:
-        """The buffer into the shards the module computes with (gathered copies dropped first)."""
+    def _copy(self, into_shards: bool) -> None:
+        """The buffer into the shards (``into_shards``) or the other way round, every FSDP unit put back
+        in its sharded state first."""
         _reshard(self.module)
         offset = 0
         for t in self.locals:
-            t.copy_(self.param[offset : offset + t.numel()].view_as(t))
+            piece = self.param[offset : offset + t.numel()]
+            if into_shards:
+                t.copy_(piece.view_as(t))
+            else:
+                piece.copy_(t.reshape(-1))
             offset += t.numel()
+
+    def push(self) -> None:
+        """The buffer into the shards the module computes with."""
+        self._copy(into_shards=True)
 
     @torch.no_grad()
     def collect(self) -> None:
@@ -284,14 +287,9 @@ class ShardedFlat(FlatModule):
     # buffer after a step). Replica sets it from the optimizer it is given.
     user_steps = False
 
-    @torch.no_grad()
     def pull(self) -> None:
-        """The shards into the buffer (after a user's optimizer stepped on them)."""
-        _reshard(self.module)
-        offset = 0
-        for t in self.locals:
-            self.param[offset : offset + t.numel()].copy_(t.reshape(-1))
-            offset += t.numel()
+        """The shards into the buffer (at the start, and after a user's optimizer stepped on them)."""
+        self._copy(into_shards=False)
 
     def after_step(self) -> None:
         """Keep the buffer and the shards equal after an optimizer step: whichever it stepped on is θ."""
@@ -312,21 +310,10 @@ class ShardedFlat(FlatModule):
         engine's steps on :attr:`groups`, whose gradients are the buffer's already)."""
         if not self.user_steps:
             return
-        from torch.distributed.tensor import DTensor
-
         offset = 0
         for p, t in zip(self.params, self.locals, strict=True):
-            n = t.numel()
-            local = self.grad[offset : offset + n].view_as(t).clone()
-            p.grad = DTensor.from_local(
-                local,
-                p.device_mesh,  # type: ignore[attr-defined]
-                p.placements,  # type: ignore[attr-defined]
-                run_check=False,
-                shape=p.shape,
-                stride=p.stride(),
-            )
-            offset += n
+            p.grad = like(p, self.grad[offset : offset + t.numel()].clone())
+            offset += t.numel()
 
     def zero_grad(self) -> None:
         self.grad.zero_()
@@ -343,3 +330,21 @@ class ShardedFlat(FlatModule):
             self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )
         return {k: v.detach().clone() for k, v in full.items() if isinstance(v, torch.Tensor)}
+
+
+def like(p: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """This rank's flat ``values`` of ``p`` shaped as ``p``: a DTensor placed as ``p`` is when it is one
+    (a sharded module's gradient or optimizer state), else a view."""
+    mesh = getattr(p, "device_mesh", None)
+    if mesh is None:
+        return values.view_as(p)
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(
+        values.view_as(p.to_local()),  # type: ignore[attr-defined]
+        mesh,
+        getattr(p, "placements"),  # noqa: B009 - a DTensor's (mypy sees a Tensor)
+        run_check=False,
+        shape=p.shape,
+        stride=p.stride(),
+    )

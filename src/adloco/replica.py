@@ -22,7 +22,7 @@ from torch import nn
 
 from adloco.algorithms.batching import WorkerStats
 from adloco.comm.base import Shards
-from adloco.flat import FlatModule, ShardedFlat, flatten
+from adloco.flat import FlatModule, ShardedFlat, flatten, like
 from adloco.settings import Precision, choice
 
 Batch = Any  # a tensor, or a dict / list / tuple of tensors, rows along dimension 0
@@ -226,7 +226,7 @@ class Replica:
                 if v.dim() == 1 and v.numel() == len(self._offsets) and v.numel() != self.flat.numel:
                     entry[key] = v[i].detach().to(p.device if on_device else "cpu", copy=True)
                 else:
-                    entry[key] = _like(p, v[off : off + n].to(self.device, copy=True))
+                    entry[key] = like(p, v[off : off + n].to(self.device, copy=True))
             self.optimizer.state[p] = entry
 
     def scalars(self) -> list[float]:
@@ -471,21 +471,3 @@ def _local(x: torch.Tensor) -> torch.Tensor:
     """A DTensor's values on this rank (a sharded model's optimizer state); a tensor itself."""
     to_local = getattr(x, "to_local", None)
     return to_local() if to_local is not None else x
-
-
-def _like(p: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """``values`` (this rank's, flat) shaped as optimizer state of ``p``: a DTensor like it when it is one."""
-    mesh = getattr(p, "device_mesh", None)
-    if mesh is None:
-        return values.view_as(p)
-    from torch.distributed.tensor import DTensor
-
-    local = _local(p)
-    return DTensor.from_local(
-        values.view_as(local),
-        mesh,
-        getattr(p, "placements"),  # noqa: B009 - a DTensor's (mypy sees a Tensor)
-        run_check=False,
-        shape=p.shape,
-        stride=p.stride(),
-    )

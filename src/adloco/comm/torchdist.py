@@ -225,10 +225,8 @@ class TorchDistComm(Comm):
         self._guard("broadcast", lambda: dist.broadcast(tensor, src=root))
 
     def fetch(self, tensor: torch.Tensor, src: int) -> None:
-        s, root = (
-            self.owner(src),
-            self.root - self.root % self.k + self.rank % self.k,
-        )  # sharded: the root worker, shard j
+        s = self.owner(src)
+        root = self.root - self.root % self.k + self.rank % self.k  # sharded: the root worker's, shard j
         if s == root:
             return
         # gloo's point-to-point transport sends host memory only: CUDA tensors go through a CPU copy

@@ -27,7 +27,7 @@ from adloco.data.sampling import ShardStream, trainer_subset
 from adloco.data.tokens import Data
 from adloco.engine.evaluation import evaluate, perplexity, spread
 from adloco.engine.inner import lr_at, make_optimizer
-from adloco.engine.profile import AUTO, StepProfile, fit_runs
+from adloco.engine.profile import AUTO, RoundSums, StepProfile
 from adloco.errors import UserError
 from adloco.flat import flatten
 from adloco.method import AdLoCo, RoundAborted
@@ -132,8 +132,7 @@ class Driver:
         if device.type == "cuda" and cfg.switch.b_max is None:
             self._search_b_max(min(smallest_shard, cfg.batch.max))
         # the whole model's parameters (sharded: the worker's, not this rank's P/k)
-        model = next(iter(self.algo.replicas.values())).model
-        self.n_params = sum(p.numel() for p in model.parameters())
+        self.n_params = next(iter(self.algo.replicas.values())).flat.full_numel
         self.last_eval: dict[int, float] = {}
         self.last_accuracy: dict[int, float] = {}
         self.initial_metrics: dict[str, Any] = {}
@@ -151,9 +150,7 @@ class Driver:
         # Simulated compute (ALGORITHM.md §11): each worker's measured seconds, or its steps priced by a
         # profile; with ``auto``, one fitted from this run's own worker rounds once they tell α from β.
         self.auto_profile = cfg.runtime.profile == AUTO
-        self.auto_rows: list[
-            tuple[float, int, int, int]
-        ] = []  # (compute s, steps, passes, rows) per worker round
+        self.auto_sums = RoundSums()  # what the fit needs of the run's worker rounds so far
         self._warm = False  # this process has trained a round (the first pays for warm-up)
         self.profile = (
             StepProfile.load(cfg.runtime.profile) if cfg.runtime.profile and not self.auto_profile else None
@@ -367,12 +364,12 @@ class Driver:
             steps = (e.examples or 0) // eff if eff else 0
             passes = steps * e.accum + max(0, probe.get(e.worker, 0) - e.accum)
             seconds = e.compute_s * (emulate[e.worker] if emulate else 1.0)  # on the device, not emulated
-            self.auto_rows.append((seconds, steps, passes, (e.examples or 0) + e.probe_examples))
+            self.auto_sums.add(seconds, steps, passes, (e.examples or 0) + e.probe_examples)
         self._refit()
 
     def _refit(self) -> None:
         try:
-            prof = fit_runs(self.auto_rows, "runtime.profile auto", " of this run (runtime.profile auto)")
+            prof = self.auto_sums.fit("runtime.profile auto", " of this run (runtime.profile auto)")
         except UserError:
             return
         self.profile = dataclasses.replace(
@@ -506,7 +503,7 @@ class Driver:
             "rounds_lost": self.rounds_lost,
             "trained": self.trained,
             "lr_unit": self.lr_unit,
-            "auto_profile_rows": [list(r) for r in self.auto_rows],
+            "auto_profile": self.auto_sums.to_dict(),
             "model": self.fingerprint(),
             "processes": self.comm.world,
         }
@@ -522,9 +519,7 @@ class Driver:
         self.rounds_lost = int(d.get("rounds_lost", 0))
         self.lr_unit = int(d.get("lr_unit", self.lr_unit))
         if self.auto_profile:  # the run's own profile as it stood: the same shares and prices as before
-            self.auto_rows = [
-                (float(c), int(s), int(p), int(e)) for c, s, p, e in d.get("auto_profile_rows", [])
-            ]
+            self.auto_sums = RoundSums.from_dict(d["auto_profile"]) if "auto_profile" in d else RoundSums()
             self._refit()
         # a checkpoint from before the schedule counted examples: its rounds at the initial request
         self.trained = int(d.get("trained", self.algo.round * self.cfg.algorithm.inner_steps * self.lr_unit))

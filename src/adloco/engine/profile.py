@@ -152,44 +152,112 @@ def fit_runs(
     rows: Sequence[tuple[float, int, int, int]], what: str = "--profile auto", of: str = ""
 ) -> StepProfile:
     """α, β, δ fitted from finished rounds: rows of (compute seconds, steps, micro-batches, examples) of
-    worker rounds, compute ≈ α·passes + β·examples + δ·steps, by least squares with every coefficient ≥ 0.
-    The rounds must have used several micro-batch sizes for the fixed and the per-row cost to be told apart;
-    where every step accumulated alike, α and δ cannot be told apart and are fitted as one fixed cost per
-    micro-batch (δ = 0), which prices those steps exactly. ``what`` names the source in an error, ``of``
-    says whose rounds they were (in the profile's ``source``).
+    worker rounds (:class:`RoundSums`)."""
+    sums = RoundSums()
+    for row in rows:
+        sums.add(*row)
+    return sums.fit(what, of)
+
+
+@dataclass
+class RoundSums:
+    """What a fit of compute ≈ α·passes + β·examples + δ·steps needs from worker rounds, summed as they
+    come: n, Σxxᵀ, Σxy, Σy² and, for the relative residual, Σ(x/y)(x/y)ᵀ and Σx/y (x = passes, examples,
+    steps; y = compute seconds). A run that fits its own profile (``runtime.profile: auto``) adds each
+    round's rows and refits in constant time; its checkpoint holds these few numbers.
 
     Plain float arithmetic in a fixed order, no BLAS: the same rows give the same bits on every machine, so
-    the ranks of a run that fits its own profile (``runtime.profile: auto``) share rows by the same α/β."""
-    data = [(c, s, p, e) for c, s, p, e in rows if s > 0 and math.isfinite(c) and c > 0]
-    if len(data) < 3:
-        raise UserError(f"{what}: fewer than three worker rounds with steps to fit a profile from")
-    xs = [(float(p), float(e), float(s)) for _, s, p, e in data]
-    ys = [c for c, *_ in data]
-    source = f"fitted from {len(data)} worker rounds{of}"
-    if _independent(xs):
-        alpha, beta, delta = _nonnegative_least_squares(xs, ys)
-    elif _independent([x[:2] for x in xs]):
-        (alpha, beta), delta = _nonnegative_least_squares([x[:2] for x in xs], ys), 0.0
-        source += ", α with the optimizer step in it (the steps all accumulated alike)"
-    else:
-        raise UserError(
-            f"{what}: the steps all used one micro-batch size, so a step's fixed cost and its "
-            "cost per row cannot be told apart; measure a profile with adloco profile and pass its file"
+    the ranks of such a run share rows by the same α/β."""
+
+    n: int = 0
+    gram: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
+    xy: list[float] = field(default_factory=lambda: [0.0] * 3)
+    yy: float = 0.0
+    rgram: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
+    rx: list[float] = field(default_factory=lambda: [0.0] * 3)
+
+    def add(self, compute: float, steps: int, passes: int, examples: int) -> None:
+        """One worker round; one without steps or with no positive, finite time is left out."""
+        if steps <= 0 or not math.isfinite(compute) or compute <= 0:
+            return
+        x = (float(passes), float(examples), float(steps))
+        r = [v / compute for v in x]
+        self.n += 1
+        self.yy += compute * compute
+        for i in range(3):
+            self.xy[i] += x[i] * compute
+            self.rx[i] += r[i]
+            for j in range(3):
+                self.gram[i][j] += x[i] * x[j]
+                self.rgram[i][j] += r[i] * r[j]
+
+    def fit(self, what: str = "--profile auto", of: str = "") -> StepProfile:
+        """Least squares with every coefficient ≥ 0. The rounds must have used several micro-batch sizes
+        for the fixed and the per-row cost to be told apart; where every step accumulated alike, α and δ
+        cannot be told apart and are fitted as one fixed cost per micro-batch (δ = 0), which prices those
+        steps exactly. ``what`` names the source in an error, ``of`` says whose rounds they were."""
+        if self.n < 3:
+            raise UserError(f"{what}: fewer than three worker rounds with steps to fit a profile from")
+        source = f"fitted from {self.n} worker rounds{of}"
+        if self._independent([0, 1, 2]):
+            coef = self._nonnegative_least_squares([0, 1, 2])
+        elif self._independent([0, 1]):
+            coef = self._nonnegative_least_squares([0, 1])
+            source += ", α with the optimizer step in it (the steps all accumulated alike)"
+        else:
+            raise UserError(
+                f"{what}: the steps all used one micro-batch size, so a step's fixed cost and its "
+                "cost per row cannot be told apart; measure a profile with adloco profile and pass its file"
+            )
+        # mean of ((x·c − y)/y)² = (cᵀ Σ(x/y)(x/y)ᵀ c − 2 cᵀ Σx/y + n) / n
+        quad = sum(coef[i] * self.rgram[i][j] * coef[j] for i in range(3) for j in range(3))
+        mean = (quad - 2 * sum(c * r for c, r in zip(coef, self.rx, strict=True)) + self.n) / self.n
+        alpha, beta, delta = coef
+        return StepProfile(alpha, beta, delta, residual=math.sqrt(max(0.0, mean)), source=source)
+
+    def _independent(self, cols: list[int]) -> bool:
+        """Whether these columns are far from dependent: the determinant of their Gram matrix of cosines
+        (1 for orthogonal columns, 0 for dependent ones) is at least 1e-6."""
+        norms = [math.sqrt(self.gram[j][j]) for j in cols]
+        if min(norms) == 0:
+            return False
+        cos = [
+            [self.gram[i][j] / (ni * nj) for j, nj in zip(cols, norms, strict=True)]
+            for i, ni in zip(cols, norms, strict=True)
+        ]
+        return _solve(cos, [0.0] * len(cols)) is not None and _det(cos) >= 1e-6
+
+    def _nonnegative_least_squares(self, cols: list[int]) -> list[float]:
+        """min ‖x·c − y‖² over c ≥ 0 on these columns (the others 0), exactly: the unconstrained fit on
+        every subset of them (the rest held at 0), the best of those with no negative coefficient."""
+        best: tuple[float, list[float]] = (math.inf, [0.0] * 3)
+        for mask in range(1, 1 << len(cols)):
+            free = [j for i, j in enumerate(cols) if mask >> i & 1]
+            c = _solve([[self.gram[i][j] for j in free] for i in free], [self.xy[i] for i in free])
+            if c is None or min(c) < 0:
+                continue
+            full = [0.0] * 3
+            for j, v in zip(free, c, strict=True):
+                full[j] = v
+            quad = sum(full[i] * self.gram[i][j] * full[j] for i in range(3) for j in range(3))
+            sse = quad - 2 * sum(f * b for f, b in zip(full, self.xy, strict=True)) + self.yy
+            if sse < best[0]:
+                best = (sse, full)
+        return best[1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RoundSums:
+        return cls(
+            int(d["n"]),
+            [[float(v) for v in row] for row in d["gram"]],
+            [float(v) for v in d["xy"]],
+            float(d["yy"]),
+            [[float(v) for v in row] for row in d["rgram"]],
+            [float(v) for v in d["rx"]],
         )
-    rel = [((alpha * x[0] + beta * x[1] + delta * x[2]) - y) / y for x, y in zip(xs, ys, strict=True)]
-    residual = math.sqrt(sum(r * r for r in rel) / len(rel))
-    return StepProfile(alpha, beta, delta, residual=residual, source=source)
-
-
-def _independent(xs: Sequence[Sequence[float]]) -> bool:
-    """Whether the columns of ``xs`` are far from dependent: the determinant of their Gram matrix of
-    cosines (1 for orthogonal columns, 0 for dependent ones) is at least 1e-6."""
-    n = len(xs[0])
-    norms = [math.sqrt(sum(x[j] ** 2 for x in xs)) for j in range(n)]
-    if min(norms) == 0:
-        return False
-    gram = [[sum(x[i] * x[j] for x in xs) / (norms[i] * norms[j]) for j in range(n)] for i in range(n)]
-    return _solve(gram, [0.0] * n) is not None and _det(gram) >= 1e-6
 
 
 def _det(a: list[list[float]]) -> float:
@@ -214,28 +282,6 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
     for i in reversed(range(n)):
         x[i] = (m[i][n] - sum(m[i][j] * x[j] for j in range(i + 1, n))) / m[i][i]
     return x
-
-
-def _nonnegative_least_squares(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
-    """min ‖x·c − y‖² over c ≥ 0, exactly, for a handful of columns: the unconstrained fit on every subset
-    of the columns (the others held at 0), the best of those with no negative coefficient."""
-    n = len(xs[0])
-    best: tuple[float, list[float]] = (math.inf, [0.0] * n)
-    for mask in range(1, 1 << n):
-        cols = [j for j in range(n) if mask >> j & 1]
-        gram = [[sum(x[i] * x[j] for x in xs) for j in cols] for i in cols]
-        c = _solve(gram, [sum(x[i] * y for x, y in zip(xs, ys, strict=True)) for i in cols])
-        if c is None or min(c) < 0:
-            continue
-        full = [0.0] * n
-        for j, v in zip(cols, c, strict=True):
-            full[j] = v
-        sse = sum(
-            (sum(f * v for f, v in zip(full, x, strict=True)) - y) ** 2 for x, y in zip(xs, ys, strict=True)
-        )
-        if sse < best[0]:
-            best = (sse, full)
-    return best[1]
 
 
 # -- adloco profile ------------------------------------------------------------------------------------
