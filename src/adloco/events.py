@@ -239,6 +239,17 @@ class Round(Event):
     )
     sim_total_s: float = field(metadata={"doc": "simulated seconds so far"})
     idle_share: float = field(default=0.0, metadata={"doc": "mean over trainers of their idle share"})
+    collectives_behind: list[list[Any]] = field(
+        default_factory=list,
+        metadata={
+            "doc": "[kind, op, workers, payload bytes, count, share] per counted collective that ran behind "
+            "a share of this round's compute (`comm.overlap`: 1; streaming: fragment_delay / inner_steps); "
+            "`sim_s` prices them at what the compute did not hide"
+        },
+    )
+    behind_s: float = field(
+        default=0.0, metadata={"doc": "seconds those took on the background lane (this process's view)"}
+    )
     val_loss: float | None = field(
         default=None,
         metadata={"doc": "validation loss of trainer 0 (the lowest id alive), when this round was evaluated"},

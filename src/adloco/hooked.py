@@ -32,8 +32,10 @@ class HookedMode:
         H: int
         _h: int
         _hooks: list[Any]
+        _streamed: int
 
         def members(self) -> dict[int, list[int]]: ...
+        def _streaming(self, h: int) -> None: ...
         def _round_progress(self) -> dict[int, WorkerProgress]: ...
         def sync(self, abort: bool = False) -> RoundReport: ...
         def _reduce(
@@ -100,8 +102,12 @@ class HookedMode:
             pr = progress[w]
             pr.steps += 1
             pr.examples += self.stated_batch or self.plans[w].effective  # weights Δ by steps when unknown
-            if all(p.steps >= self.H for p in progress.values()):
+            done = min(p.steps for p in progress.values())  # steps every local worker has taken
+            if done >= self.H:
                 self._h = self.H
                 self.sync()
+            elif done > self._streamed:  # streaming fragments due after this step
+                self._streamed = done
+                self._streaming(done)
 
         return hook

@@ -16,10 +16,11 @@ each replica's ``optimizer.step`` (:mod:`adloco.hooked`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -58,7 +59,8 @@ from adloco.settings import (
     choice,
 )
 from adloco.state import AlgorithmState
-from adloco.sync import Synchronization
+from adloco.streaming import Streaming, fragments
+from adloco.sync import Flight, Synchronization
 
 __all__ = ["AdLoCo", "DecisionMismatch", "RoundAborted"]
 
@@ -81,7 +83,7 @@ def _dial(name: str, value: Any, cls: type[Dial]) -> Any:
     return value
 
 
-class AdLoCo(Synchronization, HookedMode, AlgorithmState):
+class AdLoCo(Synchronization, Streaming, HookedMode, AlgorithmState):
     """AdLoCo (arXiv 2508.18182): multi-instance training with trainer merging, adaptive batch sizes and
     switch mode, on DiLoCo rounds. DiLoCo, LocalSGD and DDP (:mod:`adloco.baselines`) are this class with
     parts turned off.
@@ -170,6 +172,7 @@ class AdLoCo(Synchronization, HookedMode, AlgorithmState):
         self.merging = _dial("merge", merge, Merging)
         self.switch = _dial("switch", switch, Switch)
         self.wire = _dial("wire", wire, Wire)
+        self.wire.check_streaming(inner_steps, self.ddp)
         self.comm = comm if comm is not None else _default_comm(len(models))
         if len(self.comm.local_workers) != len(models):
             raise ValueError(
@@ -199,6 +202,11 @@ class AdLoCo(Synchronization, HookedMode, AlgorithmState):
                 f"model: replicas of different sizes ({sorted(sizes)} parameters); all must match"
             )
         self.n_params = sizes.pop()
+        if self.wire.fragments > self.n_params:
+            raise ValueError(
+                f"comm.fragments = {self.wire.fragments}: more fragments than parameters ({self.n_params})"
+            )
+        self._fragments = fragments(self.n_params, self.wire.fragments)  # streaming (comm.fragments)
         # error feedback of each local worker's Δ (reset when it moves; in its state dict)
         self.feedback: dict[int, ErrorFeedback] | None = (
             {w: ErrorFeedback() for w in self.replicas}
@@ -217,6 +225,13 @@ class AdLoCo(Synchronization, HookedMode, AlgorithmState):
         self.bad_rounds = 0
         self.totals = Totals()
         self.last_report: RoundReport | None = None
+        # comm.overlap (ALGORITHM.md §13): Δs in flight, workers' eager starts and own Δs, seconds waited
+        self._flights: list[Flight] = []
+        self._starts: dict[int, torch.Tensor] = {}
+        self._own: dict[int, torch.Tensor] = {}
+        self._waited_s = 0.0
+        self._theta_snap: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # streaming's undo
+        self._streamed = 0  # the hooked form: inner steps whose fragments were handled
 
         # Heavy state: θ of the trainers this process hosts, taken from their first local worker.
         self.scratch = torch.zeros(self.n_params, device=self.device)
@@ -280,6 +295,25 @@ class AdLoCo(Synchronization, HookedMode, AlgorithmState):
         mine = self._local(self.members().get(t, []))
         return self.replicas[mine[0]].model if mine else None
 
+    def start_of(self, w: int) -> torch.Tensor:
+        """Where local worker w starts (or started) the current round: its trainer's θ, or its eager start
+        (``comm.overlap: eager``, ALGORITHM.md §13)."""
+        return self._starts.get(w, self.theta(self.allocation[w]))
+
+    @contextlib.contextmanager
+    def holding_theta(self, w: int) -> Iterator[nn.Module]:
+        """Local worker w's model holding its trainer's θ for the block (evaluation between rounds); with
+        an eager start, the start is put back after."""
+        rep = self.replicas[w]
+        eager = w in self._starts
+        if eager:
+            rep.load(self.theta(self.allocation[w]))
+        try:
+            yield rep.model
+        finally:
+            if eager:
+                rep.load(self._starts[w])
+
     @property
     def plan(self) -> WorkerPlan:
         """This round's plan of the only local worker."""
@@ -334,6 +368,7 @@ class AdLoCo(Synchronization, HookedMode, AlgorithmState):
             self.requests, members, self.b_max, self.mode, self.switch, self.batch, speeds, self.fixed_rows
         )
         self.plans = {w: p for w, p in every.items() if w in self.replicas}
+        self._rows = {w: p.effective for w, p in every.items()}  # every worker's rows per inner step
         self.step_rows = sum(p.effective for p in every.values())  # every worker's rows in one inner step
         # ALGORITHM.md §10: each trainer's lr multiplier follows the rows its steps use (b_t; b₀ its first)
         b = self.batch
@@ -373,6 +408,13 @@ class AdLoCo(Synchronization, HookedMode, AlgorithmState):
                         {k: v.to("cpu") for k, v in rep.inner_state().items()},
                         rep.scalars(),
                     )
+            if self.keep_snapshot and self.streaming:  # fragments step θ within the round
+                self._theta_snap = {
+                    t: (tr.theta.clone(), None if (m := tr.momentum()) is None else m.clone())
+                    for t, tr in self.trainers.items()
+                    if tr.theta is not None
+                }
+            self._streamed = 0
             self._progress = {
                 w: WorkerProgress(Clock(self.device), skipped_before=rep.skipped)
                 for w, rep in self.replicas.items()
@@ -428,7 +470,9 @@ class AdLoCo(Synchronization, HookedMode, AlgorithmState):
         if self.ddp:
             self._ddp_step(stop)
         self._h += 1
-        if self._h == self.H:
+        if self._h < self.H:
+            self._streaming(self._h)
+        else:
             self.sync()
         return losses
 

@@ -7,7 +7,8 @@ latency α (s):
   all_gather (ring):      (n−1) · B/β + (n−1)·α
 A round's simulated time is the slowest worker's compute time (divided by its speed) plus the cost of
 every counted collective of the round, one after another as the engine issues them (collectives of
-disjoint trainers could overlap: the model is conservative there).
+disjoint trainers could overlap: the model is conservative there). A collective run behind the round's
+compute (``comm.overlap``) costs max(0, its time − that compute) (ALGORITHM.md §13).
 
 A :class:`Link` is the same model handed to a communicator: with ``network.emulate`` every counted
 collective is held back until its wall time is what the model says (:attr:`adloco.comm.Comm.link`).
@@ -71,7 +72,19 @@ def round_seconds(
     bandwidth: float,
     latency: float,
     speeds: Sequence[float] = (),
+    behind: Iterable[Sequence[Any]] = (),
 ) -> float:
-    """Simulated time of one round: the slowest worker's compute (over its speed) plus communication."""
+    """Simulated time of one round: the slowest worker's compute (over its speed) plus communication.
+
+    ``behind``: ``[kind, op, n, payload, count, share]`` rows of collectives that ran behind a ``share``
+    of the round's compute (ALGORITHM.md §13), each costing only what that compute did not hide. Those
+    behind the whole round (``comm.overlap``: share 1) share it, one after another on the background lane:
+    max(0, their time − the compute). Those behind part of it (streaming: τ of H inner steps) each have a
+    window of their own: max(0, its time − share · the compute), every one of them."""
     slowest = max((s / (speeds[w] if speeds else 1.0) for w, s in compute_s.items()), default=0.0)
-    return slowest + comm_seconds(collectives, bandwidth, latency)
+    whole = [r[:5] for r in behind if float(r[5]) >= 1.0]
+    cost = max(0.0, comm_seconds(whole, bandwidth, latency) - slowest)
+    for _kind, op, n, payload, count, share in (r for r in behind if float(r[5]) < 1.0):
+        t = collective_seconds(str(op), int(n), int(payload), bandwidth, latency)
+        cost += int(count) * max(0.0, t - float(share) * slowest)
+    return slowest + comm_seconds(collectives, bandwidth, latency) + cost

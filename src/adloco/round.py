@@ -139,6 +139,22 @@ class Totals:
 
 
 @dataclass
+class Traffic:
+    """What was communicated since the last count: bytes on the wire, messages, this process's seconds in
+    the collectives on its critical path (waits for what ran behind compute included), and the counted
+    collectives as ``[kind, op, workers, payload bytes, count]`` rows; those that ran behind the workers'
+    compute (``comm.overlap``, streaming) apart, as ``[..., count, share]`` rows (the share of a round's
+    compute each ran behind), with the seconds they took there."""
+
+    bytes: int = 0
+    messages: int = 0
+    comm_s: float = 0.0
+    collectives: list[list[Any]] = field(default_factory=list)
+    behind: list[list[Any]] = field(default_factory=list)
+    behind_s: float = 0.0
+
+
+@dataclass
 class RoundReport:
     """What one round did, as the typed events of :mod:`adloco.events` plus the round's numbers."""
 
@@ -157,6 +173,8 @@ class RoundReport:
     collectives: list[list[Any]]  # [kind, op, workers, payload bytes, count], counted ones only
     compute_s: dict[int, float]  # every worker's compute time this round
     idle_share: float = 0.0  # mean over trainers of 1 − mean/max of their workers' compute times
+    behind: list[list[Any]] = field(default_factory=list)  # collectives run behind this round's compute
+    behind_s: float = 0.0  # the seconds they took on the background lane
 
     def events(self) -> list[events.Event]:
         """Worker, fault, trainer, merge and allocation events, in that order."""

@@ -404,6 +404,66 @@ class Wire(Dial):
         "every holder of the trainer keeps the same decoded values (ALGORITHM.md §9.4)",
     )
 
+    overlap: Literal["none", "delayed", "eager"] = setting(
+        "none",
+        "the round's all-reduce of Δ behind the next round's compute (ALGORITHM.md §13): none waits for it; "
+        "delayed applies it one round late, the workers starting from the θ they know; eager also lets each "
+        "worker take the outer step of its own Δ at once, corrected when the average lands",
+    )
+    fragments: int = setting(
+        1,
+        "streaming (ALGORITHM.md §13): Δ is all-reduced in F = this many fragments of the parameters, "
+        "fragment p at inner step p·H/F of every round (0 at the round's end): peak bytes per collective ÷ F",
+        at_least=1,
+    )
+    fragment_delay: int = setting(
+        0,
+        "streaming: inner steps a fragment's all-reduce runs behind compute before its outer step "
+        "(torchft's fragment_sync_delay, τ < H / comm.fragments)",
+        at_least=0,
+    )
+    fragment_alpha: float = setting(
+        0.0,
+        "streaming: after its outer step a worker's fragment becomes (1 − α)·θ + α·(its own values) "
+        "(torchft's fragment_update_alpha)",
+        at_least=0,
+        at_most=1,
+    )
+
+    def check_streaming(self, inner_steps: int, ddp: bool) -> None:
+        """The rules across the streaming and overlap keys and the round (ValueError naming the key)."""
+        p, tau = self.fragments, self.fragment_delay
+        if ddp and (self.overlap != "none" or p > 1):
+            key, value = ("comm.overlap", self.overlap) if self.overlap != "none" else ("comm.fragments", p)
+            raise ValueError(
+                f"{key} = {value!r}: must be {'none' if key == 'comm.overlap' else 1} with DDP (it averages "
+                "gradients every step: there is no round to overlap)"
+            )
+        if p == 1:
+            if tau or self.fragment_alpha:
+                key = "comm.fragment_delay" if tau else "comm.fragment_alpha"
+                raise ValueError(
+                    f"{key}: set with comm.fragments = 1; it applies to streaming fragments only"
+                )
+            return
+        if inner_steps % p:
+            raise ValueError(
+                f"comm.fragments = {p}: must divide algorithm.inner_steps ({inner_steps}): one fragment "
+                "every H/P steps"
+            )
+        if tau >= inner_steps // p:
+            raise ValueError(
+                f"comm.fragment_delay = {tau}: must be < algorithm.inner_steps / comm.fragments "
+                f"({inner_steps // p}): a fragment lands before the next is sent"
+            )
+        if self.overlap != "none":
+            raise ValueError(
+                f"comm.overlap = {self.overlap!r}: must be none with comm.fragments > 1 (streaming overlaps "
+                "by comm.fragment_delay)"
+            )
+        if self.error_feedback:
+            raise ValueError("comm.error_feedback: must be false with comm.fragments > 1")
+
     @property
     def compressed(self) -> bool:
         """Whether the round's all-reduces go through the compressed all-reduce (any dtype but float32)."""

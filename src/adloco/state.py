@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from adloco.comm.quantize import ErrorFeedback
     from adloco.flat import ShardedFlat
     from adloco.replica import Replica
-    from adloco.settings import AdaptiveBatch, Merging
+    from adloco.settings import AdaptiveBatch, Merging, Wire
+    from adloco.sync import Flight
 
 
 class AlgorithmState:
@@ -32,6 +33,10 @@ class AlgorithmState:
         trainers: dict[int, TrainerState]
         feedback: dict[int, ErrorFeedback] | None
         device: torch.device
+        wire: Wire
+        _flights: list[Flight]
+        _starts: dict[int, torch.Tensor]
+        _own: dict[int, torch.Tensor]
         allocation: dict[int, int]
         b_max: dict[int, int]
         n_params: int
@@ -54,14 +59,21 @@ class AlgorithmState:
         def theta(self, t: int) -> torch.Tensor: ...
         def _plan(self) -> None: ...
         def _new_outer(self) -> OuterOptimizer: ...
+        def _receive(self, f: Flight) -> None: ...
+        def _land(self, f: Flight, behind: float = 0.0, step: bool = True) -> None: ...
+        @property
+        def streaming(self) -> bool: ...
 
     def state_dict(self) -> dict[str, Any]:
         """This process's state: the replicated decisions, θ and outer state of the trainers it hosts,
-        and the inner state of its workers. Between rounds only."""
+        and the inner state of its workers. Between rounds only. With ``comm.overlap``, it first waits for
+        what is in flight: each trainer's average (``pending``) is kept, to be applied when it would have
+        landed (ALGORITHM.md §13)."""
+        pending = self._in_flight()
         return {
             **self._meta(),
             "trainers": {
-                t: {"theta": tr.theta, **tr.outer.state_dict()}
+                t: {"theta": tr.theta, **tr.outer.state_dict(), **pending.get(t, {})}
                 for t, tr in self.trainers.items()
                 if tr.hosted
             },
@@ -72,11 +84,21 @@ class AlgorithmState:
         }
 
     def _inner_state(self, w: int) -> dict[str, torch.Tensor]:
-        """Worker w's inner optimizer state, and its error feedback (``feedback_error``) when kept."""
+        """Worker w's inner optimizer state, its error feedback (``feedback_error``) when kept, and its
+        own start (``start``: eager's, or streaming's parameters between their fragments' synchronizations)
+        when it has one."""
         out = self.replicas[w].inner_state()
         if self.feedback is not None and self.feedback[w].error is not None:
             out["feedback_error"] = self.feedback[w].state_dict()["error"]
+        if w in self._starts:
+            out["start"] = self._starts[w]
         return out
+
+    def _in_flight(self) -> dict[int, dict[str, torch.Tensor]]:
+        """Wait for every Δ in flight (``comm.overlap``) without applying it: trainer -> its average."""
+        for f in self._flights:
+            self._receive(f)
+        return {f.trainer: {"pending": f.buf} for f in self._flights}
 
     def _meta(self) -> dict[str, Any]:
         return {
@@ -91,6 +113,11 @@ class AlgorithmState:
             "speed": dict(self.speed),
             # ALGORITHM.md §10: each trainer's b₀ and noise ratio B̂ (its lr multiplier follows from them)
             "lr_state": {t: [tr.b0, tr.noise] for t, tr in sorted(self.trainers.items())},
+            # comm.overlap: what was in flight (its average is the trainer's `pending`) and its traffic
+            "in_flight": [
+                {"trainer": f.trainer, "round": f.round, "records": [r.to_dict() for r in f.pending.records]}
+                for f in self._flights
+            ],
         }
 
     def _whole_params(self) -> int:
@@ -110,6 +137,7 @@ class AlgorithmState:
         shards = self.comm.shards
         members = self.members()
         buf = self.scratch
+        pending = self._in_flight()
         trainers: dict[int, dict[str, torch.Tensor]] = {}
         for t in self.alive:
             tr = self.trainers[t]
@@ -117,6 +145,8 @@ class AlgorithmState:
             parts: list[tuple[str, torch.Tensor | None]] = [("theta", tr.theta)]
             if tr.outer.has_state:
                 parts.append(("momentum", tr.momentum()))
+            if t in pending:
+                parts.append(("pending", pending[t]["pending"] if tr.hosted else None))
             for key, value in parts:
                 if value is not None:
                     buf.copy_(value)
@@ -207,20 +237,54 @@ class AlgorithmState:
                 if tr.outer.has_state and "momentum" in saved[t]:
                     tr.outer.load_state_dict({"momentum": saved[t]["momentum"].to(self.device)})
             self.trainers[t] = tr
+        self._load_flights(state.get("in_flight", []), saved)
         reps = {int(w): v for w, v in state["replicas"].items()}
+        self._starts, self._own = {}, {}
         for w, rep in self.replicas.items():
             got = reps.get(w)
             inner = dict(got["inner"]) if got else {}
             error = inner.pop("feedback_error", None)
+            start = inner.pop("start", None)
             if self.feedback is not None:
                 self.feedback[w].load_state_dict({} if error is None else {"error": error.to(self.device)})
             rep.load_inner_state(inner)
             if got:
                 rep.load_scalars(got["scalars"])
             rep.b_max = self.b_max[w]
-            rep.load(self.theta(self.allocation[w]))
+            if start is not None and ((self.wire.overlap == "eager" and self._flights) or self.streaming):
+                self._starts[w] = start.to(self.device, torch.float32, copy=True)
+            rep.load(self._starts.get(w, self.theta(self.allocation[w])))
         self._h = 0
         self._plan()
+
+    def _load_flights(self, entries: list[dict[str, Any]], saved: Mapping[int, Mapping[str, Any]]) -> None:
+        """What was in flight when the state was written, landed already: each trainer's average is applied
+        at the end of the next round, as it would have been. A trainer merged away by a resize loses its
+        (ALGORITHM.md §13); without ``comm.overlap`` it is applied now, once."""
+        from adloco.comm.base import CommRecord, Pending
+        from adloco.sync import Flight
+
+        self._flights = []
+        members = self.members()
+        for e in entries:
+            t = int(e["trainer"])
+            tr = self.trainers.get(t)
+            got = saved.get(t, {}).get("pending")
+            if tr is None or (tr.hosted and got is None):
+                continue
+            buf = (
+                torch.empty_like(self.scratch)
+                if got is None
+                else got.to(self.device, torch.float32, copy=True)
+            )
+            records = [CommRecord(**r) for r in e["records"]]
+            ws = members[t]
+            self._flights.append(
+                Flight(t, Pending.landed(tr.hosted, records), buf, ws, ws, int(e["round"]), received=True)
+            )
+        if self.wire.overlap == "none" or getattr(self, "ddp", False):
+            for f in list(self._flights):
+                self._land(f)
 
     def _this_shard(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """A state in the whole model's flat layout with every vector cut to this rank's values (sharded

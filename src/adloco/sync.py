@@ -11,30 +11,38 @@
   5. :meth:`~Synchronization._next_round`: workers load their trainer's θ; the round counted, its
      decisions checked for agreement across processes, the next round planned, the report made.
 
+With ``comm.overlap`` (ALGORITHM.md §13) phase 2 launches Δ on the communicator's background lane
+(:meth:`~Synchronization._launch`) and applies the previous round's when it lands
+(:meth:`~Synchronization._land`); a merge, a checkpoint and the end of training wait for everything in
+flight (:meth:`~Synchronization.settle`).
+
 Every vector travels through the communicator's one reducer (:meth:`adloco.comm.Comm.reduce`); every
 decision is a pure function of gathered scalars (:mod:`adloco.algorithms`), the same on every process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from adloco import events
 from adloco.algorithms import allocation, batching, lr_scaling, merging
-from adloco.comm.base import Part
+from adloco.comm.base import Part, Pending
 from adloco.round import (
     WIDTH,
     DecisionMismatch,
     RoundAborted,
     RoundReport,
+    Traffic,
     TrainerState,
     WorkerRound,
     measured_speed,
@@ -49,6 +57,21 @@ if TYPE_CHECKING:
     from adloco.settings import AdaptiveBatch, Merging, Wire
 
 log = logging.getLogger("adloco")
+
+
+@dataclass
+class Flight:
+    """A trainer's Δ in flight (``comm.overlap``): its reduction and the buffer it lands in, the finite
+    workers that sent it and the trainer's members then, and the round that made it (1-based)."""
+
+    trainer: int
+    pending: Pending
+    buf: torch.Tensor
+    sent: list[int]
+    members: list[int]
+    round: int
+    received: bool = False
+    fragment: int = -1  # streaming (comm.fragments): which fragment of the parameters; -1: all of them
 
 
 class Synchronization:
@@ -81,6 +104,16 @@ class Synchronization:
         _h: int
         _snap: dict[int, tuple[dict[str, torch.Tensor], list[float]]]
         _progress: dict[int, WorkerProgress] | None
+        _flights: list[Flight]
+        _starts: dict[int, torch.Tensor]
+        _own: dict[int, torch.Tensor]
+        _waited_s: float
+        _fragments: list[slice]
+        _theta_snap: dict[int, tuple[torch.Tensor, torch.Tensor | None]]
+
+        @property
+        def streaming(self) -> bool: ...
+        def _fragment_end(self) -> None: ...
 
         @property
         def requests(self) -> dict[int, int]: ...
@@ -207,7 +240,18 @@ class Synchronization:
         self, members: dict[int, list[int]], ok: dict[int, list[int]], results: dict[int, WorkerRound]
     ) -> None:
         """Phase 2: every trainer's outer step on Δ_t = Σ_m (n_m / n)(θ_t − θ_m), over its finite workers.
-        The pseudo-gradients, not the parameters, are reduced, so a compressed wire keeps them."""
+        The pseudo-gradients, not the parameters, are reduced, so a compressed wire keeps them. Behind
+        compute (``comm.overlap``): this round's Δ launched, the previous round's applied."""
+        if self.streaming:
+            self._fragment_end()
+            return
+        if self.wire.overlap != "none" and not self.ddp:
+            for t in self.alive:
+                if ok[t]:
+                    self._launch(t, ok[t], members[t], results)
+            for f in [f for f in self._flights if f.round <= self.round]:
+                self._land(f, behind=1.0)
+            return
         for t in self.alive:
             ws = ok[t]
             if not ws:
@@ -233,6 +277,96 @@ class Synchronization:
             if tr.theta is not None:
                 with torch.no_grad():
                     tr.outer.step(tr.theta, buf)
+
+    # -- behind compute (comm.overlap, ALGORITHM.md §13) ---------------------------------------------
+    def _launch(self, t: int, ws: list[int], members: list[int], results: dict[int, WorkerRound]) -> None:
+        """Trainer t's Δ = Σ_m (n_m / n)(s_m − θ_m) on the background lane, s_m where worker m started the
+        round (θ_t, or its eager start). With ``eager``, each local worker's own s_m − θ_m is kept for its
+        next start (:meth:`_starts_next`)."""
+        n_ex = sum(results[w].examples for w in ws)
+        eager = self.wire.overlap == "eager"
+        theta = self.theta(t) if self.trainers[t].hosted else None
+
+        def add(w: int, out: torch.Tensor) -> None:
+            start = self._starts.get(w, theta)
+            assert start is not None
+            own = torch.sub(start, self.replicas[w].flat.param, out=self.scratch2)
+            if eager:
+                own = self._own[w] = own.clone()
+            out.add_(own, alpha=results[w].examples / n_ex)
+
+        parts: dict[int, Part] = {w: functools.partial(add, w) for w in self._local(ws)}
+        buf = torch.empty_like(self.scratch)
+        pending = self.comm.reduce_async(parts, ws, "delta", buf, self.wire, self.feedback)
+        self._flights.append(Flight(t, pending, buf, list(ws), list(members), self.round + 1))
+
+    def _receive(self, f: Flight) -> None:
+        """Wait for ``f``; a worker of the trainer left out of it (non-finite) gets the average too."""
+        if f.received:
+            return
+        f.pending.wait()
+        self._waited_s += f.pending.waited_s
+        if len(f.sent) < len(f.members):  # as in phase 2: its process may be outside the reduction
+            self.comm.broadcast(f.buf, f.sent[0], f.members, "delta")
+        f.received = True
+
+    def _land(self, f: Flight, behind: float = 0.0, step: bool = True) -> None:
+        """Apply ``f``: the trainer's outer step on its average (its fragment's part of θ and the momentum,
+        streaming); its collectives counted now, as run behind that share of a round's compute (1: a
+        whole round, launched by the round before; 0: on the critical path)."""
+        self._receive(f)
+        self.comm.records.extend(
+            r if r.behind == behind else dataclasses.replace(r, behind=behind) for r in f.pending.records
+        )
+        tr = self.trainers[f.trainer]
+        if tr.theta is not None and step:
+            with torch.no_grad():
+                tr.outer.step(tr.theta, f.buf, self._part(f.fragment))
+        self._flights.remove(f)
+
+    def _part(self, fragment: int) -> slice:
+        """The flat parameters' slice of a fragment (streaming); -1: all of them."""
+        return slice(None) if fragment < 0 else self._fragments[fragment]
+
+    def _settle(self) -> None:
+        """Land everything in flight; the next round starts from every trainer's θ (no eager start)."""
+        for f in list(self._flights):
+            self._land(f)
+        self._own.clear()
+
+    def settle(self) -> Traffic:
+        """Wait for every Δ in flight (``comm.overlap``), apply it, and load every worker with its trainer's
+        θ: the end of training, or a point where the model must be whole. Call it on every process,
+        between rounds. Returns what it communicated, counted as a round's (nothing in flight: nothing)."""
+        if self._h:
+            raise RuntimeError("settle: only between rounds")
+        if not self._flights:
+            return Traffic()
+        self._settle()
+        self._starts.clear()
+        for w, rep in self.replicas.items():
+            rep.load(self.theta(self.allocation[w]))
+        return self._collect()
+
+    def _start_next(self, w: int, fresh: bool) -> torch.Tensor:
+        """Where worker w starts the next round: its trainer's θ; or (``eager``) the outer step of its own
+        Δ taken from there, to be corrected when the average lands; or (streaming) its own parameters with
+        fragment 0 mixed with θ, the other fragments as their last synchronization left them. ``fresh``
+        (after a merge, a move, or a non-finite round): θ."""
+        theta = self.theta(self.allocation[w])
+        own = self._own.pop(w, None)
+        if fresh or (own is None and not self.streaming):
+            self._starts.pop(w, None)
+            return theta
+        start = self._starts.get(w)
+        if start is None:
+            start = self._starts[w] = torch.empty_like(theta)
+        if own is not None:
+            return self.trainers[self.allocation[w]].outer.trial(theta, own, start)
+        part, alpha = self._fragments[0], self.wire.fragment_alpha
+        start.copy_(self.replicas[w].flat.param)
+        start[part].mul_(alpha).add_(theta[part], alpha=1.0 - alpha)
+        return start
 
     def _batch_tests(
         self,
@@ -355,6 +489,7 @@ class Synchronization:
         S = merging.select(self.requests, m.policy, m.size)
         if len(S) < 2:
             return None, None
+        self._settle()  # a merge is a round boundary: θ and the momentum must be whole
         w = merging.weights(self.requests, S)
         keep = merging.survivor(S)
         union = sorted(x for t in S for x in members[t])
@@ -481,8 +616,9 @@ class Synchronization:
     ) -> RoundReport:
         """Phase 5: workers load their trainer's θ; the round counted (examples, bytes), its decisions
         checked for agreement, the next round planned, and the report made."""
+        whole = merge_event is not None
         for w, rep in self.replicas.items():
-            rep.load(self.theta(self.allocation[w]))
+            rep.load(self._start_next(w, whole or not results[w].finite))
         # training examples read: the steps' and the probe's extra rows (a budget counts both)
         examples = sum(res.examples + res.probe_examples for res in results.values())
         if self.counts_rows and self.totals.examples is not None:
@@ -491,7 +627,7 @@ class Synchronization:
             self.totals.examples = None
         self.round += 1
         self._check_agreement()
-        nbytes, msgs, comm_s, collectives = self._collect()
+        traffic = self._collect()
         self._plan()
         known = self.counts_rows
         worker_events = [
@@ -524,25 +660,37 @@ class Synchronization:
             switch_mode=self.mode,
             examples=examples if known else None,
             loss=events.num(total_loss / max(stepped, 1)),
-            bytes=nbytes,
-            messages=msgs,
-            comm_s=comm_s,
-            collectives=collectives,
+            bytes=traffic.bytes,
+            messages=traffic.messages,
+            comm_s=traffic.comm_s,
+            collectives=traffic.collectives,
+            behind=traffic.behind,
+            behind_s=traffic.behind_s,
             compute_s={w: res.compute_s for w, res in results.items()},
             idle_share=sum(e.idle_share for e in trainer_events) / max(len(trainer_events), 1),
         )
         return self.last_report
 
     def _undo(self) -> None:
-        """An aborted round: workers back to θ (and, with ``snapshot``, their inner state) at its start."""
+        """An aborted round: workers back to θ (and, with ``snapshot``, their inner state) at its start;
+        streaming, with ``snapshot``, the trainers' θ and momentum too (fragments stepped them)."""
         self._h = 0
         self._progress = None
+        for f in [f for f in self._flights if f.round > self.round]:  # this round's fragments
+            f.pending.wait()
+            self._flights.remove(f)
+        for t, (theta, momentum) in self._theta_snap.items():
+            tr = self.trainers[t]
+            if tr.theta is not None:
+                tr.theta.copy_(theta)
+                if momentum is not None:
+                    tr.outer.load_state_dict({"momentum": momentum})
         for w, rep in self.replicas.items():
             if self.keep_snapshot and w in self._snap:
                 state, scalars = self._snap[w]
                 rep.load_inner_state(state)
                 rep.load_scalars(scalars)
-            rep.load(self.theta(self.allocation[w]))
+            rep.load(self._starts.get(w, self.theta(self.allocation[w])))
         self.comm.drain()
 
     def _faults(
@@ -581,21 +729,29 @@ class Synchronization:
             )
         return out
 
-    def _collect(self) -> tuple[int, int, float, list[list[Any]]]:
-        """(bytes, messages, seconds in counted collectives, [kind, op, n, payload, count] rows) since the
-        last call; added to the totals. The rows are what the network model prices (simulated time)."""
+    def _collect(self) -> Traffic:
+        """What was communicated since the last call (:class:`adloco.round.Traffic`), added to the totals.
+        Its rows are what the network model prices (simulated time)."""
         recs = self.comm.drain()
         nbytes = sum(r.wire for r in recs)
         msgs = sum(1 for r in recs if r.workers > 1)
         self.totals.bytes += nbytes
         self.totals.messages += msgs
-        counts: dict[tuple[str, str, int, int], int] = {}
+        counts: dict[tuple[str, str, int, int, float], int] = {}
         for rec in recs:
             self.totals.by_kind[rec.kind] = self.totals.by_kind.get(rec.kind, 0) + rec.wire
             if rec.workers > 1:
-                key = (rec.kind, rec.op, rec.workers, rec.payload)
+                key = (rec.kind, rec.op, rec.workers, rec.payload, rec.behind)
                 counts[key] = counts.get(key, 0) + 1
-        return nbytes, msgs, sum(r.seconds for r in recs), [[*k, c] for k, c in counts.items()]
+        waited, self._waited_s = self._waited_s, 0.0
+        return Traffic(
+            nbytes,
+            msgs,
+            sum(r.seconds for r in recs if not r.behind) + waited,
+            [[*k[:4], c] for k, c in counts.items() if not k[4]],
+            [[*k[:4], c, k[4]] for k, c in counts.items() if k[4]],
+            sum(r.seconds for r in recs if r.behind),
+        )
 
     def _check_agreement(self) -> None:
         """Every process must have made the same decisions; compare a hash of them (not counted)."""

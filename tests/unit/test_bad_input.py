@@ -340,6 +340,44 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: algorithm.workers = 3: must equal processes (2) x runtime.workers_per_process (1)",
     ),
     (
+        "overlap-unknown",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.overlap=later")],
+        "config: comm.overlap = 'later': must be one of 'none', 'delayed', 'eager'",
+    ),
+    (
+        "overlap-ddp",
+        ["train", *S("logging.out_dir={tmp}/runs", "algorithm.method=ddp", "comm.overlap=eager")],
+        "config: comm.overlap = 'eager': must be none with DDP (it averages gradients every step: there is no round to overlap)",
+    ),
+    (
+        "fragments-not-dividing-h",
+        ["train", *S("logging.out_dir={tmp}/runs", "algorithm.inner_steps=6", "comm.fragments=4")],
+        "config: comm.fragments = 4: must divide algorithm.inner_steps (6): one fragment every H/P steps",
+    ),
+    (
+        "fragment-delay-too-long",
+        [
+            "train",
+            *S("logging.out_dir={tmp}/runs", "algorithm.inner_steps=8", "comm.fragments=4"),
+            *S("comm.fragment_delay=2"),
+        ],
+        "config: comm.fragment_delay = 2: must be < algorithm.inner_steps / comm.fragments (2): a fragment lands before the next is sent",
+    ),
+    (
+        "fragments-with-overlap",
+        [
+            "train",
+            *S("logging.out_dir={tmp}/runs", "algorithm.inner_steps=8", "comm.fragments=4"),
+            *S("comm.overlap=delayed"),
+        ],
+        "config: comm.overlap = 'delayed': must be none with comm.fragments > 1 (streaming overlaps by comm.fragment_delay)",
+    ),
+    (
+        "fragment-alpha-range",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.fragment_alpha=1.5")],
+        "config: comm.fragment_alpha = 1.5: must be in [0, 1]",
+    ),
+    (
         "shards-not-dividing-processes",
         ["train", *S("logging.out_dir={tmp}/runs", "runtime.shards=2"), "--nproc", "3"],
         "config: runtime.shards = 2: must divide the number of processes (3): each worker is runtime.shards processes",

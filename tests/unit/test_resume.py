@@ -101,6 +101,36 @@ def test_resume_may_extend_a_finished_run(tmp_path: Path, reference: Path) -> No
     assert json.loads((run / "summary.json").read_text())["rounds"] == 6
 
 
+@pytest.mark.parametrize(
+    "sets",
+    [
+        {"comm__overlap": "eager"},
+        {"algorithm__inner_steps": "4", "comm__fragments": "2", "comm__fragment_delay": "1"},
+    ],
+    ids=["eager", "streaming"],
+)
+def test_a_run_with_delta_in_flight_resumes_bit_for_bit(
+    tmp_path: Path, text_corpus: Path, sets: dict[str, str]
+) -> None:
+    """ALGORITHM.md §13: round 4's checkpoint holds the average still in flight (eager) or the workers'
+    parameters between their fragments' synchronizations (streaming); resumed there, the run ends with
+    the uninterrupted run's model and bytes."""
+    out = tmp_path / "ref"
+    assert train(out, text_corpus, merge__every="5", **sets) == 0
+    ref = only_run(out)
+    meta = json.loads((ref / "checkpoints" / "round-000004" / "state.json").read_text())
+    if "comm__overlap" in sets:
+        assert [f["round"] for f in meta["algorithm"]["in_flight"]] == [4] * len(
+            meta["algorithm"]["requests"]
+        )
+    run = tmp_path / "run"
+    shutil.copytree(ref, run)
+    assert adloco("train", "--resume", str(run / "checkpoints" / "round-000004")) == 0
+    assert weights(run) == weights(ref)
+    done = [json.loads((r / "summary.json").read_text()) for r in (ref, run)]
+    assert done[0]["bytes_total"] == done[1]["bytes_total"]
+
+
 def test_a_non_finite_worker_is_left_out(
     tmp_path: Path, text_corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

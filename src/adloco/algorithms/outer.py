@@ -30,15 +30,31 @@ class OuterOptimizer:
         return self.v
 
     @torch.no_grad()
-    def step(self, theta: torch.Tensor, delta: torch.Tensor) -> None:
+    def step(self, theta: torch.Tensor, delta: torch.Tensor, part: slice = slice(None)) -> None:
+        """θ[part] and its momentum stepped on ``delta`` (Δ of that part: a streaming fragment's)."""
+        v = self.ensure_state(theta)[part] if self.kind == "nesterov" else None
+        theta = theta[part]
         if self.kind == "average":
             theta.sub_(delta)
         elif self.kind == "sgd":
             theta.sub_(delta, alpha=self.lr)
         else:
-            v = self.ensure_state(theta)
+            assert v is not None
             v.mul_(self.mu).add_(delta)
             theta.sub_(delta, alpha=self.lr).sub_(v, alpha=self.lr * self.mu)
+
+    @torch.no_grad()
+    def trial(self, theta: torch.Tensor, delta: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out`` ← the θ that :meth:`step` would give, leaving θ and the momentum as they are (the eager
+        outer step of one worker's own Δ, ALGORITHM.md §13); returns ``out``."""
+        if self.kind == "average":
+            return torch.sub(theta, delta, out=out)
+        if self.kind == "sgd":
+            return torch.sub(theta, delta, alpha=self.lr, out=out)
+        v = self.ensure_state(theta)  # θ − lr·Δ − lr·μ·(μv + Δ)
+        torch.add(delta, v, alpha=self.mu, out=out)
+        out.mul_(self.mu).add_(delta)
+        return out.mul_(-self.lr).add_(theta)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {} if self.v is None else {"momentum": self.v}

@@ -10,6 +10,11 @@ payload is one message when n > 1, and moves, summed over all workers,
 ``all_reduce``: 2(n−1)·B (ring), ``broadcast``: (n−1)·B, ``all_gather`` of B bytes each: n(n−1)·B.
 What only serves logging or evaluation (losses, timings, validation results) is not counted.
 
+Behind compute (``comm.overlap``, ALGORITHM.md §13): :meth:`Comm.reduce_async` adds the parts at once
+and runs the collective on the communicator's one background lane, a thread with collectives of its
+own (its own process groups under torch.distributed, its own meeting point for threads), so that it
+never interleaves with what the caller issues meanwhile; reductions land in the order launched.
+
 With a :attr:`Comm.link` (``network.emulate``), every counted collective is held back: after the real
 one, the process sleeps until its wall time is the collective's time on the modelled link
 (:mod:`adloco.netmodel`, the model simulated time prices). It only sleeps: nothing decided depends on it.
@@ -19,8 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +50,7 @@ class CommRecord:
     payload: int  # B: bytes each participant contributes (in the wire dtype)
     wire: int  # bytes moved over the network, summed over participants
     seconds: float = 0.0  # wall time this process spent in the collective (an emulated link's hold included)
+    behind: float = 0.0  # the share of a round's compute it ran behind (comm.overlap: 1; 0: in the way)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -75,6 +83,34 @@ class CommFailure(RuntimeError):
     def __init__(self, op: str, kind: str, detail: str) -> None:
         super().__init__(f"{op} of {kind} failed: {detail}")
         self.op, self.kind, self.detail = op, kind, detail
+
+
+class Pending:
+    """A reduction in flight (:meth:`Comm.reduce_async`). :meth:`wait` lands it: it returns whether this
+    process hosts a worker of the group (only then is the buffer the sum) and the collective's records,
+    which the caller accounts when it applies the result; a failure on the lane is raised there."""
+
+    def __init__(self, future: Future[tuple[bool, list[CommRecord]]] | None, hosted: bool) -> None:
+        self._future, self._hosted = future, hosted
+        self.records: list[CommRecord] = []
+        self.waited_s = 0.0  # seconds the caller waited for it
+
+    @classmethod
+    def landed(cls, hosted: bool, records: list[CommRecord]) -> Pending:
+        """A reduction that has landed already (restored from a checkpoint)."""
+        out = cls(None, hosted)
+        out.records = list(records)
+        return out
+
+    def wait(self) -> bool:
+        if self._future is not None:
+            t0 = time.perf_counter()
+            try:
+                self._hosted, self.records = self._future.result()
+            finally:
+                self._future = None
+                self.waited_s = time.perf_counter() - t0
+        return self._hosted
 
 
 @contextlib.contextmanager
@@ -146,6 +182,8 @@ class Comm:
         self.mesh: Any = None  # sharded workers: the (worker, shard) device mesh (TorchDistComm)
         self.records: list[CommRecord] = []
         self.link = link
+        self._lanes = threading.local()  # on the background lane: .records of the collective running
+        self._pool: ThreadPoolExecutor | None = None
 
     @property
     def link(self) -> Link | None:
@@ -195,7 +233,14 @@ class Comm:
             modelled = self._link.seconds(op, n, payload)
             if modelled > seconds:
                 seconds += hold(modelled - seconds)
-        self.records.append(CommRecord(kind, op, n, payload, wire_bytes(op, n, payload), seconds))
+        lane = getattr(self._lanes, "records", None)
+        rec = CommRecord(kind, op, n, payload, wire_bytes(op, n, payload), seconds, float(lane is not None))
+        (self.records if lane is None else lane).append(rec)
+
+    @property
+    def _behind(self) -> bool:
+        """Whether the calling thread is the background lane."""
+        return getattr(self._lanes, "records", None) is not None
 
     def drain(self) -> list[CommRecord]:
         """Records since the last drain (the round drains once a round)."""
@@ -242,6 +287,63 @@ class Comm:
             if control:
                 self._all_reduce_counted(out[-control:], workers, "control", 0)
         return any(w in self.local_workers for w in workers)
+
+    def reduce_async(
+        self,
+        parts: Mapping[int, Part],
+        workers: Sequence[int],
+        kind: str,
+        out: torch.Tensor,
+        wire: Wire = FLOAT32,
+        feedback: Mapping[int, ErrorFeedback] | None = None,
+    ) -> Pending:
+        """:meth:`reduce` behind compute: the parts are added now (they read the workers' parameters, which
+        the caller may then change), the collective runs on the background lane, and ``out`` (with
+        ``feedback``) belongs to it until :meth:`Pending.wait` returns. Every process calls it where it
+        would call :meth:`reduce`; lanes keep the launch order."""
+        hosted = any(w in self.local_workers for w in workers)
+        if not wire.compressed:
+            out.zero_()
+            for add in parts.values():
+                add(out)
+            nbytes = out.numel() * out.element_size()
+
+            def run() -> None:
+                self._all_reduce_counted(out, workers, kind, nbytes)
+
+        else:
+            vectors = {}
+            for w, add in parts.items():
+                vectors[w] = torch.zeros_like(out)
+                add(vectors[w])
+
+            def run() -> None:
+                got = self._reduce_compressed(vectors, workers, kind, wire, out.numel(), feedback)
+                if got is not None:
+                    out.copy_(got)
+
+        self._prepare_lane(workers)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adloco-comm")
+        return Pending(self._pool.submit(self._on_lane, run, hosted), hosted)
+
+    def _on_lane(self, run: Callable[[], None], hosted: bool) -> tuple[bool, list[CommRecord]]:
+        self._lanes.records = []
+        try:
+            run()
+            return hosted, self._lanes.records
+        finally:
+            self._lanes.records = None
+
+    def _prepare_lane(self, workers: Sequence[int]) -> None:
+        """Make, on the calling (main) thread, what the background lane's collective among ``workers`` will
+        use (torch.distributed creates groups collectively, in one order on every rank)."""
+
+    def close(self) -> None:
+        """Stop the background lane (after what was launched has run)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def _all_reduce_counted(
         self, tensor: torch.Tensor, workers: Sequence[int], kind: str, nbytes: int

@@ -26,16 +26,20 @@ from adloco.netmodel import Link
 class Hub:
     """The meeting point of ``world`` threads (``timeout`` seconds at most per collective)."""
 
-    def __init__(self, world: int, timeout: float = 600.0) -> None:
+    def __init__(self, world: int, timeout: float = 600.0, *, _lane: bool = True) -> None:
         if world < 1:
             raise ValueError(f"world: {world} must be >= 1")
         self.world = world
         self.slots: list[Any] = [None] * world
         self.barrier = threading.Barrier(world, timeout=timeout)
+        # where the threads' background lanes meet (comm.overlap): apart from the main exchanges
+        self.lane = Hub(world, timeout, _lane=False) if _lane else None
 
     def abort(self) -> None:
         """Break the barrier: every thread waiting in a collective gets an error instead of waiting."""
         self.barrier.abort()
+        if self.lane is not None:
+            self.lane.abort()
 
 
 class ThreadComm(Comm):
@@ -66,10 +70,12 @@ class ThreadComm(Comm):
         return self._owner[worker]
 
     def _exchange(self, value: Any) -> list[Any]:
-        self.hub.slots[self.rank] = value
-        self.hub.barrier.wait()
-        out = list(self.hub.slots)
-        self.hub.barrier.wait()  # everyone has read before the next exchange overwrites
+        hub = self.hub.lane if self._behind else self.hub
+        assert hub is not None
+        hub.slots[self.rank] = value
+        hub.barrier.wait()
+        out = list(hub.slots)
+        hub.barrier.wait()  # everyone has read before the next exchange overwrites
         return out
 
     def _members(self, workers: Sequence[int]) -> list[int]:

@@ -102,6 +102,7 @@ class TorchDistComm(Comm):
         self.device = torch.device(device)
         self.one_device = world == 1
         self._groups: dict[tuple[int, ...], Any] = {}
+        self._lane_groups: dict[tuple[int, ...], Any] = {}  # the background lane's (comm.overlap)
         # the ranks of this shard index, one per worker, and their group (the world's when unsharded)
         self._everyone = tuple(sorted({self.owner(w) for w in range(self.n_workers)}))
         self._world_group = None if mesh is None else mesh.get_group("worker")
@@ -121,18 +122,32 @@ class TorchDistComm(Comm):
         return tuple(sorted({self.owner(w) for w in workers}))
 
     def _group(self, ranks: tuple[int, ...]) -> Any:
+        if self._behind:  # the background lane's own groups, made on the main thread (_prepare_lane)
+            return self._lane_groups[ranks]
         if ranks == self._everyone:
             return self._world_group  # None: the default (world) group
         g = self._groups.get(ranks)
         if g is None:  # every rank gets here in the same order: see the module docstring
-            mine = self.rank % self.k
-            for j in range(self.k):  # sharded: the same workers' group for every shard index
-                ranks_j = [r - mine + j for r in ranks]
-                made = self._guard("new_group", lambda r=ranks_j: dist.new_group(r))  # type: ignore[misc]
-                if j == mine:
-                    g = made
-            self._groups[ranks] = g
+            g = self._groups[ranks] = self._new_groups(ranks)
         return g
+
+    def _new_groups(self, ranks: tuple[int, ...]) -> Any:
+        """A new group of ``ranks``, made by every rank (sharded: once per shard index); this rank's."""
+        g, mine = None, self.rank % self.k
+        for j in range(self.k):  # sharded: the same workers' group for every shard index
+            ranks_j = [r - mine + j for r in ranks]
+            made = self._guard("new_group", lambda r=ranks_j: dist.new_group(r))  # type: ignore[misc]
+            if j == mine:
+                g = made
+        return g
+
+    def _prepare_lane(self, workers: Sequence[int]) -> None:
+        """The lane's collectives run in groups of their own (a group's collectives must be issued in one
+        order by every member; the main thread's and the lane's would interleave), made here, on the main
+        thread, on every rank in the same order."""
+        ranks = self._ranks(workers)
+        if len(ranks) >= 2 and ranks not in self._lane_groups:
+            self._lane_groups[ranks] = self._new_groups(ranks)
 
     def drain(self) -> list[CommRecord]:
         """Records since the last drain; sharded, each vector collective's bytes summed over the worker's

@@ -60,6 +60,7 @@ def check(cfg: Config, resuming: bool = False) -> None:
             "adloco, diloco or localsgd with runtime.shards > 1",
         )
     try:
+        cfg.comm.check_streaming(a.inner_steps, a.method == "ddp")
         check_speeds(rt.emulate_speed, a.workers)
     except ValueError as exc:
         raise UserError(f"config: {exc}") from None

@@ -32,7 +32,7 @@ from adloco.errors import UserError
 from adloco.flat import flatten
 from adloco.method import AdLoCo, RoundAborted
 from adloco.models import ModelFactory, shard
-from adloco.round import RoundReport
+from adloco.round import RoundReport, Traffic
 from adloco.telemetry.metrics import MetricsSink
 from adloco.telemetry.progress import Progress
 
@@ -232,13 +232,14 @@ class Driver:
         for t in algo.alive:
             leader = members[t][0]
             if leader in algo.replicas:
-                res = evaluate(
-                    algo.replicas[leader].model,
-                    self.data.val_batch,
-                    indices,
-                    self.cfg.eval.batch_size,
-                    self.data.task,
-                )
+                with algo.holding_theta(leader):  # eager: the worker holds its own start, not θ_t
+                    res = evaluate(
+                        algo.replicas[leader].model,
+                        self.data.val_batch,
+                        indices,
+                        self.cfg.eval.batch_size,
+                        self.data.task,
+                    )
                 rows[leader] = [res.loss, math.nan if res.accuracy is None else res.accuracy]
         gathered = self.comm.all_gather_rows(rows, 2, "eval", counted=0)  # measurement, not training
         self.last_eval = {t: gathered[members[t][0]][0] for t in algo.alive}
@@ -297,14 +298,18 @@ class Driver:
             on_step(len(batches))
         report = algo.last_report
         assert report is not None and report.round == r + 1
+        final = algo.round == a.rounds or (a.budget is not None and self.examples >= a.budget)
+        if final:  # comm.overlap: the last Δ lands now, behind nothing
+            report = _with(report, algo.settle())
         train_s = time.perf_counter() - t_start
         net = cfg.network
         if self.auto_profile:
             self._fit_own_profile(report)
         compute = report.compute_s if self.profile is None else self.priced_compute(report)
-        sim_s = netmodel.round_seconds(compute, report.collectives, net.bandwidth, net.latency)
+        sim_s = netmodel.round_seconds(
+            compute, report.collectives, net.bandwidth, net.latency, behind=report.behind
+        )
         self.sim_s += sim_s
-        final = algo.round == a.rounds or (a.budget is not None and self.examples >= a.budget)
         val = self.evaluate() if algo.round % cfg.eval.every == 0 or final else None
         out = report.events()
         summary = events.Round(
@@ -326,6 +331,8 @@ class Driver:
             comm_s=report.comm_s,
             max_compute_s=max(report.compute_s.values()),
             collectives=report.collectives,
+            collectives_behind=report.behind,
+            behind_s=report.behind_s,
             sim_s=sim_s,
             sim_total_s=self.sim_s,
             idle_share=report.idle_share,
@@ -486,7 +493,7 @@ class Driver:
         rep = self.algo.replicas[w]
         rep.load(theta)
         state = rep.flat.clone_state_dict()
-        rep.load(self.algo.theta(self.algo.allocation[w]))
+        rep.load(self.algo.start_of(w))
         return state
 
     # -- the driver's own state (a checkpoint's ``driver`` component: adloco.engine.checkpoint.state) --
@@ -523,6 +530,21 @@ class Driver:
             self._refit()
         # a checkpoint from before the schedule counted examples: its rounds at the initial request
         self.trained = int(d.get("trained", self.algo.round * self.cfg.algorithm.inner_steps * self.lr_unit))
+
+
+def _with(report: RoundReport, more: Traffic) -> RoundReport:
+    """The round's report with what :meth:`~adloco.method.AdLoCo.settle` communicated after it."""
+    if not more.messages and not more.bytes:
+        return report
+    return dataclasses.replace(
+        report,
+        bytes=report.bytes + more.bytes,
+        messages=report.messages + more.messages,
+        comm_s=report.comm_s + more.comm_s,
+        collectives=report.collectives + more.collectives,
+        behind=report.behind + more.behind,
+        behind_s=report.behind_s + more.behind_s,
+    )
 
 
 def _peak_memory(device: torch.device) -> int:

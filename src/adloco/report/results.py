@@ -293,7 +293,7 @@ def _points(run: Run) -> None:
     run.end = run.points[0]
     for e in run.of(events.Round):
         sim += netmodel.round_seconds(
-            compute.get(e.round, {}), e.collectives, run.bandwidth, run.latency, speeds
+            compute.get(e.round, {}), e.collectives, run.bandwidth, run.latency, speeds, e.collectives_behind
         )
         value = getattr(e, run.metric)
         if value is not None:

@@ -1,0 +1,404 @@
+"""``comm.overlap`` (ALGORITHM.md §13): Δ all-reduced behind the next round's compute.
+
+The order of outer steps by value (a delayed or eager run is ``none`` one round late, exactly), the eager
+start, merges and the end of training waiting for what is in flight, the background lane's collectives
+priced as hidden behind compute, threads against one process, and resume with Δ in flight, bitwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging, Outer, Wire
+from adloco.comm import base
+from adloco.comm.inprocess import InProcessComm
+from adloco.comm.threads import Hub, ThreadComm
+from adloco.netmodel import collective_seconds, round_seconds
+from tests.unit.test_library import Data, loss_fn, models, run_round, sgd
+
+MODES = ["delayed", "eager"]
+
+
+class Tilt(nn.Module):
+    """A loss linear in the parameters: every inner step moves them by the same amount wherever they
+    are, so every round's Δ is the same and the order of outer steps shows by value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.w * x).sum(-1).mean()
+
+
+def _tilt_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    return model(batch)
+
+
+def _tilted(overlap: str, workers: int = 2) -> DiLoCo:
+    ms = [Tilt() for _ in range(workers)]
+    return DiLoCo(
+        ms,
+        [torch.optim.SGD(m.parameters(), lr=0.25) for m in ms],
+        inner_steps=2,
+        batch_size=1,
+        loss_fn=_tilt_loss,
+        outer=Outer.nesterov(0.5, 0.5),  # powers of two: every value below is exact in float32
+        wire=Wire(overlap=overlap),
+        clip=0.0,
+    )
+
+
+def _tilt_round(algo: DiLoCo) -> None:
+    x = torch.tensor([[1.0, 2.0, -1.0, 0.5, 0.0]])
+    for _ in range(algo.H):
+        algo.step_all({w: x for w in algo.local_workers})
+
+
+@pytest.mark.parametrize("overlap", MODES)
+def test_outer_steps_come_exactly_one_round_late(overlap: str) -> None:
+    """With every round's Δ equal, θ after round r is ``none``'s after round r − 1, bit for bit; the end
+    of training (settle) applies the last one, so R rounds give R outer steps."""
+    ref, late = _tilted("none"), _tilted(overlap)
+    thetas = [ref.theta(0).clone()]
+    for _ in range(4):
+        _tilt_round(ref)
+        thetas.append(ref.theta(0).clone())
+    for r in range(1, 5):
+        _tilt_round(late)
+        assert torch.equal(late.theta(0), thetas[r - 1]), f"round {r}"
+        assert len(late._flights) == 1 and late._flights[0].round == r
+    late.settle()
+    assert torch.equal(late.theta(0), thetas[4]) and not late._flights
+    for rep in late.replicas.values():  # the end of training: every worker holds θ
+        assert torch.equal(rep.flat.param, thetas[4])
+
+
+def test_eager_workers_start_from_the_step_their_own_delta_gives() -> None:
+    """Eager: each worker starts the next round from the outer step of its own Δ, which (all Δ equal)
+    is where ``none`` starts, up to rounding; delayed starts from the θ it has."""
+    ref, eager, delayed = _tilted("none"), _tilted("eager"), _tilted("delayed")
+    for r in range(3):
+        for a in (ref, eager, delayed):
+            _tilt_round(a)
+        for w in (0, 1):
+            torch.testing.assert_close(eager.replicas[w].flat.param, ref.theta(0), rtol=1e-6, atol=1e-6)
+            assert torch.equal(delayed.replicas[w].flat.param, delayed.theta(0))
+            assert not torch.equal(eager.replicas[w].flat.param, eager.theta(0)), f"round {r + 1}"
+
+
+def _diloco(overlap: str, comm: Any = None, ms: list[nn.Module] | None = None) -> DiLoCo:
+    ms = models(2) if ms is None else ms
+    return DiLoCo(
+        ms,
+        [torch.optim.AdamW(m.parameters(), lr=0.02) for m in ms],
+        inner_steps=3,
+        batch_size=2,
+        loss_fn=loss_fn,
+        outer=Outer.nesterov(0.7, 0.9),
+        wire=Wire(overlap=overlap),
+        comm=comm,
+        sync_initial=False,
+    )
+
+
+@pytest.mark.parametrize("overlap", MODES)
+def test_the_first_average_is_nones_on_real_data(overlap: str) -> None:
+    """Round 1 is the same in every mode; its average lands at the end of round 2."""
+    data = Data()
+    ref, late = _diloco("none"), _diloco(overlap)
+    theta0 = late.theta(0).clone()
+    run_round(ref, data)
+    run_round(late, data)
+    assert torch.equal(late.theta(0), theta0) and late._flights  # nothing has landed
+    run_round(late, data)
+    assert torch.equal(late.theta(0), ref.theta(0)) and not torch.equal(theta0, ref.theta(0))
+
+
+@pytest.mark.parametrize("overlap", MODES)
+def test_resume_with_delta_in_flight_is_bitwise(overlap: str) -> None:
+    """A checkpoint waits for Δ in flight and keeps its average (and eager starts); the resumed run
+    applies it where the uninterrupted one does: every θ and byte count equal."""
+    data = Data()
+    a = _diloco(overlap)
+    for _ in range(2):
+        run_round(a, data)
+    state = copy.deepcopy(a.full_state_dict())
+    assert state is not None and "pending" in state["trainers"][0] and state["in_flight"]
+    if overlap == "eager":
+        assert all("start" in r["inner"] for r in state["replicas"].values())
+    b = _diloco(overlap)
+    b.load_state_dict(state)
+    for _ in range(3):
+        ra, rb = run_round(a, data), run_round(b, data)
+        assert torch.equal(a.theta(0), b.theta(0))
+        assert (ra.bytes, ra.collectives, ra.behind) == (rb.bytes, rb.collectives, rb.behind)
+        for w in (0, 1):
+            assert torch.equal(a.replicas[w].flat.param, b.replicas[w].flat.param)
+    a.settle()
+    b.settle()
+    assert torch.equal(a.theta(0), b.theta(0)) and a.totals == b.totals
+
+
+def test_a_state_with_delta_in_flight_resumes_without_overlap_by_applying_it() -> None:
+    data = Data()
+    a = _diloco("delayed")
+    run_round(a, data)
+    state = copy.deepcopy(a.state_dict())
+    a.settle()
+    b = _diloco("none")
+    b.load_state_dict(state)
+    assert torch.equal(b.theta(0), a.theta(0)) and not b._flights
+
+
+def test_threads_give_the_run_of_one_process() -> None:
+    """Two threads, each hosting a worker, with Δ on their background lanes: the same θ as one process."""
+    data = Data()
+    ref = _diloco("delayed")
+    for _ in range(3):
+        run_round(ref, data)
+    hub = Hub(2, timeout=30)
+    got: dict[int, torch.Tensor] = {}
+    errors: list[BaseException] = []
+    ms = models(2)  # here: threads share torch's generator
+
+    def work(rank: int) -> None:
+        try:
+            algo = _diloco("delayed", ThreadComm(hub, rank), [ms[rank]])
+            for r in range(3):
+                for h in range(algo.H):
+                    algo.step_all({rank: data.batch(rank, r, h, algo.batch_size(rank))})
+            got[rank] = algo.theta(0).clone()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            errors.append(exc)
+            hub.abort()
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert torch.equal(got[0], ref.theta(0)) and torch.equal(got[1], ref.theta(0))
+
+
+def test_a_merge_waits_for_what_is_in_flight() -> None:
+    """AdLoCo, delayed: a merge round lands every Δ first (θ and momentum whole), so nothing is in flight
+    after it and the next round starts from the merged θ."""
+    data = Data()
+    ms = models(4)
+    algo = AdLoCo(
+        ms,
+        [torch.optim.AdamW(m.parameters(), lr=0.01) for m in ms],
+        inner_steps=2,
+        trainers=2,
+        loss_fn=loss_fn,
+        outer=Outer.nesterov(),
+        batch=AdaptiveBatch(eta=0.3, initial=2),
+        merge=Merging(every=2),
+        wire=Wire(overlap="delayed"),
+    )
+    run_round(algo, data)
+    assert len(algo._flights) == 2
+    report = run_round(algo, data)
+    assert report.merge is not None and not algo._flights and algo.alive == [0]
+    for rep in algo.replicas.values():
+        assert torch.equal(rep.flat.param, algo.theta(0))
+
+
+@pytest.fixture
+def no_sleep(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(base, "hold", lambda s: max(s, 0.0))
+    yield
+
+
+def test_delta_behind_compute_is_counted_behind_and_priced_at_what_compute_left(no_sleep: None) -> None:
+    """The round that lands Δ counts it as behind its compute; simulated time charges
+    max(0, its time − compute); the last one, landed by settle, is on the critical path."""
+    data = Data()
+    algo = _diloco("delayed", InProcessComm(2, link=(1e4, 1e-3)))
+    r1 = run_round(algo, data)
+    assert not [c for c in r1.collectives if c[0] == "delta"] and not r1.behind  # in flight
+    r2 = run_round(algo, data)
+    payload = algo.n_params * 4
+    assert r2.behind == [["delta", "all_reduce", 2, payload, 1, 1.0]]
+    assert r2.behind_s >= collective_seconds("all_reduce", 2, payload, 1e4, 1e-3) - 1e-9
+    t = collective_seconds("all_reduce", 2, payload, 1e4, 1e-3)
+    assert round_seconds({0: 0.0}, [], 1e4, 1e-3, behind=r2.behind) == pytest.approx(t)
+    assert round_seconds({0: 10 * t}, [], 1e4, 1e-3, behind=r2.behind) == pytest.approx(10 * t)
+    last = algo.settle()
+    assert last.collectives == [["delta", "all_reduce", 2, payload, 1]] and not last.behind
+    assert algo.totals.by_kind["delta"] == 2 * 2 * payload  # two all-reduces of Δ, 2(n−1)·B each
+
+
+def test_overlap_is_refused_where_nothing_can_overlap() -> None:
+    from adloco import DDP
+
+    ms = models(2)
+    with pytest.raises(ValueError, match="comm.overlap"):
+        DDP(ms, sgd(ms), loss_fn=loss_fn, batch_size=2, wire=Wire(overlap="delayed"))
+    with pytest.raises(ValueError, match="comm.overlap"):
+        Wire(overlap="later")  # type: ignore[arg-type]
+
+
+# -- streaming fragments ---------------------------------------------------------------------------
+
+
+def test_fragments_cover_every_parameter_once() -> None:
+    from adloco.streaming import fragments
+
+    for n, count in ((7, 1), (7, 2), (7, 7), (10, 3), (1000, 8)):
+        parts = fragments(n, count)
+        assert len(parts) == count
+        covered = [i for s in parts for i in range(s.start, s.stop)]
+        assert covered == list(range(n))
+        assert max(s.stop - s.start for s in parts) - min(s.stop - s.start for s in parts) <= 1
+
+
+def _streamed(
+    fragments: int, delay: int, alpha: float, comm: Any = None, ms: list[nn.Module] | None = None
+) -> DiLoCo:
+    ms = models(2) if ms is None else ms
+    return DiLoCo(
+        ms,
+        [torch.optim.SGD(m.parameters(), lr=0.05) for m in ms],
+        inner_steps=4,
+        batch_size=2,
+        loss_fn=loss_fn,
+        outer=Outer.nesterov(0.7, 0.9),
+        wire=Wire(fragments=fragments, fragment_delay=delay, fragment_alpha=alpha),
+        comm=comm,
+        clip=0.0,
+        sync_initial=False,
+    )
+
+
+def _flat(m: nn.Module) -> torch.Tensor:
+    from tests.unit.test_library import _flat_like
+
+    return _flat_like(m)
+
+
+def _set_flat(m: nn.Module, v: torch.Tensor) -> None:
+    params = list(m.parameters())
+    order = [p for p in params if p.ndim >= 2] + [p for p in params if p.ndim < 2]
+    i = 0
+    with torch.no_grad():
+        for p in order:
+            p.copy_(v[i : i + p.numel()].view_as(p))
+            i += p.numel()
+
+
+@pytest.mark.parametrize(("delay", "alpha"), [(0, 0.0), (1, 0.5)])
+def test_streaming_matches_the_rule_step_by_step(delay: int, alpha: float) -> None:
+    """Two workers, H = 4, 2 fragments: fragment 1 at step 2, fragment 0 at the round's end, each
+    all-reduced τ steps earlier, its outer step on its part of θ and the momentum, then the workers'
+    fragment (1 − α)·θ + α·theirs; against the rule written out by hand."""
+    data = Data()
+    algo = _streamed(2, delay, alpha)
+    ref = models(2)
+    opts = sgd(ref, lr=0.05)
+    theta = _flat(ref[0]).clone()
+    v = torch.zeros_like(theta)
+    parts = [slice(0, 4), slice(4, 7)]  # P = 7: fragment 0 gets the extra value
+    at = {1: 2, 0: 4}
+    for r in range(3):
+        sent: dict[int, torch.Tensor] = {}
+        for h in range(1, 5):
+            for w in (0, 1):
+                opts[w].zero_grad()
+                loss_fn(ref[w], data.batch(w, r, h - 1, 2)).backward()
+                opts[w].step()
+            for p, s in at.items():
+                x = [_flat(m) for m in ref]
+                if h == s - delay:
+                    sent[p] = (theta[parts[p]] - x[0][parts[p]]) / 2 + (theta[parts[p]] - x[1][parts[p]]) / 2
+                if h == s:
+                    d = sent.pop(p)
+                    v[parts[p]] = 0.9 * v[parts[p]] + d
+                    theta[parts[p]] -= 0.7 * (d + 0.9 * v[parts[p]])
+                    for m, xm in zip(ref, x, strict=True):
+                        xm[parts[p]] = (1 - alpha) * theta[parts[p]] + alpha * xm[parts[p]]
+                        _set_flat(m, xm)
+        run_round(algo, data)
+        torch.testing.assert_close(algo.theta(0), theta, rtol=1e-5, atol=1e-6)
+        for w in (0, 1):
+            torch.testing.assert_close(algo.replicas[w].flat.param, _flat(ref[w]), rtol=1e-5, atol=1e-6)
+    report = algo.last_report
+    assert report is not None
+    rows = report.behind if delay else report.collectives
+    deltas = [row for row in rows if row[0] == "delta"]
+    assert sorted(row[3] for row in deltas) == [3 * 4, 4 * 4]  # each fragment's bytes, once a round
+    if delay:
+        assert {row[5] for row in deltas} == {delay / 4}
+
+
+@pytest.mark.parametrize("delay", [0, 1])
+def test_streaming_resumes_bitwise_and_hooked_equals_driven(delay: int) -> None:
+    data = Data()
+    a = _streamed(2, delay, 0.5)
+    run_round(a, data)
+    state = copy.deepcopy(a.full_state_dict())
+    assert state is not None and all("start" in r["inner"] for r in state["replicas"].values())
+    b = _streamed(2, delay, 0.5)
+    b.load_state_dict(state)
+    for _ in range(2):
+        run_round(a, data)
+        run_round(b, data)
+        assert torch.equal(a.theta(0), b.theta(0))
+    # the hooked form: the user's loop, the same fragments at the same steps
+    ms = models(2)
+    hooked = _streamed(2, delay, 0.5, ms=ms)
+    opts = [rep.optimizer for rep in hooked.replicas.values()]
+    with hooked:
+        for r in range(3):
+            for h in range(4):
+                for w, (m, o) in enumerate(zip(ms, opts, strict=True)):
+                    o.zero_grad()
+                    loss_fn(m, data.batch(w, r, h, 2)).backward()
+                    o.step()
+    assert torch.equal(hooked.theta(0), a.theta(0))
+
+
+def test_streaming_in_threads_gives_the_run_of_one_process() -> None:
+    data = Data()
+    ref = _streamed(2, 1, 0.0)
+    for _ in range(2):
+        run_round(ref, data)
+    hub = Hub(2, timeout=30)
+    got: dict[int, torch.Tensor] = {}
+    errors: list[BaseException] = []
+    ms = models(2)
+
+    def work(rank: int) -> None:
+        try:
+            algo = _streamed(2, 1, 0.0, ThreadComm(hub, rank), [ms[rank]])
+            for r in range(2):
+                for h in range(algo.H):
+                    algo.step_all({rank: data.batch(rank, r, h, algo.batch_size(rank))})
+            got[rank] = algo.theta(0).clone()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            errors.append(exc)
+            hub.abort()
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert torch.equal(got[0], ref.theta(0)) and torch.equal(got[1], ref.theta(0))
+
+
+def test_a_fragment_collective_is_priced_behind_its_own_delay() -> None:
+    t = collective_seconds("all_reduce", 2, 400, 1e4, 0.0)
+    row = ["delta", "all_reduce", 2, 400, 3, 0.25]  # 3 fragments, each behind a quarter of the compute
+    assert round_seconds({0: t}, [], 1e4, 0.0, behind=[row]) == pytest.approx(t + 3 * 0.75 * t)
+    assert round_seconds({0: 4 * t}, [], 1e4, 0.0, behind=[row]) == pytest.approx(4 * t)
