@@ -250,6 +250,9 @@ class Round(Event):
     behind_s: float = field(
         default=0.0, metadata={"doc": "seconds those took on the background lane (this process's view)"}
     )
+    wait_s: float = field(
+        default=0.0, metadata={"doc": "of `comm_s`, seconds the round waited for what ran behind compute"}
+    )
     val_loss: float | None = field(
         default=None,
         metadata={"doc": "validation loss of trainer 0 (the lowest id alive), when this round was evaluated"},

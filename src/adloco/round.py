@@ -152,6 +152,7 @@ class Traffic:
     collectives: list[list[Any]] = field(default_factory=list)
     behind: list[list[Any]] = field(default_factory=list)
     behind_s: float = 0.0
+    wait_s: float = 0.0  # of comm_s, the seconds spent waiting for what ran behind
 
 
 @dataclass
@@ -175,6 +176,7 @@ class RoundReport:
     idle_share: float = 0.0  # mean over trainers of 1 − mean/max of their workers' compute times
     behind: list[list[Any]] = field(default_factory=list)  # collectives run behind this round's compute
     behind_s: float = 0.0  # the seconds they took on the background lane
+    wait_s: float = 0.0  # of comm_s, the seconds the round waited for them
 
     def events(self) -> list[events.Event]:
         """Worker, fault, trainer, merge and allocation events, in that order."""

@@ -666,6 +666,7 @@ class Synchronization:
             collectives=traffic.collectives,
             behind=traffic.behind,
             behind_s=traffic.behind_s,
+            wait_s=traffic.wait_s,
             compute_s={w: res.compute_s for w, res in results.items()},
             idle_share=sum(e.idle_share for e in trainer_events) / max(len(trainer_events), 1),
         )
@@ -751,6 +752,7 @@ class Synchronization:
             [[*k[:4], c] for k, c in counts.items() if not k[4]],
             [[*k[:4], c, k[4]] for k, c in counts.items() if k[4]],
             sum(r.seconds for r in recs if r.behind),
+            waited,
         )
 
     def _check_agreement(self) -> None:

@@ -333,6 +333,7 @@ class Driver:
             collectives=report.collectives,
             collectives_behind=report.behind,
             behind_s=report.behind_s,
+            wait_s=report.wait_s,
             sim_s=sim_s,
             sim_total_s=self.sim_s,
             idle_share=report.idle_share,
@@ -544,6 +545,7 @@ def _with(report: RoundReport, more: Traffic) -> RoundReport:
         collectives=report.collectives + more.collectives,
         behind=report.behind + more.behind,
         behind_s=report.behind_s + more.behind_s,
+        wait_s=report.wait_s + more.wait_s,
     )
 
 
