@@ -15,6 +15,7 @@ highest final perplexity of any run of the table (so that every run reaches it).
 Emulated links are real sleeping, so wall time is what a user waits: run nothing else meanwhile.
 Usage:  python benchmarks/overlap.py [--mbits 10,100] [--seeds 0,1,2] [--budget 2048] [--target PPL]
                                      [--variants diloco-none,...] [--out benchmarks/out/overlap]
+                                     [--plot overlap.png]
         python benchmarks/overlap.py --report-only [--out ...]   (the table again, from finished runs)
 """
 
@@ -192,6 +193,32 @@ def table(out: Path, mbit: int, target: float | None) -> str:
     return "\n".join(lines)
 
 
+def plot(out: Path, mbits: list[int], path: Path) -> None:
+    """Validation perplexity against wall-clock training time, seed 0 of every variant, one panel a link."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(mbits), figsize=(6 * len(mbits), 4.5), squeeze=False)
+    for ax, mbit in zip(axes[0], mbits, strict=True):
+        for name in ORDER:
+            folder = out / f"{mbit}mbit" / f"{name}-s0"
+            if not (folder / "summary.json").exists():
+                continue
+            curve = measure(folder, mbit)["curve"]
+            style = "--" if name.startswith("adloco") else "-"
+            ax.plot([c[0] for c in curve], [c[2] for c in curve], style, label=name, marker=".")
+        ax.set_yscale("log")
+        ax.set_xlabel("wall-clock training seconds (link emulated)")
+        ax.set_ylabel("validation perplexity")
+        ax.set_title(f"{mbit} Mbit/s, seed 0")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/out/overlap")
@@ -201,6 +228,7 @@ def main() -> None:
     ap.add_argument("--target", type=float)
     ap.add_argument("--variants", default=",".join(ORDER))
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--plot", type=Path, help="draw perplexity against wall time (seed 0) into this PNG")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     mbits = [int(x) for x in args.mbits.split(",")]
@@ -215,6 +243,8 @@ def main() -> None:
                     run(out, name, mbit, seed, args.budget)
     for mbit in mbits:
         print(table(out, mbit, args.target), "\n", flush=True)
+    if args.plot:
+        plot(out, mbits, args.plot)
 
 
 if __name__ == "__main__":

@@ -282,7 +282,7 @@ class Synchronization:
     def _launch(self, t: int, ws: list[int], members: list[int], results: dict[int, WorkerRound]) -> None:
         """Trainer t's Δ = Σ_m (n_m / n)(s_m − θ_m) on the background lane, s_m where worker m started the
         round (θ_t, or its eager start). With ``eager``, each local worker's own s_m − θ_m is kept for its
-        next start (:meth:`_starts_next`)."""
+        next start (:meth:`_start_next`)."""
         n_ex = sum(results[w].examples for w in ws)
         eager = self.wire.overlap == "eager"
         theta = self.theta(t) if self.trainers[t].hosted else None
@@ -336,11 +336,12 @@ class Synchronization:
 
     def settle(self) -> Traffic:
         """Wait for every Δ in flight (``comm.overlap``), apply it, and load every worker with its trainer's
-        θ: the end of training, or a point where the model must be whole. Call it on every process,
-        between rounds. Returns what it communicated, counted as a round's (nothing in flight: nothing)."""
+        θ (streaming: its own fragments too): the end of training, or a point where the model must be
+        whole. Call it on every process, between rounds. Returns what it communicated, counted as a
+        round's (nothing in flight: nothing)."""
         if self._h:
             raise RuntimeError("settle: only between rounds")
-        if not self._flights:
+        if not self._flights and not self._starts:
             return Traffic()
         self._settle()
         self._starts.clear()

@@ -92,11 +92,14 @@ EVERY_PATH = [
 ]
 
 
-def test_processes_give_the_in_process_run(tmp_path: Path, text_corpus: Path) -> None:
+def in_process_and_in_processes(
+    tmp_path: Path, text_corpus: Path, sets: list[str]
+) -> tuple[dict[str, Any], dict[str, Any], subprocess.CompletedProcess[str]]:
+    """The same run in this process and in 2 gloo processes of 2 workers each: both runs and the second's
+    process; asserts both succeeded and gave the same decisions, bytes, and model within float32 rounding."""
     from adloco.cli import main
 
-    sets = [a for v in EVERY_PATH for a in ("--set", v)]
-    common = [*TINY, *sets, "--set", f"data.source={text_corpus}"]
+    common = [*TINY, *[a for v in sets for a in ("--set", v)], "--set", f"data.source={text_corpus}"]
     inproc, dist = tmp_path / "inproc", tmp_path / "dist"
     assert main(["train", *common, "--set", f"logging.out_dir={inproc}"]) == 0
     p = adloco(
@@ -112,14 +115,20 @@ def test_processes_give_the_in_process_run(tmp_path: Path, text_corpus: Path) ->
     assert p.returncode == 0, p.stderr[-3000:]
     a, b = load_run(inproc), load_run(dist)
     assert b["rounds"] == a["rounds"]  # requests and allocation, every round
-    assert b["merges"] == a["merges"] and len(a["merges"]) == 3
-    requests = [r for _, r, _ in a["rounds"]]
-    assert requests[-1] != requests[0]  # the batch test did move the requests
+    assert b["merges"] == a["merges"]
     for key in ("bytes_total", "communications_total", "bytes_by_kind", "examples_total"):
         assert b["summary"][key] == a["summary"][key], key
-    assert a["summary"]["bytes_by_kind"]["probe"] > 0 and a["summary"]["bytes_by_kind"]["move"] > 0
     for name, ref in a["params"].items():
         assert (b["params"][name] - ref).abs().max().item() < 1e-5, name
+    return a, b, p
+
+
+def test_processes_give_the_in_process_run(tmp_path: Path, text_corpus: Path) -> None:
+    a, b, p = in_process_and_in_processes(tmp_path, text_corpus, EVERY_PATH)
+    assert len(a["merges"]) == 3
+    requests = [r for _, r, _ in a["rounds"]]
+    assert requests[-1] != requests[0]  # the batch test did move the requests
+    assert a["summary"]["bytes_by_kind"]["probe"] > 0 and a["summary"]["bytes_by_kind"]["move"] > 0
     # every rank's numbers reach metrics.jsonl: one worker event per worker per round
     assert sorted(b["workers"]) == sorted(a["workers"])
     assert b["start"]["processes"] == 2
@@ -152,6 +161,27 @@ def test_processes_share_rows_by_speed_with_a_profile_they_fit_themselves(
     rows = {(e["round"], e["worker"]): e["examples"] for e in events if e["event"] == "worker"}
     assert rows[(5, 0)] > rows[(5, 3)]  # the slow worker was given fewer rows: shares followed speeds
     assert "runtime.profile auto" in json.loads((run / "profile.json").read_text())["source"]
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ["comm.overlap=eager", "merge.every=3"],
+        ["algorithm.inner_steps=4", "comm.fragments=2", "comm.fragment_delay=1", "merge.every=3"],
+    ],
+    ids=["eager", "streaming"],
+)
+def test_delta_behind_compute_in_processes_gives_the_in_process_run(
+    tmp_path: Path, text_corpus: Path, sets: list[str]
+) -> None:
+    """ALGORITHM.md §13 through gloo processes (4 workers, 2 a process, 2 trainers): Δ on each process's
+    background lane, in groups of its own, gives the in-process run's decisions, bytes and model; the
+    Δ of rounds after the first ran behind compute."""
+    in_process_and_in_processes(tmp_path, text_corpus, [*sets, "algorithm.trainers=2"])
+    (run,) = list((tmp_path / "dist").iterdir())
+    rounds = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    behind = [e["collectives_behind"] for e in rounds if e["event"] == "round"]
+    assert any(r[0] == "delta" for r in behind[1])  # round 2: Δ (or its fragments) behind compute
 
 
 def _free_port() -> int:

@@ -40,12 +40,16 @@ def test_a_killed_process_is_restarted_and_the_run_finishes(
     """`adloco train --nproc 4 --max-restarts 1`: rank 1 is SIGKILLed at the start of round 3; the agent
     restarts the processes, they continue from round 2's checkpoint, and the run ends with exit 0. With
     runtime.shards 2 the rank lost is one shard of worker 0 (ALGORITHM.md §12): its worker is lost with it,
-    and the restarted ranks reshard the checkpoint."""
+    and the restarted ranks reshard the checkpoint; there Δ also travels behind compute (comm.overlap
+    delayed, ALGORITHM.md §13; one trainer of both workers): round 2's checkpoint holds its average in
+    flight, which the restarted ranks apply at the end of round 3."""
     out = tmp_path / "runs"
-    workers = str(4 // shards)
+    workers, trainers = str(4 // shards), "2" if shards == 1 else "1"
     cmd = [sys.executable, "-m", "adloco", "train", "--nproc", "4", "--max-restarts", "1"]
-    cmd += sets(algorithm__rounds="5", algorithm__workers=workers, algorithm__trainers="2", merge__every="2")
-    cmd += ["--set", f"runtime.shards={shards}"]
+    cmd += sets(
+        algorithm__rounds="5", algorithm__workers=workers, algorithm__trainers=trainers, merge__every="2"
+    )
+    cmd += ["--set", f"runtime.shards={shards}"] + (["--set", "comm.overlap=delayed"] if shards > 1 else [])
     cmd += ["--set", f"data.source={text_corpus}", "--set", f"logging.out_dir={out}"]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env("kill@1:3"), timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -59,6 +63,9 @@ def test_a_killed_process_is_restarted_and_the_run_finishes(
     assert f"membership: {4 // shards} workers (restart 1" in p.stdout
     ckpts = [e["round"] for e in evs if e["event"] == "checkpoint"]
     assert ckpts == [1, 2, 3, 4, 5]  # elastic runs checkpoint every round
+    if shards > 1:  # round 4's Δ was in flight when its checkpoint was written
+        meta = json.loads((run / "checkpoints" / "round-000004" / "state.json").read_text())
+        assert [f["round"] for f in meta["algorithm"]["in_flight"]] == [4]
 
 
 def test_resume_on_fewer_workers_under_torchrun(tmp_path: Path, text_corpus: Path) -> None:

@@ -94,6 +94,37 @@ def test_eager_workers_start_from_the_step_their_own_delta_gives() -> None:
             assert not torch.equal(eager.replicas[w].flat.param, eager.theta(0)), f"round {r + 1}"
 
 
+def test_eager_localsgd_starts_each_worker_from_theta_plus_its_own_progress() -> None:
+    """LocalSGD's outer step is θ − Δ, so a worker's eager start is θ (as landed) plus what it moved in the
+    round just ended; in round 1, θ is the start: the worker goes on from where it ended."""
+    from adloco import LocalSGD
+
+    data = Data()
+    ms = models(2)
+    algo = LocalSGD(ms, sgd(ms), inner_steps=3, batch_size=2, loss_fn=loss_fn, wire=Wire(overlap="eager"))
+    for _ in range(3):
+        r = algo.round
+        began = {w: algo.replicas[w].flat.param.clone() for w in (0, 1)}
+        for h in range(algo.H - 1):
+            algo.step_all({w: data.batch(w, r, h, 2) for w in algo.local_workers})
+        last = {w: data.batch(w, r, algo.H - 1, 2) for w in algo.local_workers}
+        ended = {}
+        for w in (0, 1):  # the round's last step by hand, on a copy: where the worker ends the round
+            m = copy.deepcopy(ms[w])
+            o = torch.optim.SGD(m.parameters(), lr=0.05)
+            o.zero_grad()
+            loss_fn(m, last[w]).backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            o.step()
+            ended[w] = _flat(m)
+        algo.step_all(last)
+        for w in (0, 1):
+            expected = algo.theta(0) + (ended[w] - began[w])
+            torch.testing.assert_close(algo.replicas[w].flat.param, expected, rtol=1e-5, atol=1e-6)
+            if r == 0:
+                torch.testing.assert_close(algo.replicas[w].flat.param, ended[w], rtol=1e-5, atol=1e-6)
+
+
 def _diloco(overlap: str, comm: Any = None, ms: list[nn.Module] | None = None) -> DiLoCo:
     ms = models(2) if ms is None else ms
     return DiLoCo(
@@ -105,6 +136,7 @@ def _diloco(overlap: str, comm: Any = None, ms: list[nn.Module] | None = None) -
         outer=Outer.nesterov(0.7, 0.9),
         wire=Wire(overlap=overlap),
         comm=comm,
+        clip=0.0,  # the hooked form's loop does not clip: the driven one must not either
         sync_initial=False,
     )
 
@@ -145,6 +177,31 @@ def test_resume_with_delta_in_flight_is_bitwise(overlap: str) -> None:
     a.settle()
     b.settle()
     assert torch.equal(a.theta(0), b.theta(0)) and a.totals == b.totals
+
+
+@pytest.mark.parametrize("overlap", MODES)
+def test_the_hooked_form_gives_the_driven_run(overlap: str) -> None:
+    """``with algo:`` around the user's own steps: the same launches and landings as ``step_all``."""
+    data = Data()
+    driven = _diloco(overlap)
+    for _ in range(3):
+        run_round(driven, data)
+    driven.settle()
+    ms = models(2)
+    hooked = _diloco(overlap, ms=ms)
+    opts = [rep.optimizer for rep in hooked.replicas.values()]
+    with hooked:
+        for r in range(3):
+            for h in range(hooked.H):
+                for w, (m, o) in enumerate(zip(ms, opts, strict=True)):
+                    o.zero_grad()
+                    loss_fn(m, data.batch(w, r, h, 2)).backward()
+                    o.step()
+    assert hooked._flights
+    hooked.settle()
+    assert torch.equal(hooked.theta(0), driven.theta(0)) and not hooked._flights
+    for m in ms:  # settle left every worker with θ
+        assert torch.equal(_flat(m), driven.theta(0))
 
 
 def test_a_state_with_delta_in_flight_resumes_without_overlap_by_applying_it() -> None:

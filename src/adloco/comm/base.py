@@ -103,6 +103,7 @@ class Pending:
         return out
 
     def wait(self) -> bool:
+        """Block until the reduction has landed; whether this process hosts a worker of its group."""
         if self._future is not None:
             t0 = time.perf_counter()
             try:

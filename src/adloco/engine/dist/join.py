@@ -112,6 +112,7 @@ class DistContext:
 
     def close(self) -> None:
         self.heartbeat.stop()
+        self.comm.close()  # the background lane (comm.overlap) before the groups it uses
         if dist.is_initialized():
             dist.destroy_process_group()
 
