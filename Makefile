@@ -18,7 +18,7 @@ train: $(BIN)/.installed  ## AdLoCo on the embedded default (this Python's stand
 	$(BIN)/adloco train
 
 test: $(BIN)/.installed  ## the default tier: unit and in-process tests (no network; under 3 minutes on 2 cores)
-	$(BIN)/python -m pytest -q tests/unit --durations=10
+	$(BIN)/python -m pytest -q -n 2 tests/unit --durations=10
 
 test-integration: $(BIN)/.installed  ## real torch.distributed processes on gloo, faults, elastic agents
 	$(BIN)/python -m pytest -q -n 2 tests/integration --durations=10
