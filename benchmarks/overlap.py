@@ -222,7 +222,8 @@ def plot(out: Path, mbits: list[int], path: Path) -> None:
                 continue
             curve = measure(folder, mbit)["curve"]
             style = "--" if name.startswith("adloco") else "-"
-            ax.plot([c[0] for c in curve], [c[2] for c in curve], style, label=name, marker=".")
+            color = plt.get_cmap("tab20")(ORDER.index(name) % 20)  # the same in every panel
+            ax.plot([c[0] for c in curve], [c[2] for c in curve], style, label=name, marker=".", color=color)
         ax.set_yscale("log")
         ax.set_xlabel("wall-clock seconds, evaluation included (link emulated)")
         ax.set_ylabel("validation perplexity")
