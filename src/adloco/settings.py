@@ -449,7 +449,7 @@ class Wire(Dial):
         if inner_steps % p:
             raise ValueError(
                 f"comm.fragments = {p}: must divide algorithm.inner_steps ({inner_steps}): one fragment "
-                "every H/P steps"
+                "every H/F steps"
             )
         if tau >= inner_steps // p:
             raise ValueError(

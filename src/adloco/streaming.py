@@ -1,8 +1,8 @@
 """Streaming fragments (``comm.fragments``, ALGORITHM.md §13; Streaming DiLoCo, arXiv 2501.18512, with
 torchft's ``fragment_sync_delay`` and ``fragment_update_alpha``): a mixin of :class:`adloco.method.AdLoCo`.
 
-The flat parameters are cut into P contiguous fragments of near-equal size. Fragment p is synchronized at
-inner step p·H/P of every round, fragment 0 at the round's end (phase 2 of :mod:`adloco.sync`): its
+The flat parameters are cut into F contiguous fragments of near-equal size. Fragment p is synchronized at
+inner step p·H/F of every round, fragment 0 at the round's end (phase 2 of :mod:`adloco.sync`): its
 Δ_p = Σ_m (n_m / n)(θ_t[p] − θ_m[p]) is all-reduced, launched τ = ``fragment_delay`` steps earlier (on the
 communicator's background lane when τ > 0: the workers go on training meanwhile), the trainer's outer
 step is taken on θ_t[p] and its momentum, and every worker's fragment becomes (1 − α)·θ_t[p] + α·θ_m[p].
@@ -46,6 +46,7 @@ class Streaming:
 
     if TYPE_CHECKING:  # what the algorithm object provides
         comm: Comm
+        device: torch.device
         wire: Wire
         replicas: dict[int, Replica]
         trainers: dict[int, TrainerState]
@@ -106,18 +107,13 @@ class Streaming:
                 out.add_(diff, alpha=self._rows[w] / total)
 
             parts: dict[int, Part] = {w: functools.partial(add, w) for w in self._local(ws)}
-            buf = torch.empty(part.stop - part.start, device=self.comm_device)
+            buf = torch.empty(part.stop - part.start, device=self.device)
             if behind:
                 pending = self.comm.reduce_async(parts, ws, "delta", buf, self.wire)
             else:
                 hosted = self.comm.reduce(parts, ws, "delta", buf, self.wire)
                 pending = Pending.landed(hosted, [])
             self._flights.append(Flight(t, pending, buf, list(ws), list(ws), self.round + 1, fragment=p))
-
-    @property
-    def comm_device(self) -> torch.device:
-        """Where the fragments' buffers live: the replicas' device."""
-        return next(iter(self.replicas.values())).flat.param.device
 
     def _land_fragment(self, p: int, mix: bool = True) -> None:
         """Fragment p's outer step for every trainer (skipped, with a warning, where its average is not

@@ -352,7 +352,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "fragments-not-dividing-h",
         ["train", *S("logging.out_dir={tmp}/runs", "algorithm.inner_steps=6", "comm.fragments=4")],
-        "config: comm.fragments = 4: must divide algorithm.inner_steps (6): one fragment every H/P steps",
+        "config: comm.fragments = 4: must divide algorithm.inner_steps (6): one fragment every H/F steps",
     ),
     (
         "fragment-delay-too-long",

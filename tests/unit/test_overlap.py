@@ -215,11 +215,12 @@ def test_a_state_with_delta_in_flight_resumes_without_overlap_by_applying_it() -
     assert torch.equal(b.theta(0), a.theta(0)) and not b._flights
 
 
-def test_threads_give_the_run_of_one_process() -> None:
-    """Two threads, each hosting a worker, with Δ on their background lanes: the same θ as one process."""
+def _in_threads_and_one_process(make: Any, rounds: int) -> None:
+    """``make(comm, models)`` built in one process (both workers) and in two threads (a worker each, Δ on
+    each thread's background lane): every thread ends with the one process's θ, bit for bit."""
     data = Data()
-    ref = _diloco("delayed")
-    for _ in range(3):
+    ref = make(None, models(2))
+    for _ in range(rounds):
         run_round(ref, data)
     hub = Hub(2, timeout=30)
     got: dict[int, torch.Tensor] = {}
@@ -228,8 +229,8 @@ def test_threads_give_the_run_of_one_process() -> None:
 
     def work(rank: int) -> None:
         try:
-            algo = _diloco("delayed", ThreadComm(hub, rank), [ms[rank]])
-            for r in range(3):
+            algo = make(ThreadComm(hub, rank), [ms[rank]])
+            for r in range(rounds):
                 for h in range(algo.H):
                     algo.step_all({rank: data.batch(rank, r, h, algo.batch_size(rank))})
             got[rank] = algo.theta(0).clone()
@@ -244,6 +245,10 @@ def test_threads_give_the_run_of_one_process() -> None:
         t.join()
     assert not errors, errors
     assert torch.equal(got[0], ref.theta(0)) and torch.equal(got[1], ref.theta(0))
+
+
+def test_threads_give_the_run_of_one_process() -> None:
+    _in_threads_and_one_process(lambda comm, ms: _diloco("delayed", comm, ms), rounds=3)
 
 
 def test_a_merge_waits_for_what_is_in_flight() -> None:
@@ -425,33 +430,7 @@ def test_streaming_resumes_bitwise_and_hooked_equals_driven(delay: int) -> None:
 
 
 def test_streaming_in_threads_gives_the_run_of_one_process() -> None:
-    data = Data()
-    ref = _streamed(2, 1, 0.0)
-    for _ in range(2):
-        run_round(ref, data)
-    hub = Hub(2, timeout=30)
-    got: dict[int, torch.Tensor] = {}
-    errors: list[BaseException] = []
-    ms = models(2)
-
-    def work(rank: int) -> None:
-        try:
-            algo = _streamed(2, 1, 0.0, ThreadComm(hub, rank), [ms[rank]])
-            for r in range(2):
-                for h in range(algo.H):
-                    algo.step_all({rank: data.batch(rank, r, h, algo.batch_size(rank))})
-            got[rank] = algo.theta(0).clone()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            errors.append(exc)
-            hub.abort()
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    assert torch.equal(got[0], ref.theta(0)) and torch.equal(got[1], ref.theta(0))
+    _in_threads_and_one_process(lambda comm, ms: _streamed(2, 1, 0.0, comm, ms), rounds=2)
 
 
 def test_a_fragment_collective_is_priced_behind_its_own_delay() -> None:

@@ -271,23 +271,42 @@ class Comm:
         process writes before the call (a stop request); they are summed over processes and never
         counted. Returns whether this process hosts a worker of the group (only then is ``out`` the
         sum). Counted as one all-reduce of the body's bytes on the wire (ALGORITHM.md §7, ALGORITHM.md §9.4)."""
+        self._summed(parts, workers, kind, out, wire, feedback, control)()
+        return any(w in self.local_workers for w in workers)
+
+    def _summed(
+        self,
+        parts: Mapping[int, Part],
+        workers: Sequence[int],
+        kind: str,
+        out: torch.Tensor,
+        wire: Wire,
+        feedback: Mapping[int, ErrorFeedback] | None,
+        control: int = 0,
+    ) -> Callable[[], None]:
+        """:meth:`reduce`'s two halves: this process's parts are added now (float32: into ``out``'s body;
+        compressed: one vector each); the collective that completes ``out`` is returned, to run now or
+        on the background lane."""
         body = out[: out.numel() - control] if control else out
         if not wire.compressed:
             body.zero_()
             for add in parts.values():
                 add(body)
-            self._all_reduce_counted(out, workers, kind, body.numel() * body.element_size())
-        else:
-            vectors = {}
-            for w, add in parts.items():
-                vectors[w] = torch.zeros_like(body)
-                add(vectors[w])
+            nbytes = body.numel() * body.element_size()
+            return lambda: self._all_reduce_counted(out, workers, kind, nbytes)
+        vectors = {}
+        for w, add in parts.items():
+            vectors[w] = torch.zeros_like(body)
+            add(vectors[w])
+
+        def run() -> None:
             got = self._reduce_compressed(vectors, workers, kind, wire, body.numel(), feedback)
             if got is not None:
                 body.copy_(got)
             if control:
                 self._all_reduce_counted(out[-control:], workers, "control", 0)
-        return any(w in self.local_workers for w in workers)
+
+        return run
 
     def reduce_async(
         self,
@@ -303,26 +322,7 @@ class Comm:
         ``feedback``) belongs to it until :meth:`Pending.wait` returns. Every process calls it where it
         would call :meth:`reduce`; lanes keep the launch order."""
         hosted = any(w in self.local_workers for w in workers)
-        if not wire.compressed:
-            out.zero_()
-            for add in parts.values():
-                add(out)
-            nbytes = out.numel() * out.element_size()
-
-            def run() -> None:
-                self._all_reduce_counted(out, workers, kind, nbytes)
-
-        else:
-            vectors = {}
-            for w, add in parts.items():
-                vectors[w] = torch.zeros_like(out)
-                add(vectors[w])
-
-            def run() -> None:
-                got = self._reduce_compressed(vectors, workers, kind, wire, out.numel(), feedback)
-                if got is not None:
-                    out.copy_(got)
-
+        run = self._summed(parts, workers, kind, out, wire, feedback)
         self._prepare_lane(workers)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adloco-comm")
