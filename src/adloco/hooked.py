@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from adloco.replica import Replica
     from adloco.round import RoundReport, WorkerPlan, WorkerProgress
     from adloco.settings import AdaptiveBatch
+    from adloco.snapshot import InnerSnapshot
 
 
 class HookedMode:
@@ -24,7 +25,9 @@ class HookedMode:
     if TYPE_CHECKING:  # what the algorithm object provides
         batch: AdaptiveBatch
         ddp: bool
+        cuda_graphs: bool
         replicas: dict[int, Replica]
+        _snap: dict[int, InnerSnapshot]
         plans: dict[int, WorkerPlan]
         allocation: dict[int, int]
         scratch: torch.Tensor
@@ -51,6 +54,11 @@ class HookedMode:
                 "batch: the batch test needs the gradient probe at the round's first step, which only "
                 "step()/step_all() can take; use them, or AdaptiveBatch(test='none', statistics=False)"
             )
+        if self.cuda_graphs:
+            raise ValueError(
+                "cuda_graphs: in the hooked form your loop runs the step, so there is none to capture; "
+                "use step()/step_all(), or capture your own step"
+            )
         if self.ddp and len(self.replicas) > 1:
             raise ValueError("ddp: hooked optimizers need one worker per process (or per thread: ThreadComm)")
         self.counts_rows = self.stated_batch is not None
@@ -71,6 +79,8 @@ class HookedMode:
     def _begin(self, w: int) -> Callable[[Any, Any, Any], None]:
         def hook(opt: Any, args: Any, kwargs: Any) -> None:
             self._round_progress()
+            if w in self._snap:  # the round's snapshot is taken before the state is written
+                self._snap[w].before_write()
             self.replicas[w].scale_lr()
 
         return hook
@@ -80,6 +90,8 @@ class HookedMode:
 
         def hook(opt: Any, args: Any, kwargs: Any) -> None:
             self._round_progress()
+            if w in self._snap:
+                self._snap[w].before_write()
             rep = self.replicas[w]
             rep.scale_lr()
             g = rep.flat.gather_grads()

@@ -58,6 +58,7 @@ from adloco.settings import (
     check_speeds,
     choice,
 )
+from adloco.snapshot import InnerSnapshot
 from adloco.state import AlgorithmState
 from adloco.streaming import Streaming, fragments
 from adloco.sync import Flight, Synchronization
@@ -121,6 +122,10 @@ class AdLoCo(Synchronization, Streaming, HookedMode, AlgorithmState):
             undone in place (``adloco train`` uses it to stop on a signal).
         sync_initial: broadcast each trainer's θ from its first worker to the others at construction
             (counted as ``init``); pass False when every process built identical replicas.
+        cuda_graphs: each worker's inner step captured as a CUDA graph and replayed on its own stream,
+            so the workers of a process train at once on their GPU (:mod:`adloco.graphs`, ALGORITHM.md
+            §14); the inner optimizer must be capturable (``torch.optim.AdamW(..., capturable=True,
+            fused=True)``); not with DDP, fp16 or the hooked form.
     """
 
     ddp = False  # DDP: gradients averaged every step instead of rounds of local steps
@@ -148,6 +153,7 @@ class AdLoCo(Synchronization, Streaming, HookedMode, AlgorithmState):
         on_resize: OnResize = "per_trainer",
         snapshot: bool = False,
         sync_initial: bool = True,
+        cuda_graphs: bool = False,
     ) -> None:
         models = _as_list(model, "model")
         optimizers = _as_list(inner_optimizer, "inner_optimizer")
@@ -192,8 +198,24 @@ class AdLoCo(Synchronization, Streaming, HookedMode, AlgorithmState):
         self.keep_snapshot = snapshot
         self.counts_rows = True  # False in the hooked form when the rows of a step are unknown
         b_max = self.switch.b_max_or_default
+        if cuda_graphs and self.ddp:
+            raise ValueError(
+                "cuda_graphs: DDP averages gradients between a step's backward pass and its update, which a "
+                "captured step cannot; turn cuda_graphs off"
+            )
+        self.cuda_graphs = cuda_graphs
         self.replicas: dict[int, Replica] = {
-            w: Replica(m, o, loss_fn, clip=clip, precision=precision, b_max=b_max, shards=self.comm.shards)
+            w: Replica(
+                m,
+                o,
+                loss_fn,
+                clip=clip,
+                precision=precision,
+                b_max=b_max,
+                shards=self.comm.shards,
+                cuda_graphs=cuda_graphs,
+                name=f"worker {w}",
+            )
             for w, m, o in zip(self.comm.local_workers, models, optimizers, strict=True)
         }
         sizes = {r.flat.numel for r in self.replicas.values()}
@@ -258,7 +280,7 @@ class AdLoCo(Synchronization, Streaming, HookedMode, AlgorithmState):
             )
         self._h = 0  # inner steps done in the current round
         self._hooks: list[Any] = []
-        self._snap: dict[int, tuple[dict[str, torch.Tensor], list[float]]] = {}
+        self._snap: dict[int, InnerSnapshot] = {}  # snapshot: each worker's inner state at the round's start
         self._progress: dict[int, WorkerProgress] | None = None
         self._ddp_buf: torch.Tensor | None = None  # DDP's gradients and its stop request, one buffer
         self._plan()
@@ -402,12 +424,8 @@ class AdLoCo(Synchronization, Streaming, HookedMode, AlgorithmState):
             for w, rep in self.replicas.items():
                 if self.inner_state == "reset":
                     rep.reset_optimizer()
-                if self.keep_snapshot:
-                    self._snap[w] = (
-                        # inner_state() builds new tensors: on the host they are the snapshot already
-                        {k: v.to("cpu") for k, v in rep.inner_state().items()},
-                        rep.scalars(),
-                    )
+                if self.keep_snapshot:  # host buffers reused from round to round
+                    self._snap[w] = rep.snapshot(self._snap.get(w))
             if self.keep_snapshot and self.streaming:  # fragments step θ within the round
                 self._theta_snap = {
                     t: (tr.theta.clone(), None if (m := tr.momentum()) is None else m.clone())
@@ -444,29 +462,46 @@ class AdLoCo(Synchronization, Streaming, HookedMode, AlgorithmState):
             self.sync(abort=True)
         losses: dict[int, torch.Tensor] = {}
         for w in self.local_workers:
-            plan, rep, pr = self.plans[w], self.replicas[w], progress[w]
             got = n_rows(batches[w])
-            if got != plan.rows(h):
+            if got != self.plans[w].rows(h):
                 raise ValueError(
-                    f"batch of worker {w}: {got} rows; step {h} of this round needs {plan.rows(h)} "
+                    f"batch of worker {w}: {got} rows; step {h} of this round needs {self.plans[w].rows(h)} "
                     "(batch_size() says how many)"
                 )
+        # With cuda_graphs every worker steps on its own stream: all of them wait for what is queued,
+        # run side by side, and what follows waits for all of them (adloco.graphs).
+        for rep in self.replicas.values():
+            rep.fork()
+        for w in self.local_workers:
+            plan, rep, pr = self.plans[w], self.replicas[w], progress[w]
             probe = plan.probe if h == 0 else None
-            pr.clock.start()
-            loss, stats = rep.gradient(batches[w], plan.effective, plan.micro, probe, self.scratch)
-            if not self.ddp:  # DDP steps once the trainer's gradients are averaged
-                rep.optimizer_step()
-            if self.emulate is not None:
-                pr.clock.stretch(self.emulate[w])
-            pr.clock.stop()
+            snap = self._snap.get(w) if h == 0 else None
+            with rep.on_stream():
+                pr.clock.start()
+                if self.ddp:  # DDP steps once the trainer's gradients are averaged
+                    loss, stats = rep.gradient(batches[w], plan.effective, plan.micro, probe, self.scratch)
+                else:
+                    loss, stats = rep.step(
+                        batches[w],
+                        plan.effective,
+                        plan.micro,
+                        probe,
+                        self.scratch,
+                        snap.before_write if snap is not None else _nothing,
+                    )
+                if self.emulate is not None:
+                    pr.clock.stretch(self.emulate[w])
+                pr.clock.stop()
+                pr.loss = loss if pr.loss is None else pr.loss + loss
             if stats is not None:
                 pr.stats = stats
             if probe is not None and probe.extra:
                 pr.probe_examples += probe.extra_rows
-            pr.loss = loss if pr.loss is None else pr.loss + loss
             pr.steps += 1
             pr.examples += plan.effective
             losses[w] = loss
+        for rep in self.replicas.values():
+            rep.join()
         if self.ddp:
             self._ddp_step(stop)
         self._h += 1
@@ -496,6 +531,8 @@ class AdLoCo(Synchronization, Streaming, HookedMode, AlgorithmState):
                 pr, rep = progress[w], self.replicas[w]
                 pr.clock.start()
                 rep.flat.grad.copy_(buf[:-1])
+                if self._h == 0 and w in self._snap:
+                    self._snap[w].before_write()
                 rep.optimizer_step()
                 pr.clock.stop()
         if stop:
@@ -520,6 +557,10 @@ class AdLoCo(Synchronization, Streaming, HookedMode, AlgorithmState):
 
     def _add_grad(self, w: int, out: torch.Tensor, scale: float) -> None:
         out.add_(self.replicas[w].flat.grad, alpha=scale)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _default_comm(n_local: int) -> Comm:

@@ -12,8 +12,9 @@ Nothing here knows about other workers, trainers or the network: :mod:`adloco.me
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,9 @@ from torch import nn
 from adloco.algorithms.batching import WorkerStats
 from adloco.comm.base import Shards
 from adloco.flat import FlatModule, ShardedFlat, flatten, like
+from adloco.graphs import GraphedStep, capturable, state_pointers, to_device
 from adloco.settings import Precision, choice
+from adloco.snapshot import InnerSnapshot
 
 Batch = Any  # a tensor, or a dict / list / tuple of tensors, rows along dimension 0
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
@@ -65,16 +68,6 @@ def pieces(batch: Batch, size: int) -> list[Batch]:
     return [rows(batch, i, min(n, i + size)) for i in range(0, n, size)]
 
 
-def to_device(batch: Batch, device: torch.device) -> Batch:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, Mapping):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
-
-
 @dataclass(frozen=True)
 class Probe:
     """The pooled estimator's chunking for one round (the same for every worker of a trainer)."""
@@ -106,6 +99,8 @@ class Replica:
         precision: str = "fp32",
         b_max: int = 8,
         shards: Shards | None = None,
+        cuda_graphs: bool = False,
+        name: str = "worker",
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -146,6 +141,32 @@ class Replica:
         self.last_lr = math.nan  # the lr of the last step, multiplier included
         self.sgd = isinstance(optimizer, torch.optim.SGD)  # the linear rule instead of the square root
         self._saved_lrs: list[Any] | None = None
+        # cuda_graphs (adloco.graphs): the step as a CUDA graph on the worker's own stream, its learning
+        # rates as device tensors (filled before each step, so a replay reads the current values)
+        self.graphed: GraphedStep | None = None
+        self.stream: Any = None
+        self._lr_tensors: list[torch.Tensor] = []
+        if cuda_graphs:
+            self._check_graphs(precision)
+            self.graphed = GraphedStep(self._step_body, self._state_key, self.device, name=name)
+            self.stream = self.graphed.stream
+
+    def _check_graphs(self, precision: str) -> None:
+        """What a captured step cannot do, refused in one line each."""
+        if self.device.type != "cuda":
+            raise ValueError(
+                f"cuda_graphs: needs a model on a CUDA device (this one is on {self.device.type})"
+            )
+        if precision == "fp16":
+            raise ValueError(
+                "cuda_graphs: fp16's loss scaling decides on the host whether a step is skipped; use "
+                "precision bf16 (no loss scaling) or turn cuda_graphs off"
+            )
+        if self.shards.size > 1:
+            raise ValueError("cuda_graphs: a sharded worker's step runs collectives; turn cuda_graphs off")
+        why = capturable(self.optimizer)
+        if why is not None:
+            raise ValueError(f"inner_optimizer: a step inside a CUDA graph (cuda_graphs): {why}")
 
     def _optimizer_offsets(self) -> list[tuple[torch.Tensor, int, int]]:
         """(tensor, offset in the flat buffer, values in the buffer) of every tensor the optimizer updates.
@@ -229,6 +250,18 @@ class Replica:
                     entry[key] = like(p, v[off : off + n].to(self.device, copy=True))
             self.optimizer.state[p] = entry
 
+    def snapshot(self, into: InnerSnapshot | None = None) -> InnerSnapshot:
+        """The inner state and scalars now, in host memory (on CUDA: copied behind the next step's forward
+        and backward; :meth:`InnerSnapshot.before_write` orders the optimizer's step after it)."""
+        snap = into or InnerSnapshot()
+        snap.take(self.optimizer, [p for p, _, _ in self._offsets], self.scalars())
+        return snap
+
+    def restore(self, snap: InnerSnapshot) -> None:
+        """Back to a :meth:`snapshot`: inner state and scalars (a graph captured since is recaptured)."""
+        snap.restore(self.optimizer, [p for p, _, _ in self._offsets], like)
+        self.load_scalars(snap.scalars)
+
     def scalars(self) -> list[float]:
         """The worker's scalar state: fp16 loss scale, good steps since the last change, skipped steps, b_max."""
         return [self.loss_scale, self._good_steps, self.skipped, self.b_max]
@@ -274,6 +307,87 @@ class Replica:
                     torch.cuda.empty_cache()
                 self.b_max = micro // 2  # the round reports it from the gathered results
 
+    def step(
+        self,
+        batch: Batch,
+        effective: int,
+        micro: int,
+        probe: Probe | None,
+        scratch: torch.Tensor,
+        before_write: Callable[[], None] = lambda: None,
+    ) -> tuple[torch.Tensor, WorkerStats | None]:
+        """One whole inner step: :meth:`gradient`, then :meth:`optimizer_step` (``before_write()`` runs
+        just before the optimizer writes its state: a round's snapshot orders itself there). With
+        ``cuda_graphs``, a step without the probe is replayed as a CUDA graph (:mod:`adloco.graphs`), on
+        this worker's stream: run it inside :meth:`on_stream`."""
+        if self.graphed is None or probe is not None:
+            with self.device_lrs() if self.graphed is not None else contextlib.nullcontext():
+                loss, stats = self.gradient(batch, effective, micro, probe, scratch)
+                before_write()
+                self.optimizer_step()
+            return loss, stats
+        before_write()
+        with self.device_lrs():
+            while True:
+                micro = min(micro, self.b_max)
+                try:
+                    return self.graphed.run(batch, micro), None
+                except torch.OutOfMemoryError:
+                    self.graphed.drop()
+                    if micro <= 1:
+                        raise
+                    self.flat.zero_grad()
+                    torch.cuda.empty_cache()
+                    self.b_max = micro // 2
+
+    def _step_body(self, batch: Batch, micro: int) -> torch.Tensor:
+        """The part of a step a CUDA graph holds: the gradient over the batch (on the device) and the
+        update, learning rates already in place (:meth:`device_lrs`); returns the step's mean loss."""
+        loss = self._accumulate(batch, micro)
+        with torch.no_grad():
+            self._clip()
+            self.flat.scatter_grads()
+            self.optimizer.step()
+            self.flat.after_step()
+        return loss
+
+    def _state_key(self) -> tuple[int, ...]:
+        return state_pointers(self.optimizer, self.flat.param, self.flat.grad, *self._lr_tensors)
+
+    @contextlib.contextmanager
+    def device_lrs(self) -> Iterator[None]:
+        """For the block, every param group's learning rate (times ``lr_scale``) as a tensor on the
+        device, filled now (a CUDA graph reads it there at each replay); the groups' own values are put
+        back after."""
+        groups = self.optimizer.param_groups
+        if len(self._lr_tensors) != len(groups):
+            self._lr_tensors = [torch.zeros((), device=self.device) for _ in groups]
+        saved = [g["lr"] for g in groups]
+        self.last_lr = float(saved[0]) * self.lr_scale
+        for g, t, lr in zip(groups, self._lr_tensors, saved, strict=True):
+            t.fill_(float(lr) * self.lr_scale)
+            g["lr"] = t
+        try:
+            yield
+        finally:
+            for g, lr in zip(groups, saved, strict=True):
+                g["lr"] = lr
+
+    def on_stream(self) -> contextlib.AbstractContextManager[Any]:
+        """The block on this worker's CUDA stream (``cuda_graphs``), or where it is. Order it with
+        :meth:`fork` before and :meth:`join` after, for every worker, so the workers run side by side."""
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
+    def fork(self) -> None:
+        """This worker's stream waits for what the current stream has queued (θ loaded, say)."""
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    def join(self) -> None:
+        """The current stream waits for this worker's queued steps."""
+        if self.stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+
     @torch.no_grad()
     def optimizer_step(self) -> None:
         """Unscale (fp16), skip a non-finite step, clip, and step the inner optimizer."""
@@ -288,6 +402,17 @@ class Replica:
             self._good_steps += 1
             if self._good_steps % 2000 == 0:
                 self.loss_scale *= 2.0
+        self._clip()
+        self.flat.scatter_grads()
+        self.scale_lr()
+        try:
+            self.optimizer.step()
+        finally:
+            self.restore_lr()
+        self.flat.after_step()
+
+    def _clip(self) -> None:
+        """The gradient clipped to ``clip`` (global norm, computed on the device: no host wait)."""
         if self.clip > 0:
             g = self.flat.grad
             norm = (
@@ -297,13 +422,6 @@ class Replica:
             )
             self._clip_coef = torch.clamp(self.clip / (norm + 1e-6), max=1.0)
             self.flat.grad.mul_(self._clip_coef)
-        self.flat.scatter_grads()
-        self.scale_lr()
-        try:
-            self.optimizer.step()
-        finally:
-            self.restore_lr()
-        self.flat.after_step()
 
     def scale_lr(self) -> None:
         """Multiply every param group's lr by ``lr_scale`` for one step (exactly restored by
@@ -311,6 +429,8 @@ class Replica:
         if self._saved_lrs is not None:  # scaled already (a subclass's step that calls its parent's runs
             return  # torch's step hooks twice): once per step
         groups = self.optimizer.param_groups
+        if any(isinstance(g["lr"], torch.Tensor) for g in groups):  # device_lrs filled them, scaled
+            return
         self.last_lr = float(groups[0]["lr"]) * self.lr_scale
         if self.lr_scale == 1.0:
             return

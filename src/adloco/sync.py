@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from adloco.replica import Replica
     from adloco.round import Totals, WorkerPlan, WorkerProgress
     from adloco.settings import AdaptiveBatch, Merging, Wire
+    from adloco.snapshot import InnerSnapshot
 
 log = logging.getLogger("adloco")
 
@@ -102,7 +103,7 @@ class Synchronization:
         keep_snapshot: bool
         last_report: RoundReport | None
         _h: int
-        _snap: dict[int, tuple[dict[str, torch.Tensor], list[float]]]
+        _snap: dict[int, InnerSnapshot]
         _progress: dict[int, WorkerProgress] | None
         _flights: list[Flight]
         _starts: dict[int, torch.Tensor]
@@ -689,9 +690,7 @@ class Synchronization:
                     tr.outer.load_state_dict({"momentum": momentum})
         for w, rep in self.replicas.items():
             if self.keep_snapshot and w in self._snap:
-                state, scalars = self._snap[w]
-                rep.load_inner_state(state)
-                rep.load_scalars(scalars)
+                rep.restore(self._snap[w])
             rep.load(self._starts.get(w, self.theta(self.allocation[w])))
         self.comm.drain()
 

@@ -408,6 +408,59 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: runtime.workers_per_process = 2: must be 1 with runtime.shards > 1 (a worker spans processes, not the other way round)",
     ),
     (
+        "cuda-graphs-on-cpu",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.cuda_graphs=true", "runtime.device=auto")],
+        "config: runtime.cuda_graphs = True: CUDA graphs need CUDA (this run is on cpu); leave it off",
+    ),
+    (
+        "cuda-graphs-fp16",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.cuda_graphs=true", "model.precision=fp16")],
+        "config: model.precision = 'fp16': must be fp32 or bf16 with runtime.cuda_graphs (fp16's loss scaling decides on the host whether a step is skipped)",
+    ),
+    (
+        "cuda-graphs-ddp",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.cuda_graphs=true", "algorithm.method=ddp")],
+        "config: algorithm.method = 'ddp': must be adloco, diloco or localsgd with runtime.cuda_graphs (DDP averages gradients inside the step)",
+    ),
+    (
+        "cuda-graphs-on-the-cpu-device",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.cuda_graphs=true", "runtime.device=cpu")],
+        "config: runtime.device = 'cpu': must be auto or cuda with runtime.cuda_graphs",
+    ),
+    (
+        "cuda-graphs-with-compiles-own-graphs",
+        [
+            "train",
+            *S(
+                "logging.out_dir={tmp}/runs",
+                "runtime.cuda_graphs=true",
+                "runtime.compile=true",
+                "runtime.compile_mode=reduce-overhead",
+            ),
+        ],
+        "config: runtime.compile_mode = 'reduce-overhead': must be default or max-autotune-no-cudagraphs with runtime.cuda_graphs (the other modes capture graphs of their own)",
+    ),
+    (
+        "compile-backend-unknown",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.compile=true", "runtime.compile_backend=turbo")],
+        "config: runtime.compile_backend = 'turbo': must be a backend of torch.compile (aot_eager, cudagraphs, eager, inductor, openxla, tvm)",
+    ),
+    (
+        "compile-with-shards",
+        [
+            "train",
+            *S("logging.out_dir={tmp}/runs", "runtime.compile=true", "runtime.shards=2"),
+            "--nproc",
+            "2",
+        ],
+        "config: runtime.shards = 2: must be 1 with runtime.compile (a model sharded with FSDP2 is compiled per block, which the engine does not do)",
+    ),
+    (
+        "compile-mode-unknown",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.compile_mode=fast")],
+        "config: runtime.compile_mode = 'fast': must be one of 'default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs'",
+    ),
+    (
         "shards-absurd",
         ["train", *S("logging.out_dir={tmp}/runs", "runtime.shards=0")],
         "config: runtime.shards = 0: must be in [1, 4096]",

@@ -59,6 +59,7 @@ def check(cfg: Config, resuming: bool = False) -> None:
             a.method,
             "adloco, diloco or localsgd with runtime.shards > 1",
         )
+    check_compute(cfg)
     try:
         cfg.comm.check_streaming(a.inner_steps, a.method == "ddp")
         check_speeds(rt.emulate_speed, a.workers)
@@ -69,6 +70,55 @@ def check(cfg: Config, resuming: bool = False) -> None:
 
         StepProfile.load(rt.profile, where=f"config: runtime.profile = {rt.profile!r}")
     check_memory(cfg)
+
+
+def check_compute(cfg: Config) -> None:
+    """runtime.cuda_graphs and runtime.compile: the combinations that cannot work (ALGORITHM.md §14)."""
+    rt, a = cfg.runtime, cfg.algorithm
+    if rt.cuda_graphs:
+        _need(
+            cfg.model.precision != "fp16",
+            "model.precision",
+            cfg.model.precision,
+            "fp32 or bf16 with runtime.cuda_graphs (fp16's loss scaling decides on the host whether a step is "
+            "skipped)",
+        )
+        _need(
+            a.method != "ddp",
+            "algorithm.method",
+            a.method,
+            "adloco, diloco or localsgd with runtime.cuda_graphs (DDP averages gradients inside the step)",
+        )
+        _need(
+            rt.shards == 1,
+            "runtime.shards",
+            rt.shards,
+            "1 with runtime.cuda_graphs (a sharded step runs collectives)",
+        )
+        _need(rt.device != "cpu", "runtime.device", rt.device, "auto or cuda with runtime.cuda_graphs")
+        _need(
+            not (rt.compile and rt.compile_mode in ("reduce-overhead", "max-autotune")),
+            "runtime.compile_mode",
+            rt.compile_mode,
+            "default or max-autotune-no-cudagraphs with runtime.cuda_graphs (the other modes capture graphs of "
+            "their own)",
+        )
+    if rt.compile:
+        _need(
+            rt.shards == 1,
+            "runtime.shards",
+            rt.shards,
+            "1 with runtime.compile (a model sharded with FSDP2 is compiled per block, which the engine does not do)",
+        )
+        from torch._dynamo import list_backends
+
+        shown = sorted({*list_backends(), "aot_eager", "eager"})
+        _need(
+            rt.compile_backend in list_backends(exclude_tags=()),
+            "runtime.compile_backend",
+            rt.compile_backend,
+            f"a backend of torch.compile ({', '.join(shown)})",
+        )
 
 
 def check_memory(cfg: Config) -> None:

@@ -245,6 +245,29 @@ class RuntimeConfig(Dial):
         [],
         "emulation of heterogeneous devices: worker w takes 1/s_w as long per step by sleeping (empty: none)",
     )
+    cuda_graphs: bool = setting(
+        False,
+        "each worker's inner step captured as a CUDA graph and replayed on its own stream, so the workers of "
+        "a process train at once on their GPU (ALGORITHM.md §14); needs CUDA; the inner optimizer becomes "
+        "capturable and fused (within float tolerance of a run without); not with fp16, ddp or runtime.shards > 1",
+    )
+    compile: bool = setting(
+        False,
+        "torch.compile each worker's model (its forward pass, the loss it computes and their backward pass) "
+        "before training; results within float tolerance of eager",
+    )
+    compile_backend: str = setting(
+        "inductor",
+        "torch.compile's backend with runtime.compile (torch._dynamo.list_backends() names them; aot_eager "
+        "traces without generating code)",
+    )
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = (
+        setting(
+            "default",
+            "torch.compile's mode with runtime.compile (reduce-overhead and max-autotune also capture CUDA graphs "
+            "of their own, so not with runtime.cuda_graphs)",
+        )
+    )
     profile: str | None = setting(
         None,
         "a step-time profile (adloco profile writes one) that prices each worker's compute in simulated time "

@@ -65,8 +65,12 @@ def build_algorithm(
         if comm.shards.size > 1:  # this rank's shards of the worker's replica (ALGORITHM.md §12)
             shard(model, comm.mesh["shard"])
         model.train()
+        flat = flatten(model)
+        if cfg.runtime.compile:  # in place: the module, its parameters and its state dict's names stay
+            mode = cfg.runtime.compile_mode
+            model.compile(backend=cfg.runtime.compile_backend, mode=None if mode == "default" else mode)
         models.append(model)
-        optimizers.append(make_optimizer(flatten(model), cfg.inner))
+        optimizers.append(make_optimizer(flat, cfg.inner, capturable=cfg.runtime.cuda_graphs))
     return METHOD_CLASSES[a.method](
         models,
         optimizers,
@@ -90,6 +94,7 @@ def build_algorithm(
         on_resize=cfg.elastic.batch,
         snapshot=True,  # a signal stops a round part-way: undo it in place
         sync_initial=False,  # every process built its replicas from the same seeds
+        cuda_graphs=cfg.runtime.cuda_graphs,
     )
 
 
@@ -196,6 +201,8 @@ class Driver:
         )
         state_bytes = (buffers + kept) * 4 * P
         budget = cfg.switch.memory_fraction * free - (len(algo.replicas) - 1) * state_bytes
+        if algo.cuda_graphs:  # the workers step at once, each graph holding its activations: a share each
+            budget = state_bytes + (budget - state_bytes) / len(algo.replicas)
         if budget - state_bytes <= 0:
             raise UserError(
                 f"model: {len(algo.replicas)} worker(s) of {P / 1e6:.1f}M parameters need "
@@ -239,6 +246,7 @@ class Driver:
                         indices,
                         self.cfg.eval.batch_size,
                         self.data.task,
+                        amp=algo.replicas[leader].amp_dtype,  # under the run's precision, as training
                     )
                 rows[leader] = [res.loss, math.nan if res.accuracy is None else res.accuracy]
         gathered = self.comm.all_gather_rows(rows, 2, "eval", counted=0)  # measurement, not training

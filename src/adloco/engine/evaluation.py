@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from adloco.graphs import to_device
+
 
 @dataclass(frozen=True)
 class EvalResult:
@@ -32,8 +34,10 @@ def evaluate(
     indices: np.ndarray,
     batch_size: int,
     task: str = "causal_lm",
+    amp: torch.dtype | None = None,
 ) -> EvalResult:
-    """Evaluate the validation examples ``indices``.
+    """Evaluate the validation examples ``indices`` (under autocast to ``amp`` when given: the run's
+    mixed precision, so evaluation runs the GEMMs training runs).
 
     LM: every block of T tokens scores T−1 next-token predictions (labels are the inputs; the model
     shifts them), so the split's mean NLL is Σ_batches loss_b·B·(T−1) / Σ B·(T−1), and the perplexity
@@ -46,10 +50,9 @@ def evaluate(
     correct = 0
     count = 0
     for start in range(0, len(indices), batch_size):
-        b = {
-            k: v.to(device, non_blocking=True) for k, v in batch(indices[start : start + batch_size]).items()
-        }
-        out = model(**b)
+        b = to_device(batch(indices[start : start + batch_size]), device)
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            out = model(**b)
         rows = b["input_ids"].shape[0]
         if task == "classification":
             total += out.loss.double() * rows

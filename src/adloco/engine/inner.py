@@ -10,14 +10,20 @@ from adloco.config import InnerConfig
 from adloco.flat import FlatModule
 
 
-def make_optimizer(flat: FlatModule, cfg: InnerConfig) -> torch.optim.Optimizer:
+def make_optimizer(flat: FlatModule, cfg: InnerConfig, capturable: bool = False) -> torch.optim.Optimizer:
+    """The inner optimizer on the flat buffer's two groups (matrices with weight decay, the rest without).
+    ``capturable``: one that steps inside a CUDA graph (``runtime.cuda_graphs``): AdamW with its step
+    counts on the device and the fused kernel, SGD fused (both take their lr as a device tensor)."""
     groups = [
         {"params": [p], "weight_decay": cfg.weight_decay if decay else 0.0}
         for p, decay in zip(flat.groups, flat.decay_flags, strict=True)
     ]
+    graph: dict[str, bool] = {"fused": True} if capturable else {}
     if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]))
-    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+        if capturable:
+            graph["capturable"] = True
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), **graph)
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, **graph)
 
 
 def lr_at(step: float, total: int, cfg: InnerConfig) -> float:

@@ -177,6 +177,11 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
                     "config: logging.tensorboard = 'on': the tensorboard package is not installed "
                     "(pip install tensorboard, or 'auto' to write it only when installed)"
                 )
+        if cfg.runtime.cuda_graphs and device.type != "cuda":
+            raise UserError(
+                f"config: runtime.cuda_graphs = True: CUDA graphs need CUDA (this run is on {device.type}); "
+                "leave it off"
+            )
         if cfg.model.precision != "fp32" and device.type != "cuda":
             raise UserError(
                 f"config: model.precision = {cfg.model.precision!r}: mixed precision needs CUDA (this run is on "

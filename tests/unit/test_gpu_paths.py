@@ -1,0 +1,290 @@
+"""The GPU paths (ALGORITHM.md §14), on the CPU where they can run, and on CUDA where they cannot.
+
+A captured step (``cuda_graphs``) is checked here with its capture emulated: the same input buffers,
+device learning rates and recapture rules, with the body called where a graph would be replayed. The
+capture itself needs CUDA: those tests skip on a CPU and run on a GPU machine. ``runtime.compile`` runs
+with the ``aot_eager`` backend (tracing and AOT autograd without code generation: seconds, not minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from adloco import DiLoCo, RoundAborted
+from adloco.comm.inprocess import InProcessComm
+from adloco.engine.evaluation import evaluate
+from adloco.graphs import GraphedStep, capturable
+from adloco.replica import Replica
+from adloco.snapshot import InnerSnapshot
+from tests.helpers import synthetic_data, train_once
+
+CUDA = torch.cuda.is_available()
+
+
+def mlp(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 6))
+
+
+def mse(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return ((model(batch["x"]) - batch["y"]) ** 2).mean()
+
+
+def batch(rows: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 6, generator=g)
+    return {"x": x, "y": torch.sin(x)}
+
+
+def adamw(model: nn.Module, device_lr: bool = True) -> torch.optim.Optimizer:
+    kw = {"fused": True, "capturable": True} if device_lr else {}
+    return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, **kw)
+
+
+def emulated(rep: Replica) -> GraphedStep:
+    """The replica's captured step, capture emulated (the body runs where a replay would)."""
+    rep.graphed = GraphedStep(rep._step_body, rep._state_key, rep.device, capture=False)
+    return rep.graphed
+
+
+def steps(rep: Replica, plan: list[tuple[int, float, int]], first: int = 0) -> list[float]:
+    """Run (rows, lr, micro) steps through Replica.step, each on a batch of its own (seeds from
+    ``first``); returns the losses."""
+    out = []
+    scratch = torch.zeros(rep.flat.numel)
+    for i, (rows, lr, micro) in enumerate(plan):
+        for g in rep.optimizer.param_groups:
+            g["lr"] = lr
+        loss, _ = rep.step(batch(rows, first + i), rows, micro, None, scratch)
+        out.append(float(loss))
+    return out
+
+
+def test_a_captured_step_is_the_eager_step_and_reads_each_steps_lr_and_batch() -> None:
+    plan = [(8, 1e-2, 8), (8, 5e-3, 8), (8, 2e-2, 4), (8, 0.0, 4), (8, 1e-2, 4), (8, 1e-3, 4)]
+    a_model = mlp(0)
+    a = Replica(a_model, adamw(a_model), mse, clip=0.5)
+    g = emulated(a)
+    b_model = mlp(0)
+    b = Replica(b_model, adamw(b_model), mse, clip=0.5)  # the same optimizer, no graph
+    before_zero_lr: torch.Tensor | None = None
+    la, lb = [], []
+    for i, step in enumerate(plan):
+        if step[1] == 0.0:
+            before_zero_lr = a.flat.param.clone()
+        la += steps(a, [step], first=i)  # a new batch every step: a stale input buffer would show
+        lb += steps(b, [step], first=i)
+        if step[1] == 0.0:  # a replay with lr 0: weight decay and Adam both scale by lr, so nothing moves
+            assert before_zero_lr is not None and torch.equal(a.flat.param, before_zero_lr)
+    # layouts: (8 rows, micro 8) eager, captured; (8, micro 4) eager, captured, then replayed
+    assert (g.captures, g.replays) == (2, 4)
+    # the graph's lr is a float32 tensor, the eager step's a Python float: within float tolerance
+    torch.testing.assert_close(a.flat.param, b.flat.param, rtol=1e-5, atol=1e-6)
+    assert np.allclose(la, lb, rtol=1e-5)
+
+
+def test_a_new_layout_or_reset_state_is_captured_again() -> None:
+    m = mlp(1)
+    rep = Replica(m, adamw(m), mse)
+    g = emulated(rep)
+    steps(rep, [(4, 1e-2, 4)] * 3)
+    assert (g.captures, g.replays) == (1, 2)
+    rep.reset_optimizer()  # a worker that moves to another trainer: new state tensors
+    steps(rep, [(4, 1e-2, 4)] * 2)
+    assert (g.captures, g.replays) == (2, 3)  # one eager step (state created again), then captured
+    steps(rep, [(6, 1e-2, 4)] * 2)  # another batch size: eager, then captured
+    assert (g.captures, g.replays) == (3, 4)
+
+
+def test_workers_at_once_give_the_run_without_graphs(tmp_path: Path) -> None:
+    """DiLoCo with two workers in one process, three rounds with a snapshot each: the emulated graphs
+    against no graphs, with the same (capturable, fused) optimizer: equal within float tolerance."""
+
+    def run(graphs: bool) -> torch.Tensor:
+        models = [mlp(2), mlp(2)]
+        algo = DiLoCo(
+            models,
+            [adamw(m) for m in models],
+            inner_steps=4,
+            comm=InProcessComm(2),
+            loss_fn=mse,
+            batch_size=8,
+            snapshot=True,
+        )
+        if graphs:
+            for rep in algo.replicas.values():
+                emulated(rep)
+        for r in range(3):
+            for h in range(4):
+                algo.step_all({w: batch(8, 100 * r + 10 * h + w) for w in algo.local_workers})
+        if graphs:
+            got = [
+                (rep.graphed.captures, rep.graphed.replays) for rep in algo.replicas.values() if rep.graphed
+            ]
+            assert got == [(1, 3 * 4 - 1)] * 2, got  # the first step eager, every later one replayed
+        return algo.theta(0).clone()
+
+    torch.testing.assert_close(run(True), run(False), rtol=1e-5, atol=1e-6)
+
+
+def test_a_stopped_round_is_undone_from_its_snapshot() -> None:
+    models = [mlp(3), mlp(3)]
+    algo = DiLoCo(
+        models,
+        [adamw(m, False) for m in models],
+        inner_steps=3,
+        comm=InProcessComm(2),
+        loss_fn=mse,
+        batch_size=4,
+        snapshot=True,
+    )
+    for h in range(3):
+        algo.step_all({w: batch(4, h + w) for w in algo.local_workers})
+    start = {w: {k: v.clone() for k, v in rep.inner_state().items()} for w, rep in algo.replicas.items()}
+    algo.step_all({w: batch(4, 7 + w) for w in algo.local_workers})
+    with pytest.raises(RoundAborted):
+        algo.step_all({w: batch(4, 9 + w) for w in algo.local_workers}, stop=True)
+    for w, rep in algo.replicas.items():
+        now = rep.inner_state()
+        assert set(now) == set(start[w]) and all(torch.equal(now[k], start[w][k]) for k in now)
+        assert torch.equal(rep.flat.param, algo.theta(0))
+
+
+def test_a_snapshot_keeps_its_buffers_between_rounds() -> None:
+    m = mlp(4)
+    opt = adamw(m, False)
+    rep = Replica(m, opt, mse)
+    snap = InnerSnapshot()
+    rep.snapshot(snap)
+    assert snap.empty  # before the first step: nothing to copy, a restore clears the state
+    steps(rep, [(4, 1e-2, 4)])
+    rep.snapshot(snap)
+    buffers = [id(v) for h in snap._host for v in h.values()]
+    saved = {k: v.clone() for k, v in rep.inner_state().items()}
+    steps(rep, [(4, 1e-2, 4)] * 2)
+    rep.restore(snap)
+    assert all(torch.equal(rep.inner_state()[k], v) for k, v in saved.items())
+    rep.snapshot(snap)
+    assert [id(v) for h in snap._host for v in h.values()] == buffers
+
+
+def test_what_a_captured_step_cannot_take_is_refused_in_one_line() -> None:
+    m = mlp(5)
+    with pytest.raises(ValueError, match="needs a model on a CUDA device"):
+        Replica(m, adamw(m), mse, cuda_graphs=True)
+    assert "capturable=True" in (capturable(torch.optim.AdamW(mlp(5).parameters())) or "")
+    assert "fused=True" in (capturable(torch.optim.SGD(mlp(5).parameters(), lr=0.1)) or "")
+    assert capturable(torch.optim.SGD(mlp(5).parameters(), lr=0.1, fused=True)) is None
+    assert capturable(adamw(mlp(5))) is None
+    from adloco import DDP
+
+    with pytest.raises(ValueError, match="DDP averages gradients"):
+        DDP([mlp(5)], [adamw(mlp(5))], comm=InProcessComm(1), loss_fn=mse, cuda_graphs=True)
+    algo = DiLoCo([m], [adamw(m)], comm=InProcessComm(1), loss_fn=mse)
+    algo.cuda_graphs = True
+    with pytest.raises(ValueError, match="hooked form"), algo:
+        pass
+
+
+def test_evaluation_runs_under_the_runs_precision() -> None:
+    from adloco import models
+    from tests.helpers import build_fn, tiny_config
+
+    data = synthetic_data(seq_len=8)
+    cfg = tiny_config()
+    model = build_fn(data, cfg).build(0)
+    idx = np.arange(8)
+    full = evaluate(model, data.val_batch, idx, 4)
+    half = evaluate(model, data.val_batch, idx, 4, amp=torch.bfloat16)
+    assert full.loss != half.loss and math.isclose(full.loss, half.loss, rel_tol=0.05)
+    assert models is not None
+
+
+def _summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_compile_trains_as_eager_with_the_probe(tmp_path: Path, text_corpus: Path) -> None:
+    """adloco train with runtime.compile (AdLoCo: the probe's chunks and the steps are micro-batches of
+    several sizes) ends where the eager run ends, within float tolerance."""
+    base = {
+        "data.source": str(text_corpus),
+        "model.name": "llama-micro",
+        "data.tokenizer": "bpe:300",
+        "data.seq_len": "16",
+        "algorithm.rounds": "2",
+        "algorithm.inner_steps": "2",
+        "algorithm.workers": "2",
+        "algorithm.trainers": "2",
+        "batch.initial": "4",
+        "switch.b_max": "4",
+        "eval.max_examples": "4",
+        "logging.progress": "off",
+        "logging.plots": "false",
+    }
+    from torch._dynamo.utils import counters
+
+    eager = _summary(train_once(tmp_path / "eager", base))
+    counters.clear()
+    compiled = _summary(
+        train_once(
+            tmp_path / "compiled", {**base, "runtime.compile": "true", "runtime.compile_backend": "aot_eager"}
+        )
+    )
+    assert counters["stats"]["unique_graphs"] > 0  # the model was compiled (not eager under another name)
+    assert compiled["requests_final"] == eager["requests_final"]
+    assert math.isclose(compiled["final_val_loss"], eager["final_val_loss"], rel_tol=1e-4)
+
+
+# -- CUDA only -------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA: a CUDA graph is captured")
+def test_on_cuda_a_captured_step_replays_the_eager_step() -> None:
+    dev = torch.device("cuda")
+    a_model, b_model = mlp(6).to(dev), mlp(6).to(dev)
+    a = Replica(a_model, adamw(a_model), mse, clip=0.5, cuda_graphs=True)
+    b = Replica(b_model, adamw(b_model), mse, clip=0.5)
+    scratch = torch.zeros(a.flat.numel, device=dev)
+    for i in range(6):
+        for rep in (a, b):
+            for g in rep.optimizer.param_groups:
+                g["lr"] = 1e-2 / (i + 1)
+        with a.on_stream():
+            a.fork()
+            a.step(batch(8, i), 8, 8, None, scratch)
+        a.join()
+        b.step(batch(8, i), 8, 8, None, scratch)
+    torch.cuda.synchronize()
+    assert a.graphed is not None and a.graphed.failed is None and a.graphed.replays == 5
+    torch.testing.assert_close(a.flat.param, b.flat.param, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA: workers captured as CUDA graphs")
+def test_on_cuda_adloco_train_with_graphs_runs(tmp_path: Path, text_corpus: Path) -> None:
+    run = train_once(
+        tmp_path,
+        {
+            "data.source": str(text_corpus),
+            "model.name": "llama-micro",
+            "data.tokenizer": "bpe:300",
+            "data.seq_len": "16",
+            "algorithm.method": "diloco",
+            "algorithm.rounds": "2",
+            "algorithm.inner_steps": "4",
+            "algorithm.workers": "2",
+            "runtime.cuda_graphs": "true",
+            "model.precision": "bf16",
+            "eval.max_examples": "4",
+            "logging.progress": "off",
+            "logging.plots": "false",
+        },
+    )
+    assert math.isfinite(_summary(run)["final_val_loss"])
