@@ -10,9 +10,12 @@ Sections, each time-boxed and isolated (a failing section records its error and 
 3. b_max      the CUDA b_max search on llama-10m, llama-30m, microllama-300m; memory the probe keeps
 4. oom        a fixed too-large b_max under a memory cap: does the run recover by halving b_max?
 5. torchrun   2 NCCL ranks on one GPU, the same with gloo forced, 1 rank x 2 workers
-6. overhead   plain PyTorch on a ~125M Llama (tokens/s, MFU; sdpa, fused AdamW, torch.compile) and the
-              engine on the microllama-300m preset
-7. multi      k = 1, 2, 4 small workers on one GPU: sequential, streams, threads, vmap, processes, graphs
+6. overhead   the engine 1x1 on the microllama-300m preset against plain PyTorch at the same shape
+              (tokens/s, MFU), both traced with torch.profiler (host and device ms a step, host reads,
+              costliest operators), and the engine with runtime.compile
+7. multi      the engine with k = 1, 2, 4 workers of llama-tiny and llama-10m on one GPU, one after
+              another and at once (runtime.cuda_graphs); `adloco train` with runtime.cuda_graphs; then
+              micro-benchmarks (sequential, graphs, processes, vmap, streams, threads) as time allows
 
 The engine is driven through its CLI (``python -m adloco train --set ...``) and read back from the run
 directory's ``summary.json``, ``metrics.jsonl`` and checkpoint, so this script does not depend on the
@@ -507,6 +510,9 @@ def sec_torchrun(ctx: Ctx, box: float) -> dict[str, Any]:
 
 
 def sec_overhead(ctx: Ctx, box: float) -> dict[str, Any]:
+    """The engine 1x1 against a plain loop at the same shape: tokens/s, and both traced (torch.profiler
+    summaries side by side: host and device ms a step, host reads, the costliest operators); then the
+    engine with runtime.compile (MFU)."""
     end = time.time() + box
     out: dict[str, Any] = {}
     # the engine: 1 trainer x 1 worker, constant batch, on the largest preset (the 125M shape is no preset)
@@ -517,43 +523,55 @@ def sec_overhead(ctx: Ctx, box: float) -> dict[str, Any]:
         "algorithm.method": "diloco",
         "algorithm.workers": 1,
         "algorithm.trainers": 1,
-        "algorithm.rounds": 2,
-        "algorithm.inner_steps": 20,
+        "algorithm.rounds": 3,
+        "algorithm.inner_steps": 10,
         "batch.initial": b,
         "batch.max": b,
         "switch.b_max": b,
         "eval.max_examples": 16,
         "eval.batch_size": 8,
         "checkpoint.every": 0,
+        "logging.trace": 3,  # the last round, warm: its steps under torch.profiler
     }
     if ctx.cuda:
         sets["model.precision"] = "bf16"
     if ctx.dry:
         sets.update({"model.name": "llama-micro", "data.seq_len": 32, "algorithm.inner_steps": 3})
-    # startup, data, the first evaluation, 2 x 20 steps and a ~4 GB checkpoint: ~35 s on an H100
-    rec = _slim(ctx.cli("engine-1x1", sets, min(90.0, max(45.0, box / 2))))
     seq = int(sets["data.seq_len"])
-    per_round = []
-    for r in rec.get("rounds", []):
-        if r.get("train_s") and r.get("examples"):
-            per_round.append(round(r["examples"] * seq / r["train_s"]))
-    rec["tokens_per_s_by_round"] = per_round
-    rec["tokens_per_s"] = per_round[-1] if per_round else None
+
+    def engine(name: str, extra: dict[str, Any], timeout: float) -> dict[str, Any]:
+        rec = _slim(ctx.cli(name, {**sets, **extra}, timeout))
+        per_round = [
+            round(r["examples"] * seq / r["train_s"])
+            for r in rec.get("rounds", [])
+            if r.get("train_s") and r.get("examples")
+        ]
+        rec["tokens_per_s_by_round"] = per_round
+        # round 2: warm and untraced (the traced round pays for the profiler)
+        rec["tokens_per_s"] = per_round[1] if len(per_round) > 1 else (per_round[-1] if per_round else None)
+        ctx.say(
+            f"  {name}: rc {rec['rc']}, {rec['wall_s']}s, tokens/s by round {per_round}"
+            + (f", error: {rec['error']}" if rec.get("error") else "")
+        )
+        return rec
+
+    # startup, data, the first evaluation, 3 x 10 steps (the last traced): ~40 s on an H100
+    rec = engine("engine-1x1", {}, min(100.0, max(45.0, box / 3)))
     rec["what"] = (
         f"adloco train: {sets['model.name']} preset (vocab from the bpe:4096 stdlib tokenizer), seq {seq}, "
-        f"batch {b}, {'bf16' if ctx.cuda else 'fp32'}, DiLoCo 1 trainer x 1 worker, H={sets['algorithm.inner_steps']}; tokens/s = the last "
-        "round's examples x seq / train_s (no evaluation)"
+        f"batch {b}, {'bf16' if ctx.cuda else 'fp32'}, DiLoCo 1 trainer x 1 worker, H={sets['algorithm.inner_steps']}; "
+        "tokens/s = round 2's examples x seq / train_s (no evaluation; round 3 is traced)"
     )
+    rec["trace"] = _trace_summary(ctx, "engine-1x1")
     out["engine"] = rec
-    ctx.say(
-        f"  engine 1x1: rc {rec['rc']}, {rec['wall_s']}s, tokens/s by round {per_round}"
-        + (f", error: {rec['error']}" if rec.get("error") else "")
-    )
-    plain = ctx.child("overhead", max(20, end - time.time()))
+    out["plain_trace"] = ctx.child("plain_trace", max(20, min(90, end - time.time() - 60)))
+    plain = ctx.child("overhead", max(20, end - time.time() - (0 if ctx.dry else 90)))
     out["plain"] = plain
     eng_shape = next(
         (v for k, v in (plain.get("variants") or {}).items() if k.startswith("engine shape")), None
     )
+    fpt = (eng_shape or {}).get("flops_per_token")
+    ceiling = (ctx.ceiling or 0) * 1e12
     if eng_shape and eng_shape.get("tokens_per_s") and rec.get("tokens_per_s"):
         ratio = rec["tokens_per_s"] / eng_shape["tokens_per_s"]
         out["engine_vs_plain"] = round(ratio, 3)
@@ -563,6 +581,18 @@ def sec_overhead(ctx: Ctx, box: float) -> dict[str, Any]:
         P = (rec.get("checkpoint") or {}).get("parameters")
         if P and eng_shape.get("params"):
             out["engine_params_vs_plain"] = [P, eng_shape["params"]]
+    # the engine compiled (inductor): ~60-90 s of compilation for this model on an H100
+    left = end - time.time()
+    if left > 30 and (ctx.cuda or ctx.dry):
+        compiled = {"runtime.compile": "true", "logging.trace": 0}
+        if ctx.dry and not ctx.cuda:  # tracing and AOT autograd without code generation: seconds on a CPU
+            compiled["runtime.compile_backend"] = "aot_eager"
+        comp = engine("engine-1x1-compiled", compiled, left - 5)
+        if comp.get("tokens_per_s") and fpt and ceiling:
+            comp["mfu_measured"] = round(comp["tokens_per_s"] * fpt / ceiling, 4)
+        out["engine_compiled"] = comp
+    else:
+        out["engine_compiled"] = {"skipped": "section time limit" if ctx.cuda else "CUDA only"}
     for name, v in (plain.get("variants") or {}).items():
         ctx.say(
             f"  plain {name}: "
@@ -577,37 +607,69 @@ def sec_overhead(ctx: Ctx, box: float) -> dict[str, Any]:
     return out
 
 
+def _trace_summary(ctx: Ctx, name: str) -> dict[str, Any]:
+    """The summary ``logging.trace`` wrote in the run directory of ``name``'s run."""
+    found = sorted((ctx.work / "runs" / name).glob("*/trace/round-*.summary.json"))
+    return json.loads(found[-1].read_text()) if found else {"error": "no trace written"}
+
+
 def sec_multi(ctx: Ctx, box: float) -> dict[str, Any]:
-    r = ctx.child("multi", box)
+    """The engine's workers on one GPU, one after another and at once (runtime.cuda_graphs), k = 1, 2, 4 of
+    llama-tiny and llama-10m; one `adloco train` with runtime.cuda_graphs; then the earlier micro-benchmarks
+    (sequential, graphs, processes, ...) with what time is left."""
+    end = time.time() + box
+    r: dict[str, Any] = {}
+    r["engine"] = ctx.child("engine", max(20.0, box * 0.6))
+    sets = {
+        "model.name": "llama-tiny",
+        "algorithm.method": "diloco",
+        "algorithm.workers": 4,
+        "algorithm.rounds": 2,
+        "runtime.cuda_graphs": "true",
+    }
+    if ctx.cuda:
+        sets["model.precision"] = "bf16"
+    cli = _slim(ctx.cli("cuda-graphs-4-workers", sets, max(10.0, min(60.0, end - time.time() - 20))))
+    if not ctx.cuda:
+        cli["expected"] = "runtime.cuda_graphs needs CUDA: refused on CPU with exit code 2"
+    r["cli"] = cli
+    ctx.say(f"  adloco train with runtime.cuda_graphs (4 workers): rc {cli['rc']}, ppl {_ppl(cli)}")
+    r["micro"] = ctx.child("multi", max(10.0, end - time.time()))
     summary = summarize_multi(r)
     r["summary"] = summary
     for line in summary.get("lines", []):
         ctx.say("  " + line)
-    if r.get("error") and not r.get("shapes"):
-        raise SectionError(r["error"], r)
+    if (r["engine"].get("error") and not r["engine"].get("shapes")) or (
+        r["micro"].get("error") and not r["micro"].get("shapes")
+    ):
+        raise SectionError(r["engine"].get("error") or r["micro"]["error"], r)
     return r
 
 
+TARGETS = {"llama-tiny": 6.0, "llama-10m": 2.5}  # x one sequential worker's examples/s, 4 workers at once
+
+
 def summarize_multi(r: dict[str, Any]) -> dict[str, Any]:
-    """The best approach at the largest k per shape, and whether it reaches 2.5x one sequential worker."""
+    """The engine's workers at once at the largest k against one sequential worker, per shape, and whether
+    that meets the target (llama-tiny 6x, llama-10m 2.5x)."""
     out: dict[str, Any] = {"lines": [], "best": {}}
-    ks = r.get("ks") or []
+    eng = r.get("engine") or {}
+    ks = eng.get("ks") or []
     if not ks:
         return out
     kmax = str(max(ks))
-    for shape, rec in (r.get("shapes") or {}).items():
-        best = None
-        for key, row in (rec.get("results") or {}).items():
-            x = row.get(kmax, {}).get("vs_sequential_k1")
-            if x is not None and (best is None or x > best[1]):
-                best = (key, x)
-        seq = (rec.get("results") or {}).get("a", {}).get(kmax, {}).get("vs_sequential_k1")
-        if best:
-            out["best"][shape] = {"approach": best[0], "x_vs_one_sequential_worker": best[1], "k": int(kmax)}
-            out["lines"].append(
-                f"{shape}: k={kmax} best {best[0]} ({r['approaches'].get(best[0], '')}) {best[1]}x one worker; "
-                f"sequential {seq}x; target 2.5x {'met' if best[1] >= 2.5 else 'not met'}"
-            )
+    for shape, rec in (eng.get("shapes") or {}).items():
+        g = (rec.get("graphs") or {}).get(kmax, {})
+        q = (rec.get("sequential") or {}).get(kmax, {})
+        x = g.get("vs_one_sequential")
+        out["best"][shape] = {"graphs": x, "sequential": q.get("vs_one_sequential"), "k": int(kmax)}
+        target = TARGETS.get(shape)
+        verdict = "" if x is None or target is None else f"; target {target}x {'met' if x >= target else 'not met'}"
+        at_once = f"{x}x" if x is not None else f"not measured ({g.get('skipped') or g.get('error')})"
+        out["lines"].append(
+            f"{shape}: k={kmax} workers at once (cuda_graphs) {at_once} one sequential worker's examples/s, "
+            f"one after another {q.get('vs_one_sequential')}x{verdict}"
+        )
     return out
 
 
@@ -618,16 +680,17 @@ class SectionError(Exception):
 
 
 SECTIONS: list[tuple[str, str, Callable[[Ctx, float], dict[str, Any]], float, float]] = [
-    # name, title, function, nominal time box (s), least time kept for it when earlier ones run long
-    ("env", "1. Environment and matmul ceiling", sec_env, 60, 20),
-    ("multi", "7. Multi-instance throughput", sec_multi, 130, 60),
-    ("precision", "2. Mixed precision (default run)", sec_precision, 110, 40),
-    ("b_max", "3. b_max search", sec_bmax, 120, 40),
-    ("overhead", "6. Engine overhead and MFU", sec_overhead, 180, 60),
-    ("oom", "4. Out-of-memory recovery", sec_oom, 45, 20),
-    ("torchrun", "5. torchrun on one GPU", sec_torchrun, 75, 30),
+    # name, title, function, nominal time box (s), least time kept for it when earlier ones run long;
+    # the overhead and multi-instance sections first: they are what a short GPU loan is for
+    ("env", "1. Environment and matmul ceiling", sec_env, 45, 20),
+    ("overhead", "6. Engine overhead and MFU", sec_overhead, 230, 90),
+    ("multi", "7. Multi-instance throughput", sec_multi, 150, 60),
+    ("precision", "2. Mixed precision (default run)", sec_precision, 60, 30),
+    ("b_max", "3. b_max search", sec_bmax, 45, 20),
+    ("oom", "4. Out-of-memory recovery", sec_oom, 30, 15),
+    ("torchrun", "5. torchrun on one GPU", sec_torchrun, 45, 20),
 ]
-DRY_BOXES = {"env": 40, "multi": 60, "precision": 60, "b_max": 40, "oom": 40, "torchrun": 40, "overhead": 60}
+DRY_BOXES = {"env": 40, "multi": 90, "precision": 60, "b_max": 40, "oom": 40, "torchrun": 40, "overhead": 120}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -817,6 +880,17 @@ def md_overhead(r: dict[str, Any]) -> list[str]:
         f"engine / plain loop on the same shape = {_fmt(r.get('engine_vs_plain'), 3)} (parameters engine/plain {r.get('engine_params_vs_plain')}); "
         f"engine MFU {_fmt(r.get('engine_mfu_measured'), 3)} (measured ceiling) / {_fmt(r.get('engine_mfu_datasheet'), 3)} (989).",
     ]
+    c = r.get("engine_compiled") or {}
+    L += [
+        "",
+        f"Engine with runtime.compile ({(c.get('overrides') or {}).get('runtime.compile_backend', 'inductor')}): "
+        + (
+            str(c.get("skipped"))
+            if c.get("skipped")
+            else f"exit {c.get('rc')}, tokens/s by round {c.get('tokens_per_s_by_round')}, MFU {_fmt(c.get('mfu_measured'), 3)} (measured ceiling)"
+        ),
+    ]
+    L += _traces_side_by_side((e.get("trace") or {}), ((r.get("plain_trace") or {}).get("summary") or {}))
     if e.get("error"):
         L += ["", "Engine error:", "", "```", e.get("output_tail", e["error"]), "```"]
     if p.get("error_output"):
@@ -824,36 +898,82 @@ def md_overhead(r: dict[str, Any]) -> list[str]:
     return L
 
 
+def _traces_side_by_side(eng: dict[str, Any], plain: dict[str, Any]) -> list[str]:
+    """The engine's traced round and the plain loop's traced steps (adloco.telemetry.trace summaries)."""
+    if not eng and not plain:
+        return []
+    rows = [
+        ("wall ms a step", "wall_ms_per_step"),
+        ("device busy ms a step", "device_ms_per_step"),
+        ("host reads of device values a step", "host_reads_per_step"),
+        ("synchronizations a step", "syncs_per_step"),
+        ("device-to-host copies a step", "dtoh_copies_per_step"),
+        ("aten operators a step", "aten_ops_per_step"),
+    ]
+    L = ["", "Traced (torch.profiler; the engine's round includes its synchronization):", ""]
+    L += ["| per step | engine | plain loop |", "|---|---|---|"]
+    for label, key in rows:
+        L.append(f"| {label} | {_fmt(eng.get(key))} | {_fmt(plain.get(key))} |")
+    for key, what in (("top_by_host", "host"), ("top_by_device", "device")):
+        L += ["", f"Costliest operators by self {what} time (ms a step): engine | plain loop", ""]
+        L += ["| # | engine | plain loop |", "|---|---|---|"]
+        a, b = eng.get(key) or [], plain.get(key) or []
+        for i in range(min(8, max(len(a), len(b)))):
+            cell = [
+                f"`{x[i]['op'][:50]}` {x[i][f'{what}_ms_per_step']}".replace("|", "/") if i < len(x) else ""
+                for x in (a, b)
+            ]
+            L.append(f"| {i + 1} | {cell[0]} | {cell[1]} |")
+    return L
+
+
 def md_multi(r: dict[str, Any]) -> list[str]:
-    ks = r.get("ks") or []
+    eng = r.get("engine") or {}
+    ks = eng.get("ks") or []
     L = [
         "",
-        f"Device {r.get('device')}, {r.get('precision')}. Each worker: its own replica, AdamW and batch; forward, backward, clip 1.0, AdamW step. Aggregate tokens/s; (×) against one worker running sequentially (approach a, k=1).",
+        f"The engine ({eng.get('what', '')}); device {eng.get('device')}, {eng.get('precision')}. "
+        "Examples/s, and (×) against one worker stepping alone, sequential.",
         "",
+        f"Check (2 workers, 2 rounds, the same start and batches: graphs against none): {json.dumps(eng.get('check'))}",
     ]
-    L.append(f"Checks: {json.dumps(r.get('checks'))}")
-    for shape, rec in (r.get("shapes") or {}).items():
-        L += ["", f"### {shape} ({rec.get('params')} parameters, {rec.get('steps_timed')} steps timed)", ""]
-        L.append("| approach | " + " | ".join(f"k={k}" for k in ks) + " |")
+    for shape, rec in (eng.get("shapes") or {}).items():
+        L += ["", f"### {shape}, {rec.get('rows')} x {rec.get('seq')} tokens a worker and step", ""]
+        L.append("| mode | " + " | ".join(f"k={k}" for k in ks) + " |")
         L.append("|---|" + "---|" * len(ks))
-        for key, row in (rec.get("results") or {}).items():
+        for mode, label in (("sequential", "one after another"), ("graphs", "at once (runtime.cuda_graphs)")):
             cells = []
             for k in ks:
+                c = (rec.get(mode) or {}).get(str(k), {})
+                if "examples_per_s" in c:
+                    cells.append(f"{c['examples_per_s']:,} ({c.get('vs_one_sequential', '—')}×)")
+                else:
+                    cells.append(str(c.get("error") or c.get("skipped") or "—").replace("|", "/")[:120])
+            L.append(f"| {label} | " + " | ".join(cells) + " |")
+    cli = r.get("cli") or {}
+    L += ["", f"`adloco train` with runtime.cuda_graphs, 4 workers of llama-tiny: exit {cli.get('rc')}, validation perplexity {_ppl(cli)}."]
+    for line in (r.get("summary") or {}).get("lines", []):
+        L += ["", line]
+    micro = r.get("micro") or {}
+    mks = micro.get("ks") or []
+    if micro.get("shapes"):
+        L += ["", "Micro-benchmarks (standalone PyTorch, tokens/s; × one sequential worker):"]
+    for shape, rec in (micro.get("shapes") or {}).items():
+        L += ["", f"#### {shape} ({rec.get('params')} parameters, {rec.get('steps_timed')} steps timed)", ""]
+        L.append("| approach | " + " | ".join(f"k={k}" for k in mks) + " |")
+        L.append("|---|" + "---|" * len(mks))
+        for key, row in (rec.get("results") or {}).items():
+            cells = []
+            for k in mks:
                 c = row.get(str(k), {})
                 if "tokens_per_s" in c:
                     cells.append(f"{c['tokens_per_s']:,} ({c.get('vs_sequential_k1', '—')}×)")
                 else:
                     cells.append(str(c.get("error") or c.get("skipped") or "—").replace("|", "/")[:120])
-            L.append(f"| {key}: {r.get('approaches', {}).get(key, '')} | " + " | ".join(cells) + " |")
-        if rec.get("graph_over_eager_k1"):
-            L += [
-                "",
-                f"One worker: a CUDA graph of its step runs {rec['graph_over_eager_k1']}× the eager step's tokens/s (the eager gap is launch overhead).",
-            ]
-    for line in (r.get("summary") or {}).get("lines", []):
-        L += ["", line]
-    if r.get("error_output"):
-        L += ["", "Child output:", "", "```", r["error_output"], "```"]
+            L.append(f"| {key}: {micro.get('approaches', {}).get(key, '')} | " + " | ".join(cells) + " |")
+    for part in ("engine", "micro"):
+        if (r.get(part) or {}).get("error_output"):
+            L += ["", f"{part} child output:", "", "```", r[part]["error_output"], "```"]
     return L
 
 
@@ -898,11 +1018,17 @@ def headline(name: str, s: dict[str, Any]) -> str:
         if name == "overhead":
             v = (r.get("plain") or {}).get("variants") or {}
             best = max((x.get("mfu_measured") or 0 for x in v.values()), default=0)
-            return f"best plain MFU {best:.3f} (measured ceiling); engine/plain {r.get('engine_vs_plain')}"
+            comp = (r.get("engine_compiled") or {}).get("mfu_measured")
+            return (
+                f"best plain MFU {best:.3f} (measured ceiling); engine/plain {r.get('engine_vs_plain')}; "
+                f"engine compiled MFU {comp}"
+            )
         if name == "multi":
             b = (r.get("summary") or {}).get("best") or {}
             return "; ".join(
-                f"{k.split(' ')[0].rstrip(',')}: {x['approach']} {x['x_vs_one_sequential_worker']}x at k={x['k']}"
+                f"{k}: k={x['k']} at once "
+                + (f"{x['graphs']}x" if x["graphs"] is not None else "not measured")
+                + f", one after another {x['sequential']}x"
                 for k, x in b.items()
             )
     except Exception as exc:  # noqa: BLE001
@@ -932,6 +1058,14 @@ def run_child(args: argparse.Namespace) -> int:
         save(gpu_micro.overhead(args.dry_run, args.ceiling, save))
     elif args.child == "multi":
         save(gpu_micro.multi(args.dry_run, save, args.deadline))
+    elif args.child == "engine":
+        import gpu_engine
+
+        save(gpu_engine.multi(args.dry_run, save, args.deadline))
+    elif args.child == "plain_trace":
+        import gpu_engine
+
+        save(gpu_engine.plain_trace(args.dry_run, save))
     else:
         raise SystemExit(f"unknown child {args.child!r}")
     return 0

@@ -356,6 +356,7 @@ def plain_loop(
     out = {
         "params": n_params(model),
         "params_counted": n,
+        "flops_per_token": fpt,
         "batch": batch,
         "seq": seq,
         "step_ms": round(dt / steps * 1e3, 2),

@@ -42,6 +42,21 @@ PUBLISHED: dict[str, str] = {
     "benchmarks/gpu-h100/README.md": "results/gpu-h100/index.md",
     "benchmarks/gpu-h100/gpu.md": "results/gpu-h100/gpu.md",
     "benchmarks/gpu-h100/gpu.json": "results/gpu-h100/gpu.json",
+    "benchmarks/gpu-h200": "results/gpu-h200/index.md",
+    "benchmarks/gpu-h200/README.md": "results/gpu-h200/index.md",
+    **{
+        f"benchmarks/gpu-h200/{name}": f"results/gpu-h200/{name}"
+        for name in (
+            "device-check.log",
+            "engine-profile-by-device-time.txt",
+            "engine-profile-by-host-time.txt",
+            "overhead-gpu.json",
+            "overhead-gpu.log",
+            "pinned-batches.log",
+            "profile_engine.py",
+            "unit-tier-on-gpu.txt",
+        )
+    },
     **{
         f"benchmarks/plots/{p.name}": f"results/plots/{p.name}"
         for p in (ROOT / "benchmarks/plots").glob("*.png")

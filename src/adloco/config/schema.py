@@ -364,6 +364,13 @@ class LoggingConfig(Dial):
         "auto", "TensorBoard scalars in <run>/tensorboard: auto when the tensorboard package is installed"
     )
     save_model: bool = setting(True, "save the final model and tokenizer (Hugging Face format)")
+    trace: int = setting(
+        0,
+        "record this round's inner steps and synchronization with torch.profiler (0: none): "
+        "<run>/trace/round-N.json (a Chrome trace) and round-N.md (host and device ms a step, host reads "
+        "of device values, the costliest operators)",
+        at_least=0,
+    )
 
     def check(self) -> None:
         n = self.name

@@ -8,12 +8,14 @@ itself is the library's: there is no second copy of it here.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,7 @@ from adloco.method import AdLoCo, RoundAborted
 from adloco.models import ModelFactory, shard
 from adloco.round import RoundReport, Traffic
 from adloco.telemetry.metrics import MetricsSink
+from adloco.telemetry import trace
 from adloco.telemetry.progress import Progress
 
 
@@ -162,6 +165,7 @@ class Driver:
         )
         self.trained = 0  # examples in inner steps so far (probe rows are not steps)
         self.stop_requested: Callable[[], bool] = lambda: False  # set by whoever handles signals
+        self.trace_dir: Path | None = None  # where logging.trace writes (the run directory's, on rank 0)
         # Dropout draws from the process's generators, which imports and model loading may have
         # advanced or reseeded by then: seed them from the run's seed and this rank, so a run is
         # reproducible (a resume restores them from its checkpoint instead).
@@ -286,25 +290,19 @@ class Driver:
         total_steps = a.rounds * a.inner_steps
         self._rng = rng_state()
         trained = self.trained
-        for h in range(a.inner_steps):
-            at = self.trained / self.lr_unit if a.budget is not None else r * a.inner_steps + h
-            lr = lr_at(at, total_steps, cfg.inner)
-            for rep in algo.replicas.values():
-                for group in rep.optimizer.param_groups:
-                    group["lr"] = lr
-            batches = {
-                w: self.data.train_batch(streams[w].take(algo.batch_size(w))) for w in algo.local_workers
-            }
-            rows = algo.step_rows  # this round's plan: every worker's rows in one step
-            try:
-                algo.step_all(batches, stop=self.stop_requested())
-            except RoundAborted:
-                set_rng_state(self._rng)
-                self.trained = trained
-                raise
-            self.trained += rows
-            on_step(len(batches))
+        traced = self.trace_dir is not None and cfg.logging.trace == r + 1
+        with trace.profiled(a.inner_steps, self.device) if traced else contextlib.nullcontext() as record:
+            self._inner_steps(streams, total_steps, trained, on_step)
+        if record is not None and self.trace_dir is not None:
+            trace.write(
+                record,
+                self.trace_dir,
+                f"round-{r + 1}",
+                f"Round {r + 1}: {a.method}, {len(algo.replicas)} worker(s) in this process, {self.device.type}",
+            )
+            self.log(f"trace of round {r + 1}: {self.trace_dir / f'round-{r + 1}.md'}")
         report = algo.last_report
+
         assert report is not None and report.round == r + 1
         final = algo.round == a.rounds or (a.budget is not None and self.examples >= a.budget)
         if final:  # comm.overlap: the last Δ lands now, behind nothing
@@ -355,6 +353,35 @@ class Driver:
             out += [events.Eval(round=algo.round, trainer=t, **self.val_metrics(t)) for t in val]
         out.append(summary)
         return out
+
+    def _inner_steps(
+        self,
+        streams: dict[int, ShardStream],
+        total_steps: int,
+        trained: int,
+        on_step: Callable[[int], None],
+    ) -> None:
+        """The round's H inner steps (the last one synchronizes), fed from every local worker's shard."""
+        algo, cfg = self.algo, self.cfg
+        a, r = cfg.algorithm, algo.round
+        for h in range(a.inner_steps):
+            at = self.trained / self.lr_unit if a.budget is not None else r * a.inner_steps + h
+            lr = lr_at(at, total_steps, cfg.inner)
+            for rep in algo.replicas.values():
+                for group in rep.optimizer.param_groups:
+                    group["lr"] = lr
+            batches = {
+                w: self.data.train_batch(streams[w].take(algo.batch_size(w))) for w in algo.local_workers
+            }
+            rows = algo.step_rows  # this round's plan: every worker's rows in one step
+            try:
+                algo.step_all(batches, stop=self.stop_requested())
+            except RoundAborted:
+                set_rng_state(self._rng)
+                self.trained = trained
+                raise
+            self.trained += rows
+            on_step(len(batches))
 
     def _probe_passes(self, report: RoundReport) -> dict[int, int]:
         """worker -> forward and backward passes the gradient probe took in its first step."""

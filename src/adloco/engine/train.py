@@ -232,6 +232,8 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
             f"{data.n_val} validation {unit}, device {device.type}"
         )
         run_dir, sink = _open_run(cfg, start, driver, elastic, say) if root else (None, MetricsSink())
+        if run_dir is not None and cfg.logging.trace:
+            driver.trace_dir = run_dir / "trace"
         every = cfg.elastic.checkpoint_every if elastic is not None else cfg.checkpoint.every
         saver = Checkpointer(driver, cfg.to_dict, run_dir, sink, cfg.checkpoint.keep, background=True)
 
