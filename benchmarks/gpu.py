@@ -664,7 +664,9 @@ def summarize_multi(r: dict[str, Any]) -> dict[str, Any]:
         x = g.get("vs_one_sequential")
         out["best"][shape] = {"graphs": x, "sequential": q.get("vs_one_sequential"), "k": int(kmax)}
         target = TARGETS.get(shape)
-        verdict = "" if x is None or target is None else f"; target {target}x {'met' if x >= target else 'not met'}"
+        verdict = (
+            "" if x is None or target is None else f"; target {target}x {'met' if x >= target else 'not met'}"
+        )
         at_once = f"{x}x" if x is not None else f"not measured ({g.get('skipped') or g.get('error')})"
         out["lines"].append(
             f"{shape}: k={kmax} workers at once (cuda_graphs) {at_once} one sequential worker's examples/s, "
@@ -951,7 +953,10 @@ def md_multi(r: dict[str, Any]) -> list[str]:
                     cells.append(str(c.get("error") or c.get("skipped") or "—").replace("|", "/")[:120])
             L.append(f"| {label} | " + " | ".join(cells) + " |")
     cli = r.get("cli") or {}
-    L += ["", f"`adloco train` with runtime.cuda_graphs, 4 workers of llama-tiny: exit {cli.get('rc')}, validation perplexity {_ppl(cli)}."]
+    L += [
+        "",
+        f"`adloco train` with runtime.cuda_graphs, 4 workers of llama-tiny: exit {cli.get('rc')}, validation perplexity {_ppl(cli)}.",
+    ]
     for line in (r.get("summary") or {}).get("lines", []):
         L += ["", line]
     micro = r.get("micro") or {}

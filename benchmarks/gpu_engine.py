@@ -77,7 +77,9 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def measure(preset: str, seq: int, rows: int, k: int, graphs: bool, dev: torch.device, rounds: int, H: int) -> dict[str, Any]:
+def measure(
+    preset: str, seq: int, rows: int, k: int, graphs: bool, dev: torch.device, rounds: int, H: int
+) -> dict[str, Any]:
     """Examples per second over ``rounds`` rounds of H steps, after one warm-up round (allocations,
     kernel choice, and with graphs the eager first step and the capture); the median round."""
     algo, vocab = build(preset, seq, rows, k, graphs, dev, H)

@@ -54,7 +54,9 @@ def test_dry_run_on_cpu(tmp_path: Path) -> None:
     multi = sections["multi"]["result"]
     # the engine's workers, one after another (at once needs CUDA), and the CLI refusing cuda_graphs
     engine = multi["engine"]["shapes"]["llama-micro"]
-    assert engine["sequential"]["2"]["examples_per_s"] > 0 and engine["graphs"]["2"] == {"skipped": "CUDA only"}
+    assert engine["sequential"]["2"]["examples_per_s"] > 0 and engine["graphs"]["2"] == {
+        "skipped": "CUDA only"
+    }
     assert multi["cli"]["rc"] == 2 and "CUDA graphs need CUDA" in multi["cli"]["error"]
     assert multi["micro"]["checks"]["stacked_vs_separate"]["param_rel_err"] < 1e-4  # vmap'd = separate
     overhead = sections["overhead"]["result"]

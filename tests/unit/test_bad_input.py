@@ -408,9 +408,9 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: runtime.workers_per_process = 2: must be 1 with runtime.shards > 1 (a worker spans processes, not the other way round)",
     ),
     (
-        "cuda-graphs-on-cpu",
-        ["train", *S("logging.out_dir={tmp}/runs", "runtime.cuda_graphs=true", "runtime.device=auto")],
-        "config: runtime.cuda_graphs = True: CUDA graphs need CUDA (this run is on cpu); leave it off",
+        "trace-negative",
+        ["train", *S("logging.out_dir={tmp}/runs", "logging.trace=-1")],
+        "config: logging.trace = -1: must be >= 0",
     ),
     (
         "cuda-graphs-fp16",

@@ -476,6 +476,7 @@ def test_run_directory_page_is_what_a_run_writes(tiny_run: Path) -> None:
     if not tensorboard_available():  # logging.tensorboard: auto writes it only when the package is installed
         listed.discard("tensorboard/")
     listed.discard("profile.json")  # runtime.profile auto only (tests/unit/test_profile.py)
+    listed.discard("trace/")  # logging.trace only (tests/unit/test_gpu_paths.py)
     assert written == listed
     assert {"config.yaml", "metrics.jsonl", "summary.json", "model/", "plots/", "checkpoints/"} <= listed
 

@@ -243,6 +243,47 @@ def test_compile_trains_as_eager_with_the_probe(tmp_path: Path, text_corpus: Pat
     assert math.isclose(compiled["final_val_loss"], eager["final_val_loss"], rel_tol=1e-4)
 
 
+def test_a_traced_round_says_where_its_steps_time_went(tmp_path: Path, text_corpus: Path) -> None:
+    run = train_once(
+        tmp_path,
+        {
+            "data.source": str(text_corpus),
+            "model.name": "llama-micro",
+            "data.tokenizer": "bpe:300",
+            "data.seq_len": "16",
+            "algorithm.rounds": "2",
+            "algorithm.inner_steps": "2",
+            "batch.initial": "2",
+            "switch.b_max": "2",
+            "eval.max_examples": "4",
+            "logging.progress": "off",
+            "logging.plots": "false",
+            "logging.trace": "2",
+        },
+    )
+    assert sorted(p.name for p in (run / "trace").iterdir()) == [
+        "round-2.json",
+        "round-2.md",
+        "round-2.summary.json",
+    ]
+    s = json.loads((run / "trace" / "round-2.summary.json").read_text())
+    assert s["steps"] == 2 and s["wall_ms_per_step"] > 0 and s["aten_ops_per_step"] > 0
+    assert any(r["op"] == "aten::mm" for r in s["top_by_host"])
+    assert json.loads((run / "trace" / "round-2.json").read_text())["traceEvents"]  # a Chrome trace
+    assert "Operators by self host time" in (run / "trace" / "round-2.md").read_text()
+
+
+@pytest.mark.skipif(CUDA, reason="the refusal on a machine without CUDA")
+def test_cuda_graphs_without_cuda_is_one_line(tmp_path: Path) -> None:
+    from tests.helpers import run_main
+
+    ran = run_main("train", "--set", "runtime.cuda_graphs=true", "--set", f"logging.out_dir={tmp_path}")
+    assert ran.returncode == 2 and not any(tmp_path.iterdir())
+    assert ran.stderr.strip().splitlines() == [
+        "adloco: error: config: runtime.cuda_graphs = True: CUDA graphs need CUDA (this run is on cpu); leave it off"
+    ]
+
+
 # -- CUDA only -------------------------------------------------------------------------------------
 
 

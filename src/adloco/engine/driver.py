@@ -35,8 +35,8 @@ from adloco.flat import flatten
 from adloco.method import AdLoCo, RoundAborted
 from adloco.models import ModelFactory, shard
 from adloco.round import RoundReport, Traffic
-from adloco.telemetry.metrics import MetricsSink
 from adloco.telemetry import trace
+from adloco.telemetry.metrics import MetricsSink
 from adloco.telemetry.progress import Progress
 
 

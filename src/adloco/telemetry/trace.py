@@ -65,7 +65,9 @@ def summarize(prof: Any, steps: int, wall_s: float, top: int = 12) -> dict[str, 
     n = max(1, steps)
 
     def dev_us(e: Any) -> float:
-        return float(getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0) or 0.0)
+        return float(
+            getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0) or 0.0
+        )
 
     def count(names: tuple[str, ...]) -> int:
         return sum(int(e.count) for e in rows if any(e.key.startswith(x) for x in names))
@@ -112,11 +114,18 @@ def markdown(summary: dict[str, Any], title: str) -> str:
         f"device-to-host copies, {s['aten_ops_per_step']} aten operators.",
     ]
     for key, what in (("top_by_host", "host"), ("top_by_device", "device")):
-        lines += ["", f"## Operators by self {what} time", "", "| op | calls a step | host ms a step | device ms a step |"]
+        lines += [
+            "",
+            f"## Operators by self {what} time",
+            "",
+            "| op | calls a step | host ms a step | device ms a step |",
+        ]
         lines.append("|---|---|---|---|")
         for r in s[key]:
             op = r["op"].replace("|", "\\|")
-            lines.append(f"| `{op}` | {r['calls_per_step']} | {r['host_ms_per_step']} | {r['device_ms_per_step']} |")
+            lines.append(
+                f"| `{op}` | {r['calls_per_step']} | {r['host_ms_per_step']} | {r['device_ms_per_step']} |"
+            )
     return "\n".join(lines) + "\n"
 
 
