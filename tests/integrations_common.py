@@ -24,6 +24,7 @@ class Run:
     algo: AdLoCo
     theta: torch.Tensor  # the parameters at the end
     start: torch.Tensor  # and before training
+    mid: torch.Tensor | None  # and one optimizer step before the end (before the last synchronization)
 
 
 def flat(model: nn.Module) -> torch.Tensor:
@@ -71,7 +72,7 @@ def hf_run(
     """A Trainer (its own AdamW and linear schedule) over ``STEPS`` optimizer steps of BATCH rows per process,
     a checkpoint every ``save_steps``; ``resume``: a checkpoint folder under ``out`` to continue from."""
     import datasets
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from adloco.integrations.hf import AdLoCoCallback
 
@@ -93,15 +94,22 @@ def hf_run(
     model = tiny_llama()
     start = flat(model)
     callback = AdLoCoCallback(build)
+    mid: list[torch.Tensor] = []
+
+    class LastRound(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step == state.max_steps - 1:
+                mid.append(flat(model))
+
     trainer = Trainer(
         model=model,
         args=args,
         train_dataset=datasets.Dataset.from_dict({"input_ids": data, "labels": data}),
-        callbacks=[callback],
+        callbacks=[callback, LastRound()],
     )
     trainer.train(resume_from_checkpoint=str(out / resume) if resume else None)
     assert callback.algo is not None
-    return Run(callback.algo, flat(model), start)
+    return Run(callback.algo, flat(model), start, mid[0] if mid else None)
 
 
 def lightning_run(root: Path, resume: Path | None = None, every: int | None = None) -> Run:
@@ -128,6 +136,12 @@ def lightning_run(root: Path, resume: Path | None = None, every: int | None = No
     module = Tiny()
     start = flat(module)
     callback = AdLoCoCallback(diloco)
+    mid: list[torch.Tensor] = []
+
+    class LastRound(pl.Callback):
+        def on_train_batch_end(self, trainer: Any, m: Any, *rest: Any) -> None:
+            if trainer.global_step == STEPS - 1:
+                mid.append(flat(module))
     save = ModelCheckpoint(root / "ckpt", "{step}", every_n_train_steps=every or H, save_top_k=-1)
     n = world()
     trainer = pl.Trainer(
@@ -136,7 +150,7 @@ def lightning_run(root: Path, resume: Path | None = None, every: int | None = No
         accelerator="cpu",
         devices=n,
         strategy="ddp" if n > 1 else "auto",
-        callbacks=[callback, save],
+        callbacks=[callback, save, LastRound()],
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -147,4 +161,4 @@ def lightning_run(root: Path, resume: Path | None = None, every: int | None = No
     loader = DataLoader(TensorDataset(rows(BATCH * n)), batch_size=BATCH)
     trainer.fit(module, loader, ckpt_path=resume)
     assert callback.algo is not None
-    return Run(callback.algo, flat(module), start)
+    return Run(callback.algo, flat(module), start, mid[0] if mid else None)
