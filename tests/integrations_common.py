@@ -142,6 +142,7 @@ def lightning_run(root: Path, resume: Path | None = None, every: int | None = No
         def on_train_batch_end(self, trainer: Any, m: Any, *rest: Any) -> None:
             if trainer.global_step == STEPS - 1:
                 mid.append(flat(module))
+
     save = ModelCheckpoint(root / "ckpt", "{step}", every_n_train_steps=every or H, save_top_k=-1)
     n = world()
     trainer = pl.Trainer(

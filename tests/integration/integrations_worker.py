@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.integrations_common import H, STEPS, hf_run, lightning_run  # noqa: E402
+from tests.integrations_common import STEPS, H, hf_run, lightning_run  # noqa: E402
 
 
 def gathered(x: torch.Tensor) -> list[torch.Tensor]:
@@ -36,7 +36,9 @@ def report(name: str, full, resumed) -> None:  # type: ignore[no-untyped-def]
         "apart_before_last_sync": max(float((m - mids[0]).abs().max()) for m in mids),
         "replicas_equal_at_end": all(torch.equal(e, ends[0]) for e in ends),
         "resumed_equal": bool(torch.equal(resumed.theta, full.theta)),
-        "resumed_equal_everywhere": all(bool(x) for x in gathered(torch.tensor([torch.equal(resumed.theta, full.theta)]))),
+        "resumed_equal_everywhere": all(
+            bool(x) for x in gathered(torch.tensor([torch.equal(resumed.theta, full.theta)]))
+        ),
         "trained": not torch.equal(full.theta, full.start),
     }
     if dist.get_rank() == 0:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.integrations_common import H, STEPS
+from tests.integrations_common import STEPS, H
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from adloco import DDP, DiLoCo, Outer
+from adloco import DDP, DiLoCo
 from tests.integrations_common import (
-    H,
     STEPS,
-    flat,
+    H,
     hf_run,
     lightning_run,
 )
@@ -70,4 +69,3 @@ def test_lightning_saves_and_resumes_exactly(tmp_path: Path) -> None:
 def test_lightning_refuses_a_checkpoint_inside_a_round(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"optimizer step 3, 1 step\(s\) into a round of 2"):
         lightning_run(tmp_path, every=3)
-

@@ -110,7 +110,9 @@ class AdLoCoCallback(TrainerCallback):
             self._undo = no_gradient_sync(model)
         algo.__enter__()
 
-    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
         algo = self.algo
         assert algo is not None
         round_boundary(algo, state.global_step, "AdLoCoCallback")

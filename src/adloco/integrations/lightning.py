@@ -135,4 +135,3 @@ class AdLoCoCallback(*_BASES):  # type: ignore[misc]
         """Keep the checkpoint's parts until ``on_train_start``, which applies this process's once the
         algorithm is built and Lightning has restored the module and optimizer."""
         self._loaded = dict(state_dict) if state_dict else None
-
