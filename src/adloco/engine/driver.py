@@ -264,7 +264,7 @@ class Driver:
         return {"val_loss": events.num(loss), "val_ppl": events.num(perplexity(loss))}
 
     # -- one round ---------------------------------------------------------------------------------
-    def run_round(self, on_step: Callable[[int], None] = lambda n: None) -> list[events.Event]:
+    def run_round(self, on_step: Callable[[int, int], None] = lambda n, rows: None) -> list[events.Event]:
         """One round: the inner steps fed from every local worker's shard, the algorithm's sync, then
         evaluation when due. Returns the round's events; raises :class:`RoundAborted` on a signal."""
         algo, cfg = self.algo, self.cfg
@@ -295,7 +295,7 @@ class Driver:
                 self.trained = trained
                 raise
             self.trained += rows
-            on_step(len(batches))
+            on_step(len(batches), rows)  # rows: every worker's, this step
         report = algo.last_report
         assert report is not None and report.round == r + 1
         final = algo.round == a.rounds or (a.budget is not None and self.examples >= a.budget)
