@@ -324,7 +324,10 @@ def test_request_plot_marks_merges_and_the_switch_threshold(tmp_path: Path) -> N
     assert list(threshold.get_ydata()) == [16, 16]
     assert "κ: config switch.kappa; b_max: config switch.b_max" in threshold.get_label()
     assert any(t.get_text() == "κ·b_max = 2 × 8 = 16" for t in ax.texts)
-    assert "lowest request the paper's Theorem 1 allows, from the round before (constants reconstructed)" in labelled(ax)
+    assert (
+        "lowest request the paper's Theorem 1 allows, from the round before (constants reconstructed)"
+        in labelled(ax)
+    )
     assert integer_ticks(ax.xaxis) and integer_ticks(ax.yaxis) and ax.get_ylim()[0] == 0
 
     # a worker that accumulated ran micro-batches of b_max: the events say b_max, before the config

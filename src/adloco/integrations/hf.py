@@ -135,7 +135,7 @@ class AdLoCoCallback(TrainerCallback):
 
 def _checkpoint_dir(args: TrainingArguments, step: int) -> str:
     """Where the Trainer writes the checkpoint of ``step`` (``Trainer._save_checkpoint``)."""
-    return os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+    return os.path.join(args.output_dir or "", f"{PREFIX_CHECKPOINT_DIR}-{step}")
 
 
 def _save_steps(args: TrainingArguments, state: TrainerState) -> int | None:
