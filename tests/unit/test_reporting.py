@@ -322,7 +322,7 @@ def test_request_plot_marks_merges_and_the_switch_threshold(tmp_path: Path) -> N
     assert any(t.get_text() == "t0+t1 → t0" for t in ax.texts)
     (threshold,) = [line for line in ax.lines if line.get_label().startswith("κ·b_max")]
     assert list(threshold.get_ydata()) == [16, 16]
-    assert "κ: config switch.kappa; b_max: config switch.b_max" in threshold.get_label()
+    assert "above it a worker accumulates micro-batches (b_max: config switch.b_max)" in threshold.get_label()
     assert any(t.get_text() == "κ·b_max = 2 × 8 = 16" for t in ax.texts)
     assert (
         "lowest request the paper's Theorem 1 allows, from the round before (constants reconstructed)"
