@@ -63,6 +63,7 @@ PUBLISHED: dict[str, str] = {
     },
     # files a page includes whole (pymdownx.snippets): a link to one goes to the page
     "examples/hf_trainer.py": "guides/hf-trainer.md#the-whole-example",
+    "examples/lightning_trainer.py": "guides/lightning.md#the-whole-example",
     "examples/diloco_own_loop.py": "guides/library.md#diloco-in-your-loop",
     "examples/adloco_own_loop.py": "guides/library.md#adloco-in-your-loop",
     "examples/_common.py": "guides/library.md#the-examples-shared-helpers",

@@ -8,34 +8,17 @@ the data); every H = 20 optimizer steps the workers all-reduce their pseudo-grad
 Nesterov step, and in between they never talk. Written against transformers 5.x; its Trainer needs
 accelerate (`pip install accelerate`, in adloco's dev extras).
 
-How it plugs in: the optimizer step hooks of `with algo:`, switched on and off by a `TrainerCallback`.
-  * You pass `optimizers=(opt, scheduler)` to `Trainer` and `opt` to `DiLoCo`. `Trainer` wraps `opt` in
-    accelerate's `AcceleratedOptimizer` (`Trainer._prepare_for_training` -> `Accelerator.prepare`). The
-    Trainer calls its `step()` once per optimizer step, after the last micro-batch of gradient
-    accumulation (`Trainer._run_epoch`), and `AcceleratedOptimizer.step` calls `opt.step()` when
-    `GradientState.sync_gradients` is set, which the Trainer sets for that micro-batch. The step hooks DiLoCo registers on `opt` fire
-    inside `opt.step()`, so H counts exactly the Trainer's optimizer steps, and the synchronization lands
-    after the Trainer's gradient clipping and step, before its scheduler step and `zero_grad`.
-  * `DiLoCoCallback.on_train_begin` (which runs after `_prepare_for_training`) checks that the optimizer
-    the Trainer steps wraps `opt`, that the Trainer is not distributed, and that `max_steps` is a whole
-    number of rounds (so training ends on a synchronization), then enters `with algo:`; `on_train_end`
-    leaves it.
-  * Why not a wrapper optimizer: the Trainer, accelerate and the LR scheduler all reach into the optimizer
-    (`param_groups`, `state`, `state_dict`, `load_state_dict` at prepare time), so a wrapper must forward
-    all of it and still be a `torch.optim.Optimizer`; the hooks change nothing the Trainer sees. Why not
-    sync from `on_optimizer_step` alone: it is the same moment, but adloco's hooks already count steps.
+How it plugs in: `adloco.integrations.hf.AdLoCoCallback(build)`. At the start of `train()` it calls
+`build(model, optimizer)` with the Trainer's model and optimizer (here DiLoCo over them) and enters the
+algorithm's hooked form (`with algo:`): the hooks fire inside the Trainer's `optimizer.step()`, so H
+counts the Trainer's optimizer steps; at the end of `train()` it leaves it. It also keeps the algorithm's
+state in the Trainer's checkpoints (see docs/guides/hf-trainer.md).
 
-Under torchrun, one Trainer per process, kept from going distributed. accelerate decides that a
-process is one of several from environment variables alone (`PartialState._prepare_backend` reads
-LOCAL_RANK and WORLD_SIZE, among others). Left as they are, it joins the process group itself and
-`Accelerator.prepare_model` wraps the model in DistributedDataParallel (MULTI_CPU here), which
-all-reduces every gradient at every step and defeats DiLoCo; the Trainer would also all-gather token
-counts and losses. So `hide_launch` removes those variables before `TrainingArguments` is built (its
-`__post_init__` sets up accelerate's state), then the script joins torchrun's group itself
-(`init_process_group("gloo", rank=..., world_size=...)`; MASTER_ADDR and MASTER_PORT are still set),
-which DiLoCo's default communicator uses. Each Trainer sees one process (`args.world_size == 1`, checked
-by the callback; no DDP, asserted after training), and as its sampler no longer splits the data, each
-worker is handed its own shard (`Dataset.shard(world, rank)`).
+Under torchrun, one Trainer per process, and accelerate as it always runs there: it joins torchrun's
+process group (which DiLoCo's default communicator uses), gives each process its own share of the data,
+and wraps the model in DistributedDataParallel, whose per-step gradient all-reduce the callback switches
+off. `average_tokens_across_devices=False` keeps each worker's loss its own (the Trainer would otherwise
+all-gather token counts at every step).
 
 In one process, two Trainers in two threads, one `ThreadComm` each on a shared `Hub`. accelerate
 keeps process-wide state (`PartialState`, `AcceleratorState`, `GradientState`: Borg singletons), so:
@@ -48,9 +31,7 @@ keeps process-wide state (`PartialState`, `AcceleratorState`, `GradientState`: B
     accumulation one thread would turn it off while the other is about to step, and the step would be
     skipped, so this mode needs `gradient_accumulation_steps=1` (asserted). The dataloaders register in
     a shared list too (`GradientState._add_dataloader`), which only evaluation reads
-    (`gather_for_metrics`): evaluate in the main thread, while no thread trains;
-  * DiLoCo's constructor is itself a collective (worker 0's θ is broadcast), so each thread builds its
-    own `DiLoCo` before training.
+    (`gather_for_metrics`): evaluate in the main thread, while no thread trains.
 The threads show the protocol in one process; they are no faster than the workers one after the
 other, often slower (the GIL: at this model size the Trainer's loop is mostly Python).
 
@@ -60,7 +41,6 @@ about 270k parameters); the tokens are bytes (ids 0..255), so no tokenizer is tr
 
 from __future__ import annotations
 
-import os
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -81,34 +61,10 @@ from transformers import (
 )
 
 from adloco import DiLoCo, Hub, Outer, ThreadComm
+from adloco.integrations.hf import AdLoCoCallback
 
 ROUNDS, H, BATCH, BLOCK = 6, 20, 16, 64  # 120 optimizer steps per worker of 16 rows of 64 bytes
 STEPS = ROUNDS * H
-# What accelerate reads to decide it runs distributed (PartialState._prepare_backend).
-DIST_ENV = ("LOCAL_RANK", "WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
-
-
-class DiLoCoCallback(TrainerCallback):
-    """Runs the Trainer's optimizer steps under ``algo`` (``with algo:``) for the length of ``train()``."""
-
-    def __init__(self, algo: DiLoCo, optimizer: torch.optim.Optimizer) -> None:
-        self.algo, self.optimizer = algo, optimizer
-
-    def on_train_begin(self, args: TrainingArguments, state: Any, control: Any, **kw: Any) -> None:
-        stepped = kw.get("optimizer")
-        if getattr(stepped, "optimizer", stepped) is not self.optimizer:  # AcceleratedOptimizer wraps ours
-            raise ValueError("the Trainer steps another optimizer: give it optimizers=(opt, scheduler)")
-        if args.world_size != 1:
-            raise ValueError(
-                f"the Trainer runs distributed (world size {args.world_size}): accelerate would wrap the model in "
-                "DistributedDataParallel and all-reduce every step; hide the launcher's variables (see hide_launch)"
-            )
-        if state.max_steps % self.algo.H:
-            raise ValueError(f"max_steps {state.max_steps}: not a multiple of inner_steps {self.algo.H}")
-        self.algo.__enter__()
-
-    def on_train_end(self, args: TrainingArguments, state: Any, control: Any, **kw: Any) -> None:
-        self.algo.__exit__(None, None, None)
 
 
 class LastRound(TrainerCallback):
@@ -160,17 +116,18 @@ def make_trainer(args: TrainingArguments, train: datasets.Dataset, val: datasets
 
 
 def train_worker(trainer: Trainer, comm: Any = None) -> tuple[DiLoCo, LastRound]:
-    """One worker: DiLoCo over this Trainer's model and optimizer, then the Trainer's own train()."""
-    opt = trainer.optimizer
-    assert opt is not None
-    # comm: the given ThreadComm, else torch.distributed's default group (under torchrun)
-    algo = DiLoCo(trainer.model, opt, inner_steps=H, outer=Outer.nesterov(lr=0.7, momentum=0.9), comm=comm)
-    last = LastRound()
-    trainer.add_callback(DiLoCoCallback(algo, opt))
+    """One worker: the Trainer's own train(), with DiLoCo over its model and optimizer."""
+
+    def build(model: nn.Module, opt: torch.optim.Optimizer) -> DiLoCo:
+        # comm: the given ThreadComm, else torch.distributed's default group (under torchrun)
+        return DiLoCo(model, opt, inner_steps=H, outer=Outer.nesterov(lr=0.7, momentum=0.9), comm=comm)
+
+    algo, last = AdLoCoCallback(build), LastRound()
+    trainer.add_callback(algo)
     trainer.add_callback(last)
     trainer.train()
-    assert not isinstance(trainer.model_wrapped, nn.parallel.DistributedDataParallel)
-    return algo, last
+    assert algo.algo is not None
+    return algo.algo, last
 
 
 @dataclass
@@ -185,26 +142,12 @@ class Result:
     ends: list[torch.Tensor]  # and after it
 
 
-def hide_launch() -> tuple[int, int] | None:
-    """Under torchrun: (rank, world), and the variables that would make accelerate go distributed removed
-    (see the module docstring). Else None."""
-    if "WORLD_SIZE" not in os.environ:
-        return None
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    for name in DIST_ENV:
-        os.environ.pop(name, None)
-    return rank, world
-
-
-def in_processes(
-    rank: int, world: int, args: TrainingArguments, train: datasets.Dataset, val: datasets.Dataset
-) -> Result:
-    """This process's worker under torchrun: one Trainer, on its own shard of the data."""
+def in_processes(args: TrainingArguments, train: datasets.Dataset, val: datasets.Dataset) -> Result:
+    """This process's worker under torchrun: one Trainer; accelerate shares the data out by process."""
     import torch.distributed as dist
 
-    # Joined after TrainingArguments was built, which would warn about a group the Trainer does not use.
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    trainer = make_trainer(args, train.shard(num_shards=world, index=rank), val)
+    rank, world = dist.get_rank(), dist.get_world_size()  # the group accelerate joined
+    trainer = make_trainer(args, train, val)
     before = trainer.evaluate()["eval_loss"]
     algo, last = train_worker(trainer)
     assert last.theta is not None
@@ -246,7 +189,6 @@ def in_threads(args: TrainingArguments, train: datasets.Dataset, val: datasets.D
 
 def main() -> None:
     torch.set_num_threads(1)
-    launch = hide_launch()  # before TrainingArguments, which sets up accelerate's state
     train_bytes, val_bytes = corpus()
     train, val = blocks(train_bytes), blocks(val_bytes)
     with tempfile.TemporaryDirectory() as out:
@@ -261,10 +203,11 @@ def main() -> None:
             save_strategy="no",
             report_to="none",
             disable_tqdm=True,
-        )
-        r = in_processes(*launch, args, train, val) if launch else in_threads(args, train, val)
+            average_tokens_across_devices=False,  # each worker's loss its own, no all-gather a step
+        )  # under torchrun, accelerate joins the process group here
+        r = in_processes(args, train, val) if args.world_size > 1 else in_threads(args, train, val)
+        after = r.trainer.evaluate()["eval_loss"]  # every process: evaluation gathers across them
         if r.rank == 0:
-            after = r.trainer.evaluate()["eval_loss"]
             mid = max(float((m - r.mids[0]).abs().max()) for m in r.mids)
             end = max(float((e - r.ends[0]).abs().max()) for e in r.ends)
             sent = r.algo.totals.bytes / 1e6

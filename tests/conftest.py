@@ -19,6 +19,11 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_HOME"] = str(_TMP / "hf")
 os.environ["ADLOCO_CACHE"] = str(_TMP / "cache")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# the trackers never send anything: W&B offline, MLflow in the run directory's own file store
+os.environ["WANDB_MODE"] = "offline"
+os.environ["WANDB_SILENT"] = "true"
+for _name in ("MLFLOW_TRACKING_URI", "WANDB_API_KEY", "WANDB_BASE_URL", "DATABRICKS_HOST"):
+    os.environ.pop(_name, None)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -267,10 +267,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             else:
                 what = f"validation perplexity {_fmt(summary['initial_val_ppl'])} -> {_fmt(summary['final_val_ppl'])}"
+            from adloco.telemetry.progress import requests_text
+
+            n = summary["trainers_final"]
             print(
-                f"done: {what}, "
-                f"{summary['trainers_final']} trainer(s), requests {summary['requests_final']}, "
-                f"{summary['wall_s']:.0f}s\nrun directory: {run_dir}"
+                f"done: {what}, {n} trainer{'' if n == 1 else 's'} (requests {requests_text(summary['requests_final'])}), "
+                f"{summary['wall_s']:.0f} s\nrun directory: {run_dir}"
             )
         return 0
     except UserError as exc:

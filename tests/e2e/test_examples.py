@@ -76,3 +76,12 @@ def test_diloco_under_a_hugging_face_trainer(launcher: str) -> None:
     assert m, out
     assert float(m.group(1)) > 1e-4  # DDP, or the same data on both workers, would keep them equal
     assert float(m.group(2)) < 1e-6
+
+
+def test_diloco_under_a_lightning_trainer() -> None:
+    """One worker in one process (two processes under torchrun: tests/integration/test_integrations_dist.py):
+    DiLoCo's rounds ran with Lightning's checkpoints, and the loss fell."""
+    out = run([sys.executable, "examples/lightning_trainer.py"])
+    before, after = losses(out)
+    assert after < before - 1.0
+    assert "workers 1, rounds 6 of 20 steps" in out and "step=60.ckpt" in out

@@ -54,6 +54,11 @@ TINY = [
     "runtime.balance=equal",  # compared with one process bit for bit: shares must not follow timings
     "--set",
     "outer.optimizer=nesterov",
+    # the trackers are tested in tests/unit/test_sinks.py; each process here would import them (seconds)
+    "--set",
+    "logging.wandb=off",
+    "--set",
+    "logging.mlflow=off",
 ]
 
 

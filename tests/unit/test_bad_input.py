@@ -650,6 +650,16 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: unknown section 'batches'; did you mean 'batch'? (allowed: model, data, algorithm, inner, outer, batch, merge, switch, eval, runtime, comm, network, checkpoint, elastic, faults, logging)",
     ),
     (
+        "wandb-not-a-choice",
+        ["train", *S("logging.out_dir={tmp}/runs", "logging.wandb=maybe")],
+        "config: logging.wandb = 'maybe': must be one of 'auto', 'on', 'off'",
+    ),
+    (
+        "mlflow-not-a-choice",
+        ["train", *S("logging.out_dir={tmp}/runs", "logging.mlflow=2")],
+        "config: logging.mlflow = 2: must be one of 'auto', 'on', 'off'",
+    ),
+    (
         "resume-missing",
         ["train", "--resume", "{tmp}/no-such-run"],
         "--resume '{tmp}/no-such-run': no such directory",

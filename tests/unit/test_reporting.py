@@ -319,12 +319,15 @@ def test_request_plot_marks_merges_and_the_switch_threshold(tmp_path: Path) -> N
     ax = plots.requests_figure([("a", results.load(run), 1)]).axes[0]
     (diamond,) = [line for line in ax.lines if line.get_marker() == "D"]
     assert (list(diamond.get_xdata()), list(diamond.get_ydata())) == ([2.5], [12])  # between rounds 2 and 3
-    assert any(t.get_text() == "0+1 → 0" for t in ax.texts)
+    assert any(t.get_text() == "t0+t1 → t0" for t in ax.texts)
     (threshold,) = [line for line in ax.lines if line.get_label().startswith("κ·b_max")]
     assert list(threshold.get_ydata()) == [16, 16]
-    assert "κ: config switch.kappa; b_max: config switch.b_max" in threshold.get_label()
+    assert "above it a worker accumulates micro-batches (b_max: config switch.b_max)" in threshold.get_label()
     assert any(t.get_text() == "κ·b_max = 2 × 8 = 16" for t in ax.texts)
-    assert "Theorem 1 lower bound, from the round before (reconstructed, ALGORITHM.md §8)" in labelled(ax)
+    assert (
+        "lowest request the paper's Theorem 1 allows, from the round before (constants reconstructed)"
+        in labelled(ax)
+    )
     assert integer_ticks(ax.xaxis) and integer_ticks(ax.yaxis) and ax.get_ylim()[0] == 0
 
     # a worker that accumulated ran micro-batches of b_max: the events say b_max, before the config

@@ -42,7 +42,11 @@ def read_value(value: Any, tp: Any) -> Any:
     if isinstance(value, RawText):
         origin = typing.get_origin(tp)
         textual = tp is str or (origin is Literal and all(isinstance(a, str) for a in typing.get_args(tp)))
-        value = value.text if textual else value.parsed
+        # a choice spelled as a YAML boolean (logging.wandb=true) reads as the YAML file would read it
+        spelled_bool = (
+            origin is Literal and value.text not in typing.get_args(tp) and isinstance(value.parsed, bool)
+        )
+        value = value.text if textual and not spelled_bool else value.parsed
     return conform(value, tp, lenient=True)
 
 

@@ -363,6 +363,16 @@ class LoggingConfig(Dial):
     tensorboard: Literal["auto", "on", "off"] = setting(
         "auto", "TensorBoard scalars in <run>/tensorboard: auto when the tensorboard package is installed"
     )
+    wandb: Literal["auto", "on", "off"] = setting(
+        "auto",
+        "Weights & Biases: the same scalars and the config, offline in <run>/wandb unless WANDB_MODE says "
+        "otherwise; auto when the wandb package is installed (pip install 'adloco[wandb]')",
+    )
+    mlflow: Literal["auto", "on", "off"] = setting(
+        "auto",
+        "MLflow: the same scalars and the config, to MLFLOW_TRACKING_URI or a file store in <run>/mlruns; "
+        "auto when mlflow is installed (pip install 'adloco[mlflow]')",
+    )
     save_model: bool = setting(True, "save the final model and tokenizer (Hugging Face format)")
     trace: int = setting(
         0,

@@ -276,7 +276,7 @@ class Driver:
         return {"val_loss": events.num(loss), "val_ppl": events.num(perplexity(loss))}
 
     # -- one round ---------------------------------------------------------------------------------
-    def run_round(self, on_step: Callable[[int], None] = lambda n: None) -> list[events.Event]:
+    def run_round(self, on_step: Callable[[int, int], None] = lambda n, rows: None) -> list[events.Event]:
         """One round: the inner steps fed from every local worker's shard, the algorithm's sync, then
         evaluation when due. Returns the round's events; raises :class:`RoundAborted` on a signal."""
         algo, cfg = self.algo, self.cfg
@@ -302,7 +302,6 @@ class Driver:
             )
             self.log(f"trace of round {r + 1}: {self.trace_dir / f'round-{r + 1}.md'}")
         report = algo.last_report
-
         assert report is not None and report.round == r + 1
         final = algo.round == a.rounds or (a.budget is not None and self.examples >= a.budget)
         if final:  # comm.overlap: the last Δ lands now, behind nothing
@@ -359,7 +358,7 @@ class Driver:
         streams: dict[int, ShardStream],
         total_steps: int,
         trained: int,
-        on_step: Callable[[int], None],
+        on_step: Callable[[int, int], None],
     ) -> None:
         """The round's H inner steps (the last one synchronizes), fed from every local worker's shard."""
         algo, cfg = self.algo, self.cfg
@@ -381,7 +380,7 @@ class Driver:
                 self.trained = trained
                 raise
             self.trained += rows
-            on_step(len(batches))
+            on_step(len(batches), rows)  # rows: every worker's, this step
 
     def _probe_passes(self, report: RoundReport) -> dict[int, int]:
         """worker -> forward and backward passes the gradient probe took in its first step."""

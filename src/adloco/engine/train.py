@@ -169,14 +169,9 @@ def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | 
         # Everything that can fail on bad input happens before the run directory exists; rank 0 goes
         # first (where the run continues from, tokenizer training, caches) and the others follow, or
         # stop if it failed.
-        if cfg.logging.tensorboard == "on":
-            from adloco.telemetry.metrics import tensorboard_available
+        from adloco.telemetry.metrics import check_sinks
 
-            if not tensorboard_available():
-                raise UserError(
-                    "config: logging.tensorboard = 'on': the tensorboard package is not installed "
-                    "(pip install tensorboard, or 'auto' to write it only when installed)"
-                )
+        check_sinks(cfg.logging)  # a sink set on whose package is missing
         if cfg.runtime.cuda_graphs and device.type != "cuda":
             raise UserError(
                 f"config: runtime.cuda_graphs = True: CUDA graphs need CUDA (this run is on {device.type}); "
@@ -311,7 +306,7 @@ def _open_run(
         say(f"run directory {run_dir} (restarted before its first checkpoint: from the start)")
     else:
         say(f"run directory {run_dir}")
-    sink = make_sink(run_dir, cfg.logging.tensorboard)
+    sink = make_sink(run_dir, cfg.logging, cfg.to_dict())
     if ck is not None:
         sink.log(events.Resume(round=ck.round, checkpoint=ck.path.name).to_dict())
     restarted = start is not None and start.restarted

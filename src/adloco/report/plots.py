@@ -90,6 +90,29 @@ def _plain_log(axis: Any, lo: float, hi: float) -> None:
     axis.set_minor_formatter(FuncFormatter(minor))
 
 
+def _label_ends(ax: Any, curves: Sequence[Sequence[tuple[float, float]]]) -> None:
+    """The first and last value of each curve written on the y axis (a log axis labels only its round
+    numbers): with the other labels, minus those too close to one of them to read."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    ends = sorted({p[1] for c in curves if c for p in (c[0], c[-1]) if p[1] > 0})
+    if not ends or len(ends) > 6:
+        return
+    lo, hi = ax.get_ylim()
+    span = math.log10(hi / lo) if 0 < lo < hi else 1.0
+    near = 0.06 * span  # in decades: closer than this to an end value, a label would overlap it
+    shown = [
+        t
+        for t in [*ax.yaxis.get_majorticklocs(), *ax.yaxis.get_minorticklocs()]
+        if lo <= t <= hi and ax.yaxis.get_minor_formatter()(t) + ax.yaxis.get_major_formatter()(t)
+    ]
+    keep = [t for t in shown if all(abs(math.log10(t / e)) > near for e in ends)]
+    ax.yaxis.set_major_locator(FixedLocator(sorted({*keep, *ends})))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos=None: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylim(lo, hi)
+
+
 def _compute_words(runs: Sequence[Run]) -> str:
     r = runs[0]
     if r.compute == "examples" and r.seconds_per_example is not None:
@@ -164,6 +187,7 @@ def curve_figure(groups: Sequence[tuple[str, Sequence[Run]]], attr: str, target:
     if not acc:
         ax.set_yscale("log")
         _plain_log(ax.yaxis, *ax.get_ylim())
+        _label_ends(ax, [c for cs in scaled for c in cs])
     if attr in ("round", "communications", "examples"):
         _integer_axis(ax.xaxis)
     ax.set_xlim(left=0)

@@ -107,10 +107,12 @@ def _requests(ax: Any, r: Run) -> None:
             color="black",
             markersize=5,
             zorder=5,
-            label="merge (dotted: the requests merged)" if k == 0 else None,
+            label="merge of trainers (dotted: the requests merged; label: merged → the one kept)"
+            if k == 0
+            else None,
         )
         ax.annotate(
-            "+".join(map(str, m.merged)) + f" → {m.survivor}",
+            "+".join(f"t{t}" for t in m.merged) + f" → t{m.survivor}",
             (x, m.request),
             xytext=(0, 6),
             textcoords="offset points",
@@ -135,7 +137,7 @@ def _requests(ax: Any, r: Run) -> None:
                 color="dimgrey",
                 linestyle="--",
                 linewidth=1,
-                label=f"κ·b_max (κ: config switch.kappa; b_max: {th.source})"
+                label=f"κ·b_max: above it a worker accumulates micro-batches (b_max: {th.source})"
                 if name.startswith("κ")
                 else f"b_max ({th.source}): above it, switch mode accumulate accumulates and cap caps",
             )
@@ -166,7 +168,7 @@ def _requests(ax: Any, r: Run) -> None:
             "x",
             color=trainer_colour(t),
             markersize=5,
-            label="Theorem 1 lower bound, from the round before (reconstructed, ALGORITHM.md §8)"
+            label="lowest request the paper's Theorem 1 allows, from the round before (constants reconstructed)"
             if k == 0
             else None,
         )
@@ -208,8 +210,8 @@ def requests_figure(firsts: Sequence[tuple[str, Run, int]]) -> Any:
     changes of workers, the switch threshold κ·b_max and the Theorem 1 bound."""
     fig, panels = _panels(
         firsts,
-        "Request b per trainer per round\nmerges (◆), the micro-batch limit (dashed), the Theorem 1 bound "
-        "(×, reconstructed: ALGORITHM.md §8)",
+        "Request b per trainer per round (examples each of its workers takes per inner step)\n"
+        "◆ trainers merged, dashed: the micro-batch limit, ×: the paper's Theorem 1 lower bound",
     )
     for (_, r, _), axs in zip(firsts, panels, strict=True):
         _requests(axs[0], r)

@@ -1,8 +1,11 @@
-"""Live progress: a rich bar and a line per round on a terminal, plain lines elsewhere."""
+"""Live progress: a rich bar and a line per round on a terminal, plain lines elsewhere (a log file, a
+pipe), with a line at least every 10 s within a round there too."""
 
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -14,11 +17,16 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def requests_text(requests: dict[Any, int]) -> str:
+    """Every trainer's request b as ``t0=8 t2=12`` (trainer id = request)."""
+    return " ".join(f"t{t}={b}" for t, b in requests.items())
+
+
 def round_line(s: dict[str, Any], rounds: int) -> str:
     """One human line for a round summary event."""
     # the requests the round ran with (as the requests plot draws them); trainers: those that ran, and
     # how many are left when the round merged some
-    reqs = " ".join(f"t{t}={b}" for t, b in s["requests"].items())
+    reqs = requests_text(s["requests"])
     ran, alive = len(s["requests"]), s["trainers_alive"]
     trainers = f"{ran}" if alive == ran else f"{ran}->{alive}"
     if isinstance(s.get("val_accuracy"), (int, float)):
@@ -31,7 +39,7 @@ def round_line(s: dict[str, Any], rounds: int) -> str:
     return (
         f"round {s['round']:>3}/{rounds}  loss {loss_txt}  {val_txt}  "
         f"trainers {trainers}  requests {reqs}  "
-        f"sent {fmt_bytes(s['bytes_total'])}  {s['round_s']:5.1f}s"
+        f"sent {fmt_bytes(s['bytes_total'])} total  round {s['round_s']:5.1f}s"
     )
 
 
@@ -54,8 +62,8 @@ class Progress:
     def round_started(self, r: int) -> None:
         pass
 
-    def step(self, n: int = 1) -> None:
-        """``n`` inner steps done (one per local worker)."""
+    def step(self, n: int = 1, examples: int = 0) -> None:
+        """``n`` inner steps done (one per local worker), on ``examples`` rows in all."""
 
     def round_done(self, summary: dict[str, Any]) -> None:
         pass
@@ -68,14 +76,37 @@ class Progress:
 
 
 class PlainProgress(Progress):
-    """One line a round (logs, CI, pipes)."""
+    """One line a round (logs, CI, pipes), and within a round a line at least every ``every`` seconds:
+    the inner steps done and the examples a second so far."""
+
+    def __init__(self, every: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every, self.clock = every, clock
 
     def start(self, rounds: int, steps_per_round: int, initial: dict[str, Any]) -> None:
-        self.rounds = rounds
+        self.rounds, self.steps_per_round = rounds, steps_per_round
+        self.round_started(0)
         print(f"initial {initial_text(initial)}", flush=True)
+
+    def round_started(self, r: int) -> None:
+        self.r, self.steps, self.examples = r, 0, 0
+        self.t0 = self.last = self.clock()
+
+    def step(self, n: int = 1, examples: int = 0) -> None:
+        self.steps += n
+        self.examples += examples
+        now = self.clock()
+        if now - self.last >= self.every:
+            self.last = now
+            rate = self.examples / (now - self.t0) if now > self.t0 else 0.0
+            print(
+                f"round {self.r:>3}/{self.rounds}  inner steps {self.steps}/{self.steps_per_round} done  "
+                f"{rate:,.1f} examples/s",
+                flush=True,
+            )
 
     def round_done(self, summary: dict[str, Any]) -> None:
         print(round_line(summary, self.rounds), flush=True)
+        self.last = self.clock()
 
     def message(self, text: str) -> None:
         print(text, flush=True)
@@ -109,7 +140,7 @@ class RichProgress(Progress):
     def round_started(self, r: int) -> None:
         self.bar.reset(self.task, r=r, rounds=self.rounds)  # reset replaces the fields
 
-    def step(self, n: int = 1) -> None:
+    def step(self, n: int = 1, examples: int = 0) -> None:
         self.bar.advance(self.task, n)
 
     def round_done(self, summary: dict[str, Any]) -> None:
