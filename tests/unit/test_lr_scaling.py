@@ -242,7 +242,7 @@ def test_a_budget_run_schedules_by_the_examples_a_grown_request_trains_on() -> N
     assert seen == [lr_at(h + 4 * k, total, cfg.inner) for k in range(h)]
 
 
-def test_the_requests_plot_draws_the_lr_beside_the_request(tmp_path: Path) -> None:
+def test_the_lr_that_follows_the_batch_has_a_plot_of_its_own(tmp_path: Path) -> None:
     from adloco.report import plots, results
     from tests.unit.test_reporting import recorded_run, rewrite
 
@@ -253,12 +253,12 @@ def test_the_requests_plot_draws_the_lr_beside_the_request(tmp_path: Path) -> No
 
     run = rewrite(recorded_run(tmp_path, "scaled", "adloco", [50.0, 30.0, 20.0], 1_000), with_lr)
     (loaded,) = results.load_all([run])
-    fig = plots.make_figures([loaded])["requests.png"]
-    twins = [ax for ax in fig.axes if ax.get_ylabel() == "inner lr at the round's last step"]
-    assert len(twins) == 1
-    (line,) = twins[0].get_lines()
+    figs = plots.make_figures([loaded])
+    assert len(figs["requests.png"].axes) == 1  # the requests keep one axis
+    (ax,) = figs["lr.png"].axes
+    assert ax.get_ylabel() == "inner lr"
+    (line,) = ax.get_lines()
     assert list(line.get_ydata()) == pytest.approx([0.004, 0.004 * math.sqrt(2), 0.004 * math.sqrt(3)])
-    plain = recorded_run(tmp_path, "plain", "adloco", [50.0, 30.0], 1_000)  # no lr recorded: no second axis
+    plain = recorded_run(tmp_path, "plain", "adloco", [50.0, 30.0], 1_000)  # no lr recorded: no lr plot
     (loaded,) = results.load_all([plain])
-    fig = plots.make_figures([loaded])["requests.png"]
-    assert not [ax for ax in fig.axes if ax.get_ylabel() == "inner lr at the round's last step"]
+    assert "lr.png" not in plots.make_figures([loaded])

@@ -30,6 +30,8 @@ from adloco.report.trainer_plots import (
     allocation_figure,
     batch_figure,
     idle_share_figure,
+    lr_figure,
+    lr_moved,
     requests_figure,
     trainers_alive_figure,
 )
@@ -284,6 +286,8 @@ def make_figures(
         out[f"{short}_vs_{name}.png"] = curve_figure(groups, attr, target)
     firsts = [(label, members[0], len(members)) for label, members in groups]
     out["requests.png"] = requests_figure(firsts)
+    if lr_moved(firsts):
+        out["lr.png"] = lr_figure(firsts)
     out["trainers_alive.png"] = trainers_alive_figure(firsts)
     out["allocation.png"] = allocation_figure(firsts)
     out["batch.png"] = batch_figure(firsts)

@@ -176,33 +176,46 @@ def _requests(ax: Any, r: Run) -> None:
     ax.set_ylim(0, ax.get_ylim()[1] * 1.06)  # room above the top request for a merge's label
     _integer_axis(ax.xaxis)
     _integer_axis(ax.yaxis)
-    _lrs(ax, r)
 
 
-def _lrs(ax: Any, r: Run) -> None:
-    """Beside the requests, on a second axis: each trainer's inner lr at the round's last step, with the
-    multiplier of batch.lr_scaling (ALGORITHM.md §10) in it; drawn when the runs recorded it and it moved."""
+def lrs(r: Run) -> dict[int, dict[int, float]]:
+    """Each trainer's inner lr at each round's last step (batch.lr_scaling's multiplier in it), by round."""
     lr: dict[int, dict[int, float]] = {}
     for e in r.of(events.Trainer):
         if e.lr is not None:
             lr.setdefault(e.trainer, {})[e.round] = e.lr
-    values = {v for pts in lr.values() for v in pts.values()}
-    if len(values) < 2:  # none recorded, or one constant lr: nothing to see beside the requests
-        return
-    twin = ax.twinx()
-    for k, (t, pts) in enumerate(sorted(lr.items())):
-        twin.plot(
-            list(pts),
-            list(pts.values()),
-            linestyle="--",
-            linewidth=0.8,
-            color=trainer_colour(t),
-            alpha=0.8,
-            label="inner lr (dashed, right axis; batch.lr_scaling's multiplier included)" if k == 0 else None,
-        )
-    twin.set_ylabel("inner lr at the round's last step")
-    twin.set_ylim(0, max(values) * 1.15)
-    twin.legend(loc="lower right", fontsize=7)
+    return lr
+
+
+def lr_moved(firsts: Sequence[tuple[str, Run, int]]) -> bool:
+    """Whether any run recorded an inner lr that changed (the lr plot is drawn only then)."""
+    return any(len({v for pts in lrs(r).values() for v in pts.values()}) > 1 for _, r, _ in firsts)
+
+
+def lr_figure(firsts: Sequence[tuple[str, Run, int]]) -> Any:
+    """Each trainer's inner lr per round: the schedule times the multiplier that follows its batch
+    (ALGORITHM.md §10), a plot of its own so that the requests plot keeps one axis."""
+    fig, panels = _panels(
+        firsts,
+        "Inner learning rate per trainer at each round's last step\n"
+        "(the schedule times batch.lr_scaling's multiplier, which follows the trainer's batch)",
+    )
+    for (_, r, _), axs in zip(firsts, panels, strict=True):
+        ax = axs[0]
+        for t, pts in sorted(lrs(r).items()):
+            ax.plot(
+                list(pts),
+                list(pts.values()),
+                marker="o",
+                markersize=3,
+                color=trainer_colour(t),
+                label=f"t{t}",
+            )
+        ax.set(xlabel="round", ylabel="inner lr")
+        ax.set_ylim(bottom=0)
+        _integer_axis(ax.xaxis)
+        ax.legend(title="trainer", fontsize=7, title_fontsize=7)
+    return fig
 
 
 def requests_figure(firsts: Sequence[tuple[str, Run, int]]) -> Any:
