@@ -51,6 +51,11 @@ class HookedMode:
                 "batch: the batch test needs the gradient probe at the round's first step, which only "
                 "step()/step_all() can take; use them, or AdaptiveBatch(test='none', statistics=False)"
             )
+        if self.batch.schedule != "none":
+            raise ValueError(
+                f"batch.schedule = {self.batch.schedule!r}: your loader decides the rows of a step in the "
+                "hooked form; a batch schedule needs step()/step_all(), which feed the planned rows"
+            )
         if self.ddp and len(self.replicas) > 1:
             raise ValueError("ddp: hooked optimizers need one worker per process (or per thread: ThreadComm)")
         self.counts_rows = self.stated_batch is not None
