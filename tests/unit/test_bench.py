@@ -320,6 +320,8 @@ def test_a_derived_variant_tunes_its_own_grid_from_its_parents_choice_selected_b
     assert "bench: diloco: selected algorithm.inner_steps=24, inner.lr=0.002 (#3 of 4) by time to 30.00" in (
         printed.out
     )
+    # the variant's grid runs as soon as DiLoCo's setting is chosen, before the other seeds
+    assert printed.out.index("diloco-sched seed 0 started") < printed.out.index("adloco seed 1 started")
     # a tie on time goes to the first setting (by final perplexity, 200 would have won)
     assert (
         "bench: diloco-sched: selected batch.schedule_examples=100 (#0 of 2) by time to 30.00" in printed.out

@@ -378,6 +378,7 @@ class Bench:
                 else:
                     t.setting = grid[index]
                     _name(t, self.grids)
+        self.resolve_waits()  # a variant derived from a method chosen just now starts next
 
     def stop(self) -> None:
         """Stop the running runs with SIGTERM (a run takes the first signal only, so one that also got
