@@ -10,14 +10,15 @@ set -u
 cd "$(dirname "$0")/.."
 mkdir -p benchmarks/out
 ADLOCO=${ADLOCO:-.venv/bin/adloco}
-# seconds per example, one worker's step on one idle core (RESULTS.md: 21.6 and 118.1 ms; llama-30m
-# scaled from llama-10m by their CPU-time ratio)
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+# One thread per process, as the cores are shared with other work. Seconds per example of one worker's step on one idle core (RESULTS.md:
+# 21.6 and 118.1 ms; llama-30m scaled from llama-10m by their CPU-time ratio).
 declare -A SPE=([tiny]=0.02162 [10m]=0.1181 [30m]=0.2543)
 for bench in tiny-fortunes tiny-stdlib 10m-fortunes 10m-stdlib 30m-fortunes 30m-stdlib; do
     size=${bench%%-*}
     out=benchmarks/out/scale-$bench
     cmd=("$ADLOCO" bench --config "configs/scale-$bench.yaml" --methods adloco,diloco,diloco-schedule
-         --seconds-per-example "${SPE[$size]}" --jobs 1 --out "$out")
+         --seconds-per-example "${SPE[$size]}" --set runtime.threads=1 --jobs 1 --out "$out")
     [ -f "$out/shared.yaml" ] && cmd+=(--resume)
     [ -f "$out/results.json" ] && { echo "$(date -Is) $bench: done before, skipped"; continue; }
     echo "$(date -Is) $bench: ${cmd[*]}"

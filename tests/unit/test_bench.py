@@ -667,3 +667,60 @@ def test_link_speed_reprices_a_finished_bench_for_other_links(tmp_path: Path) ->
         text=True,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "results.json" in bad.stderr
+
+
+def test_scaling_tables_and_plots_adloco_over_its_rivals_by_model_size(
+    fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """benchmarks/claims.py --column and benchmarks/scaling.py on two benches of different models."""
+    import importlib.util
+
+    def load(name: str) -> Any:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True}))
+    folders = {}
+    for model in ("llama-tiny", "llama-10m"):
+        where = tmp_path / model
+        where.mkdir()
+        config = {
+            "model": {"name": model},
+            "bench": {
+                "budget": 300,
+                "target": 45.0,
+                "variants": {
+                    "diloco-schedule": {
+                        "from": "diloco",
+                        "set": {"batch.schedule": "ramp", "batch.schedule_examples": 500},
+                    }
+                },
+            },
+        }
+        code, folders[model] = fake_bench(
+            where, "--methods", "adloco,diloco,diloco-schedule", "--seeds", "0,1", config=config
+        )
+        assert code == 0, capsys.readouterr().err
+    claims, scaling = load("claims"), load("scaling")
+    text = claims.columns(
+        [(m, json.loads((folders[m] / "results.json").read_text())) for m in ("llama-tiny", "llama-10m")]
+    )
+    # finals: adloco 30 + seed, diloco 40 + seed, diloco with the schedule 40 + seed − 5
+    assert "| claim | llama-tiny, 2 seeds, target 45 | llama-10m, 2 seeds, target 45 |" in text
+    assert (
+        "| lower final perplexity than DiLoCo | 0.75 [0.75–0.76] confirmed | 0.75 [0.75–0.76] confirmed |"
+        in text
+    )
+    assert "| lower final perplexity than DiLoCo with a batch schedule | 0.86 [0.86–0.86] confirmed |" in text
+    assert "merging helps" not in text  # no column ran the ablation
+    points = [scaling.point(folders[m]) for m in ("llama-tiny", "llama-10m")]
+    assert [p["parameters"] for p in points] == [1_377_408, 11_228_480]
+    assert points[1]["model"] == "llama-10m" and points[1]["corpus"] == "stdlib"
+    table = scaling.table(points)
+    assert "| stdlib | llama-tiny | 1.4 M | 45 | 2 | 0.75 [0.75–0.76] |" in table
+    scaling.plot(points, tmp_path / "scaling.png")
+    assert (tmp_path / "scaling.png").stat().st_size > 10_000

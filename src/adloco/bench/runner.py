@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import yaml
 
@@ -279,7 +279,7 @@ class Bench:
             flush=True,
         )
 
-    def choice(self, method: str) -> Setting | None | bool:
+    def choice(self, method: str) -> Setting | None | Literal[False]:
         """``method``'s setting: its only one, the one selected, None when none finished, False while its
         grid is still running."""
         grid = self.grids[method]
@@ -287,7 +287,7 @@ class Bench:
             return grid[0]
         return self.chosen.get(method, False)
 
-    def target(self) -> float | None | bool:
+    def target(self) -> float | None | Literal[False]:
         """The target that selections by time or bytes rank by: the given number, or (``bench.target``
         naming a method) that method's final perplexity on the first seed at its chosen setting; None
         when that run failed, False while it has not finished."""

@@ -206,7 +206,7 @@ def _intro(bench: Bench, todo: list[tuple[str, list[str]]]) -> list[str]:
 def _rules_text(bench: Bench, grids: dict[str, Any]) -> str:
     rules = bench.settings.get("rules", {})
     by = {m: rules.get(m, bench.args.select) for m in grids}
-    words = {}
+    words: dict[str, list[str]] = {}
     for m, rule in by.items():
         text = f"**{SELECT[rule]}**"
         if rule != "ppl" and m in bench.targets:
