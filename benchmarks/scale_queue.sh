@@ -14,7 +14,8 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # One thread per process, as the cores are shared with other work. Seconds per example of one worker's step on one idle core (RESULTS.md:
 # 21.6 and 118.1 ms; llama-30m scaled from llama-10m by their CPU-time ratio).
 declare -A SPE=([tiny]=0.02162 [10m]=0.1181 [30m]=0.2543)
-for bench in tiny-fortunes tiny-stdlib 10m-fortunes 10m-stdlib 30m-fortunes 30m-stdlib; do
+# The open question first: prose at every size (llama-10m, where AdLoCo lost before), then stdlib.
+for bench in 10m-fortunes tiny-fortunes 30m-fortunes 10m-stdlib tiny-stdlib 30m-stdlib; do
     size=${bench%%-*}
     out=benchmarks/out/scale-$bench
     cmd=("$ADLOCO" bench --config "configs/scale-$bench.yaml" --methods adloco,diloco,diloco-schedule
