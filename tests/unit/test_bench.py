@@ -366,6 +366,11 @@ def test_derived_variants_and_rules_refuse_bad_input(
             "adloco,x",
             "x starts from diloco's",
         ),
+        (
+            {"target": "diloco", "select": {"diloco": "time"}, "sweep": {"diloco": {"outer.lr": [0.5, 0.7]}}},
+            "diloco",
+            "bench.target = 'diloco' with bench.select.diloco = 'time': diloco's grid would rank by the target",
+        ),
     ]
     for i, (section, methods, message) in enumerate(cases):
         where = tmp_path / str(i)
