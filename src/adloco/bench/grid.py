@@ -273,10 +273,10 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, 
         "derived": {k: v for k, v in derived.items() if k in methods},
         "rules": _rules(bench, where, names, getattr(args, "select", "ppl")),
     }
-    ref = settings["target"]
-    if isinstance(ref, str) and settings["rules"].get(ref, "ppl") != "ppl" and len(grids.get(ref, [])) > 1:
+    ref, rules = settings["target"], _rules(bench, where, names, getattr(args, "select", "ppl"))
+    if isinstance(ref, str) and rules.get(ref, "ppl") != "ppl" and len(grids.get(ref, [])) > 1:
         raise UserError(
-            f"{where}: bench.target = {ref!r} with bench.select.{ref} = {settings['rules'][ref]!r}: {ref}'s "
+            f"{where}: bench.target = {ref!r} with bench.select.{ref} = {rules[ref]!r}: {ref}'s "
             "grid would rank by the target its own choice sets; select it by ppl"
         )
     return settings, out
