@@ -9,7 +9,12 @@ Several results.json (benches priced alike: the same target, network and seconds
 `adloco bench --report-only`) are read as one: a later file's variant replaces an earlier one of the same
 name, and a replaced `adloco` takes the earlier file's ablations with it (they ablated another AdLoCo).
 
+With `--column LABEL FILES` (repeatable; FILES one results.json or several joined by commas, read as
+one as above) the table has a column per bench, say per model size and corpus, each cell the ratio's
+mean [min–max] over the seeds and its verdict; claims that no column has both variants of are left out.
+
 Usage:  python benchmarks/claims.py BENCH_DIR/results.json [MORE/results.json ...]   (a Markdown table)
+        python benchmarks/claims.py --column "llama-tiny, stdlib" A/results.json --column "llama-10m, stdlib" B/results.json
 """
 
 from __future__ import annotations
@@ -42,6 +47,21 @@ CLAIMS: list[tuple[str, str, str, str, str]] = [
         "adloco",
         "adloco-no-switch",
         "to_target.sim_s",
+        "<1",
+    ),
+    ("lower final perplexity than DiLoCo with a batch schedule", "adloco", "diloco-schedule", "final", "<1"),
+    (
+        "reaches the target sooner than DiLoCo with a batch schedule (simulated time)",
+        "adloco",
+        "diloco-schedule",
+        "to_target.sim_s",
+        "<1",
+    ),
+    (
+        "communicates less than DiLoCo with a batch schedule to the target",
+        "adloco",
+        "diloco-schedule",
+        "to_target.bytes",
         "<1",
     ),
 ]
@@ -95,8 +115,33 @@ def table(results: dict[str, Any]) -> str:
     ]
     for claim, a, b, key, side in CLAIMS:
         rs = ratios(results, a, b, key)
-        shown = "—" if rs is None else f"{statistics.fmean(rs):.2f} [{min(rs):.2f}–{max(rs):.2f}]"
-        lines.append(f"| {claim} | {shown} | {0 if rs is None else len(rs)} | {verdict(rs, side)} |")
+        lines.append(f"| {claim} | {shown(rs)} | {0 if rs is None else len(rs)} | {verdict(rs, side)} |")
+    return "\n".join(lines)
+
+
+def shown(rs: list[float] | None) -> str:
+    return "—" if rs is None else f"{statistics.fmean(rs):.2f} [{min(rs):.2f}–{max(rs):.2f}]"
+
+
+def columns(benches: list[tuple[str, dict[str, Any]]]) -> str:
+    """One table, a column per (label, results): each cell the ratio's mean [min–max] and its verdict.
+    The header gives each column's target and seeds; a claim no column has both variants of is left out."""
+    head = []
+    for label, results in benches:
+        n = max((len(v.get("runs", [])) for v in results["variants"].values()), default=0)
+        head.append(f"{label}, {n} seed{'s' if n != 1 else ''}, target {results.get('target') or 0:.0f}")
+    lines = [
+        "| claim | " + " | ".join(head) + " |",
+        "|---|" + "---|" * len(head),
+    ]
+    for claim, a, b, key, side in CLAIMS:
+        if not any(a in r["variants"] and b in r["variants"] for _, r in benches):
+            continue
+        cells = []
+        for _, results in benches:
+            rs = ratios(results, a, b, key)
+            cells.append("—" if rs is None else f"{shown(rs)} {verdict(rs, side)}")
+        lines.append(f"| {claim} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -121,11 +166,35 @@ def merged(all_results: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def read(files: list[Path]) -> dict[str, Any]:
+    out = []
+    for f in files:
+        try:
+            out.append(json.loads(f.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"claims: {f}: not a readable results.json of adloco bench ({exc})") from None
+    return merged(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", type=Path, nargs="+", help="results.json of finished adloco benches")
-    files = ap.parse_args().results
-    print(table(merged([json.loads(f.read_text()) for f in files])))
+    ap.add_argument("results", type=Path, nargs="*", help="results.json of finished adloco benches")
+    ap.add_argument(
+        "--column",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("LABEL", "FILES"),
+        help="a column: its label and its results.json (several joined by commas); repeatable",
+    )
+    args = ap.parse_args()
+    if bool(args.results) == bool(args.column):
+        ap.error("give results.json files (one column) or --column LABEL FILES (one per column), not both")
+    if args.column:
+        benches = [(label, read([Path(x) for x in files.split(",")])) for label, files in args.column]
+        print(columns(benches))
+    else:
+        print(table(read(args.results)))
 
 
 if __name__ == "__main__":

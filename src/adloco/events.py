@@ -125,7 +125,7 @@ class Trainer(Event):
     reason: str = field(
         metadata={
             "doc": "what the test did: `grew`, `kept`, `capped` (at `batch.max`), `off`, `no-statistics` "
-            "or `degenerate`"
+            "or `degenerate`; `scheduled`: `batch.schedule` set the request"
         }
     )
     loss: float | None = field(metadata={"doc": "mean training loss of its workers"})

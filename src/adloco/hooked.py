@@ -59,6 +59,11 @@ class HookedMode:
                 "cuda_graphs: in the hooked form your loop runs the step, so there is none to capture; "
                 "use step()/step_all(), or capture your own step"
             )
+        if self.batch.schedule != "none":
+            raise ValueError(
+                f"batch.schedule = {self.batch.schedule!r}: your loader decides the rows of a step in the "
+                "hooked form; a batch schedule needs step()/step_all(), which feed the planned rows"
+            )
         if self.ddp and len(self.replicas) > 1:
             raise ValueError("ddp: hooked optimizers need one worker per process (or per thread: ThreadComm)")
         self.counts_rows = self.stated_batch is not None

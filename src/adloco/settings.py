@@ -309,9 +309,30 @@ class AdaptiveBatch(Dial):
         "from the norm test's noise ratio (linear instead of √ for SGD inner optimizers)",
     )
     lr_scale_max: float = setting(4.0, "cap on the lr multiplier of lr_scaling", at_least=1)
+    schedule: Literal["none", "power", "ramp"] = setting(
+        "none",
+        "the request follows the examples seen instead of a test (ALGORITHM.md §15): none; power: "
+        "b = batch.initial · (D/D₀)^p once D > D₀ (D the run's examples read, D₀ batch.schedule_examples, p "
+        "batch.schedule_power); ramp: linear from batch.initial to batch.max over the first D₀ examples; "
+        "capped at batch.max, needs batch.test none",
+    )
+    schedule_examples: int = setting(
+        4096,
+        "D₀ of batch.schedule, in training examples (every worker's): power grows after it, ramp ends at it",
+        at_least=1,
+    )
+    schedule_power: float = setting(
+        0.5, "p of batch.schedule power: b ∝ D^p (arXiv 2505.13738, 2410.21676)", above=0, at_most=1
+    )
 
     def check(self) -> None:
         self.need(self.max >= self.initial, "max", f">= batch.initial ({self.initial})")
+        self.need(
+            self.schedule == "none" or self.test == "none",
+            "schedule",
+            f"none with batch.test = {self.test!r} (a schedule and a test would both set the next round's "
+            "request: set batch.test none to follow a schedule)",
+        )
         self.need(
             self.lr_scaling != "gain" or self.probing,
             "lr_scaling",

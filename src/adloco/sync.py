@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from adloco import events
-from adloco.algorithms import allocation, batching, lr_scaling, merging
+from adloco.algorithms import allocation, batch_schedule, batching, lr_scaling, merging
 from adloco.comm.base import Part, Pending
 from adloco.round import (
     WIDTH,
@@ -406,6 +406,11 @@ class Synchronization:
                 nu=b.nu,
                 formula=b.formula,
             )
+            if b.schedule != "none":  # the request follows the examples read by now (ALGORITHM.md §15)
+                seen = (self.totals.examples or 0) + sum(
+                    x.examples + x.probe_examples for x in results.values()
+                )
+                dec = batching.Decision(batch_schedule.of(b, seen), math.nan, "scheduled")
             # B̂ from this round's statistics (ALGORITHM.md §10)
             if b.lr_scaling == "gain" and pooled is not None:
                 tr.noise = lr_scaling.update_noise(tr.noise, pooled.sigma2, pooled.gbar_sq)

@@ -186,7 +186,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "unknown-key",
         ["train", *S("logging.out_dir={tmp}/runs", "batch.etaa=0.5")],
-        "config: unknown key 'batch.etaa'; did you mean 'eta'? (allowed: test, initial, max, eta, vartheta, nu, estimator, probe_chunks, statistics, exact_mean, formula, lr_scaling, lr_scale_max)",
+        "config: unknown key 'batch.etaa'; did you mean 'eta'? (allowed: test, initial, max, eta, vartheta, nu, estimator, probe_chunks, statistics, exact_mean, formula, lr_scaling, lr_scale_max, schedule, schedule_examples, schedule_power)",
     ),
     (
         "unknown-section",
@@ -227,6 +227,26 @@ CASES: list[tuple[str, list[str], str]] = [
         "cap-below-initial",
         ["train", *S("logging.out_dir={tmp}/runs", "batch.initial=8", "batch.max=4")],
         "config: batch.max = 4: must be >= batch.initial (8)",
+    ),
+    (
+        "schedule-with-a-test",
+        ["train", *S("logging.out_dir={tmp}/runs", "batch.schedule=ramp")],
+        "config: batch.schedule = 'ramp': must be none with batch.test = 'norm' (a schedule and a test would both set the next round's request: set batch.test none to follow a schedule)",
+    ),
+    (
+        "schedule-unknown",
+        ["train", *S("logging.out_dir={tmp}/runs", "batch.test=none", "batch.schedule=cosine")],
+        "config: batch.schedule = 'cosine': must be one of 'none', 'power', 'ramp'",
+    ),
+    (
+        "schedule-examples-zero",
+        ["train", *S("logging.out_dir={tmp}/runs", "batch.schedule_examples=0")],
+        "config: batch.schedule_examples = 0: must be >= 1",
+    ),
+    (
+        "schedule-power-above-one",
+        ["train", *S("logging.out_dir={tmp}/runs", "batch.schedule_power=1.5")],
+        "config: batch.schedule_power = 1.5: must be in (0, 1]",
     ),
     (
         "missing-data",

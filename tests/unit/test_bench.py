@@ -28,7 +28,9 @@ TESTS = Path(__file__).parent
 ROOT = Path(__file__).resolve().parents[2]
 
 # `adloco train` as the bench calls it, made up: final perplexity 30 (adloco), 40 (diloco), 50 (others),
-# + the seed, + 100·|outer.lr − 0.5| when outer.lr is set; 3 evaluations on the way down from 100.
+# + the seed, + 100·|outer.lr − 0.5| when outer.lr is set, − 20 at inner.lr 0.002, + 5 at
+# algorithm.inner_steps 24 (whose curve gets there sooner), − batch.schedule_examples/100; 3 evaluations on
+# the way down from 100.
 # $FAKE_BENCH (JSON) may name runs that fail ("fail") and a barrier folder where every run waits until
 # "barrier" runs have started ("barrier": [folder, n]); "resolved": true writes the run's whole resolved
 # config, as adloco train does, instead of the keys set.
@@ -60,6 +62,12 @@ method = sets["algorithm.method"]
 final = {{"adloco": 30.0, "diloco": 40.0}}.get(method, 50.0) + seed
 if "outer.lr" in sets:
     final += 100 * abs(float(sets["outer.lr"]) - 0.5)
+if sets.get("inner.lr") == "0.002":
+    final -= 20
+h24 = sets.get("algorithm.inner_steps") == "24"  # ends higher, gets there sooner
+final += 5 if h24 else 0
+final -= float(sets.get("batch.schedule_examples", 0)) / 100
+curve = [final + 5, final, final] if h24 else [final + 40, final + 20, final]
 config = {{}}
 for k, v in sets.items():
     section, key = k.split(".")
@@ -70,7 +78,7 @@ if spec.get("resolved"):  # the whole resolved config, as adloco train writes it
     from adloco.config import dump_yaml, resolve
     config = yaml.safe_load(dump_yaml(resolve(argv[argv.index("--config") + 1], [sets and f"{{k}}={{v}}" for k, v in sets.items()])))
 recorded_run(Path(sets["logging.out_dir"]), name + "-20260101-000000", method,
-             [final + 40, final + 20, final], 2_000_000, seed=seed, config=config, label=name)
+             curve, 2_000_000, seed=seed, config=config, label=name)
 """
 
 
@@ -279,6 +287,97 @@ def test_seeds_and_a_grid_end_to_end(fake: Path, tmp_path: Path, capsys: pytest.
     assert "interpolated linearly onto a common x grid" in text
     assert (out / "plots" / "val_ppl_vs_bytes.png").stat().st_size > 1000
     assert "![idle_share.png](plots/idle_share.png)" in text
+
+
+def test_a_derived_variant_tunes_its_own_grid_from_its_parents_choice_selected_by_time(
+    fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench.variants: DiLoCo with a batch schedule, from DiLoCo's selected setting; DiLoCo's grid and the
+    variant's selected by time to the target AdLoCo's seed-0 run set (bench.target: adloco)."""
+    config = {
+        "bench": {
+            "budget": 300,
+            "target": "adloco",
+            "select": {"diloco": "time", "diloco-sched": "time"},
+            "variants": {"diloco-sched": {"from": "diloco", "set": {"batch.schedule": "ramp"}}},
+            "sweep": {
+                "diloco": {"algorithm.inner_steps": [12, 24], "inner.lr": [0.001, 0.002]},
+                "diloco-sched": {"batch.schedule_examples": [100, 200]},
+            },
+        }
+    }
+    code, out = fake_bench(
+        tmp_path, "--methods", "adloco,diloco,diloco-sched", "--seeds", "0,1", config=config
+    )
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    runs = sorted(p.name.removesuffix("-20260101-000000") for p in (out / "runs").iterdir())
+    assert runs == sorted(
+        ["adloco-s0", "adloco-s1", *(f"diloco-g{g}-s0" for g in range(4)), "diloco-g3-s1"]
+        + ["diloco-sched-g0-s0", "diloco-sched-g1-s0", "diloco-sched-g0-s1"]
+    )
+    # by final perplexity inner.lr 0.002 at H 12 (20) would win; to AdLoCo's 30, H 24 (25) gets there first
+    assert "bench: diloco: selected algorithm.inner_steps=24, inner.lr=0.002 (#3 of 4) by time to 30.00" in (
+        printed.out
+    )
+    # the variant's grid runs as soon as DiLoCo's setting is chosen, before the other seeds
+    assert printed.out.index("diloco-sched seed 0 started") < printed.out.index("adloco seed 1 started")
+    # a tie on time goes to the first setting (by final perplexity, 200 would have won)
+    assert (
+        "bench: diloco-sched: selected batch.schedule_examples=100 (#0 of 2) by time to 30.00" in printed.out
+    )
+    cfg = yaml.safe_load(next((out / "runs").glob("diloco-sched-g0-s1-*/config.yaml")).read_text())
+    assert cfg["inner"]["lr"] == "0.002" and cfg["algorithm"]["inner_steps"] == "24"
+    assert cfg["batch"]["schedule"] == "ramp" and cfg["batch"]["schedule_examples"] == "100"
+    results = json.loads((out / "results.json").read_text())
+    assert results["target_given"] == 30.0
+    assert results["select"]["rules"] == {"diloco": "time", "diloco-sched": "time"}
+    sched = results["variants"]["diloco-sched"]
+    assert sched["method"] == "diloco" and sched["setting"] == {"batch.schedule_examples": 100}
+    assert [r["final"] for r in sched["runs"]] == [24.0, 25.0]
+    text = (out / "report.md").read_text()
+    assert "diloco-sched starts from diloco's selected setting." in text
+    assert (
+        "| diloco-sched | diloco | diloco's + batch.schedule=ramp: batch.schedule_examples=100 (#0 of 2) |"
+        in (text)
+    )
+
+
+def test_derived_variants_and_rules_refuse_bad_input(
+    fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cases = [
+        ({"variants": {"diloco": {"from": "diloco"}}}, "adloco,diloco", "bench.variants.diloco: a new name"),
+        ({"variants": {"x": {"from": "sgd"}}}, "adloco", "bench.variants.x: holds from (one of adloco"),
+        (
+            {"variants": {"x": {"from": "diloco"}}},
+            "adloco,x",
+            "x starts from diloco's selected setting: name",
+        ),
+        ({"select": {"diloco": "fast"}}, "diloco", "bench.select: a mapping of variants (diloco) to a rule"),
+        ({"target": "ddp"}, "diloco", "bench.target = 'ddp': a perplexity, or one of --methods (diloco)"),
+        (
+            {"select": {"diloco": "time"}, "sweep": {"diloco": {"outer.lr": [0.5, 0.7]}}},
+            "diloco",
+            "bench.select.diloco = 'time': needs a target",
+        ),
+        (
+            {"variants": {"x": {"from": "diloco", "set": {"batch.schedule": "ramp"}}}},
+            "adloco,x",
+            "x starts from diloco's",
+        ),
+        (
+            {"target": "diloco", "select": {"diloco": "time"}, "sweep": {"diloco": {"outer.lr": [0.5, 0.7]}}},
+            "diloco",
+            "bench.target = 'diloco' with bench.select.diloco = 'time': diloco's grid would rank by the target",
+        ),
+    ]
+    for i, (section, methods, message) in enumerate(cases):
+        where = tmp_path / str(i)
+        where.mkdir()
+        code, _ = fake_bench(where, "--methods", methods, config={"bench": {"budget": 300, **section}})
+        err = capsys.readouterr().err
+        assert code == 2 and message in err, (section, err)
 
 
 def test_settings_pinned_in_the_bench_section_are_reported(
@@ -573,3 +672,60 @@ def test_link_speed_reprices_a_finished_bench_for_other_links(tmp_path: Path) ->
         text=True,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "results.json" in bad.stderr
+
+
+def test_scaling_tables_and_plots_adloco_over_its_rivals_by_model_size(
+    fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """benchmarks/claims.py --column and benchmarks/scaling.py on two benches of different models."""
+    import importlib.util
+
+    def load(name: str) -> Any:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True}))
+    folders = {}
+    for model in ("llama-tiny", "llama-10m"):
+        where = tmp_path / model
+        where.mkdir()
+        config = {
+            "model": {"name": model},
+            "bench": {
+                "budget": 300,
+                "target": 45.0,
+                "variants": {
+                    "diloco-schedule": {
+                        "from": "diloco",
+                        "set": {"batch.schedule": "ramp", "batch.schedule_examples": 500},
+                    }
+                },
+            },
+        }
+        code, folders[model] = fake_bench(
+            where, "--methods", "adloco,diloco,diloco-schedule", "--seeds", "0,1", config=config
+        )
+        assert code == 0, capsys.readouterr().err
+    claims, scaling = load("claims"), load("scaling")
+    text = claims.columns(
+        [(m, json.loads((folders[m] / "results.json").read_text())) for m in ("llama-tiny", "llama-10m")]
+    )
+    # finals: adloco 30 + seed, diloco 40 + seed, diloco with the schedule 40 + seed − 5
+    assert "| claim | llama-tiny, 2 seeds, target 45 | llama-10m, 2 seeds, target 45 |" in text
+    assert (
+        "| lower final perplexity than DiLoCo | 0.75 [0.75–0.76] confirmed | 0.75 [0.75–0.76] confirmed |"
+        in text
+    )
+    assert "| lower final perplexity than DiLoCo with a batch schedule | 0.86 [0.86–0.86] confirmed |" in text
+    assert "merging helps" not in text  # no column ran the ablation
+    points = [scaling.point(folders[m]) for m in ("llama-tiny", "llama-10m")]
+    assert [p["parameters"] for p in points] == [1_377_408, 11_228_480]
+    assert points[1]["model"] == "llama-10m" and points[1]["corpus"] == "stdlib"
+    table = scaling.table(points)
+    assert "| stdlib | llama-tiny | 1.4 M | 45 | 2 | 0.75 [0.75–0.76] |" in table
+    scaling.plot(points, tmp_path / "scaling.png")
+    assert (tmp_path / "scaling.png").stat().st_size > 10_000

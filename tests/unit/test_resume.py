@@ -131,6 +131,27 @@ def test_a_run_with_delta_in_flight_resumes_bit_for_bit(
     assert done[0]["bytes_total"] == done[1]["bytes_total"]
 
 
+def test_a_run_with_a_batch_schedule_resumes_bit_for_bit(tmp_path: Path, text_corpus: Path) -> None:
+    """ALGORITHM.md §15: a DiLoCo whose batch ramps with the examples read, resumed from round 2's
+    checkpoint, runs the same requests and ends with the uninterrupted run's model."""
+    sets = {"algorithm__method": "diloco", "batch__schedule": "ramp", "batch__schedule_examples": "200"}
+    out = tmp_path / "ref"
+    assert train(out, text_corpus, batch__max="6", checkpoint__keep="5", **sets) == 0
+    ref = only_run(out)
+    run = tmp_path / "run"
+    shutil.copytree(ref, run)
+    assert adloco("train", "--resume", str(run / "checkpoints" / "round-000002")) == 0
+    assert weights(run) == weights(ref)
+
+    def requests(r: Path) -> list[tuple[int, int, str]]:
+        rows = [json.loads(x) for x in (r / "metrics.jsonl").read_text().splitlines()]
+        return sorted({(e["round"], e["request"], e["reason"]) for e in rows if e.get("event") == "trainer"})
+
+    got = requests(ref)
+    assert got == requests(run) and {x[2] for x in got} == {"scheduled"}
+    assert [x[1] for x in got] == sorted(x[1] for x in got) and got[-1][1] > got[0][1]
+
+
 def test_a_non_finite_worker_is_left_out(
     tmp_path: Path, text_corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

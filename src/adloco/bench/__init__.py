@@ -214,6 +214,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     settings, todo = variants(args)
     if args.jobs < 1:
         raise UserError(f"--jobs {args.jobs}: must be >= 1")
+    for method, rule in settings["rules"].items():
+        if rule != "ppl" and settings["target"] is None and len(settings["grids"].get(method, [])) > 1:
+            where = f"--select {rule}" if rule == args.select else f"bench.select.{method} = {rule!r}"
+            raise UserError(f"{where}: needs a target (--target or bench.target)")
     if args.select != "ppl" and settings["target"] is None:
         raise UserError(f"--select {args.select}: needs a target (--target or bench.target)")
     shared = resolve(None, args.overrides, base=settings["raw"])

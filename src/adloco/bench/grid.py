@@ -38,7 +38,7 @@ RESERVED = {
     "logging.out_dir",
     "logging.progress",
 }
-BENCH_KEYS = ("budget", "target", "seeds", "methods", "sweep")
+BENCH_KEYS = ("budget", "target", "seeds", "methods", "sweep", "select", "variants")
 
 
 @dataclass
@@ -84,13 +84,15 @@ def _key(key: str, where: str) -> str:
 
 
 def _grid_keys(
-    args: argparse.Namespace, bench: dict[str, Any], where: str
+    args: argparse.Namespace, bench: dict[str, Any], where: str, derived: dict[str, dict[str, Any]]
 ) -> dict[str, dict[str, list[str]]]:
-    """{method: {key: [--set value texts]}}: the config's bench.sweep, then --sweep for every method."""
+    """{method or derived variant: {key: [--set value texts]}}: the config's bench.sweep, then --sweep for
+    every method (a derived variant's grid is the config's alone)."""
     per = bench.get("sweep") or {}
-    if not isinstance(per, dict) or set(per) - set(METHODS):
-        raise UserError(f"{where}: bench.sweep: keys must be among {', '.join(METHODS)}")
-    out: dict[str, dict[str, list[str]]] = {m: {} for m in METHODS}
+    names = [*METHODS, *derived]
+    if not isinstance(per, dict) or set(per) - set(names):
+        raise UserError(f"{where}: bench.sweep: keys must be among {', '.join(names)}")
+    out: dict[str, dict[str, list[str]]] = {m: {} for m in names}
     for m, grid in per.items():
         if not isinstance(grid, dict):
             raise UserError(f"{where}: bench.sweep.{m}: a mapping of section.key to a list of values")
@@ -110,6 +112,64 @@ def _grid_keys(
         for m in METHODS:
             out[m][k] = vals
     return out
+
+
+def _derived(bench: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    """bench.variants: {name: {"from": method, "sets": [--set texts]}}, each a method's selected setting
+    with settings of its own on top (and, with a bench.sweep of its own, a grid tuned from there)."""
+    given = bench.get("variants") or {}
+    if not isinstance(given, dict):
+        raise UserError(f"{where}: bench.variants: a mapping of names to {{from: METHOD, set: {{...}}}}")
+    out: dict[str, dict[str, Any]] = {}
+    for name, spec in given.items():
+        name = str(name)
+        here = f"{where}: bench.variants.{name}"
+        if (
+            name in METHODS
+            or name in [f"adloco-{a}" for a in ABLATIONS]
+            or not name.replace("-", "").isalnum()
+        ):
+            raise UserError(
+                f"{here}: a new name of letters, digits and '-' (not a method's or an ablation's)"
+            )
+        if not isinstance(spec, dict) or set(spec) - {"from", "set"} or spec.get("from") not in METHODS:
+            raise UserError(f"{here}: holds from (one of {', '.join(METHODS)}) and set (section.key: value)")
+        pins = spec.get("set") or {}
+        if not isinstance(pins, dict):
+            raise UserError(f"{here}.set: a mapping of section.key to a value")
+        out[name] = {
+            "from": spec["from"],
+            "sets": [f"{_key(str(k), here + '.set')}={_yaml_value(v)}" for k, v in pins.items()],
+        }
+    return out
+
+
+def _rules(bench: dict[str, Any], where: str, names: Sequence[str], default: str) -> dict[str, str]:
+    """bench.select: {variant: rule}, the rule of each grid's choice (others: --select)."""
+    given = bench.get("select") or {}
+    if not isinstance(given, dict) or set(given) - set(names) or set(given.values()) - set(SELECT):
+        raise UserError(
+            f"{where}: bench.select: a mapping of variants ({', '.join(names)}) to a rule "
+            f"({', '.join(SELECT)})"
+        )
+    return {m: str(given.get(m, default)) for m in names}
+
+
+def owner(name: str, settings: dict[str, Any]) -> str:
+    """Whose grid gives variant ``name`` its setting: its own, or (an ablation, a derived variant without
+    a grid of its own) the method it starts from."""
+    derived = settings.get("derived", {})
+    if name in derived:
+        return name if len(settings["grids"][name]) > 1 else derived[name]["from"]
+    return "adloco" if name.startswith("adloco-") else name
+
+
+def method_of(name: str, settings: dict[str, Any]) -> str:
+    """The ``algorithm.method`` variant ``name`` runs."""
+    derived = settings.get("derived", {})
+    if name in derived:
+        return str(derived[name]["from"])
+    return "adloco" if name.startswith("adloco-") else name
 
 
 def variants(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, list[str]]]]:
@@ -135,14 +195,22 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, 
         seeds = _seeds(bench["seeds"], f"{where}: bench.seeds")
     else:
         seeds = [resolve(None, args.overrides, base=raw).algorithm.seed]
-    keys = _grid_keys(args, bench, where)
+    derived = _derived(bench, where)
+    keys = _grid_keys(args, bench, where, derived)
     out: list[tuple[str, list[str]]] = []
-    methods = _split(args.methods, METHODS, "methods")
+    methods = _split(args.methods, [*METHODS, *derived], "methods")
+    for name in methods:
+        if name in derived and derived[name]["from"] not in methods:
+            raise UserError(
+                f"--methods {args.methods!r}: {name} starts from {derived[name]['from']}'s selected setting: "
+                f"name {derived[name]['from']} too"
+            )
     ablations = _split(args.ablations, ABLATIONS, "ablations")
     if not methods and not ablations:
         raise UserError("--methods: nothing to run")
 
     def sets(method: str) -> list[str]:
+        method = derived[method]["from"] if method in derived else method
         own = [f"{k}={_yaml_value(v)}" for k, v in (per_method.get(method) or {}).items()]
         return [f"algorithm.method={method}", *own, *args.overrides, f"algorithm.budget={int(budget)}"]
 
@@ -165,29 +233,52 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, 
     # batch.initial on every worker), the same for all, so learning-rate schedules match.
     needed = 1
     for name, s in out:
-        owner = "adloco" if name.startswith("adloco-") else name
-        for g in grids[owner]:
-            extra = ABLATIONS[name.removeprefix("adloco-")] if owner != name else []
+        base = "adloco" if name.startswith("adloco-") else name
+        if name in derived:  # each of its parent's settings, its own sets, each setting of its own grid
+            own = derived[name]["sets"]
+            points = [
+                ([*p.sets, *own, *g.sets], g) for p in grids[derived[name]["from"]] for g in grids[name]
+            ]
+        elif base != name:  # an ablation: each of AdLoCo's settings, then the ablation's sets
+            points = [([*g.sets, *ABLATIONS[name.removeprefix("adloco-")]], g) for g in grids[base]]
+        else:
+            points = [(g.sets, g) for g in grids[name]]
+        for full, g in points:
             try:
-                c = resolve(None, [*s[: len(sets(owner))], *g.sets, *extra], base=raw)
+                c = resolve(None, [*s[: len(sets(base))], *full], base=raw)
             except UserError as exc:
-                label = f"variant {name}" + (f" at {', '.join(g.sets)}" if g.sets else "")
+                label = f"variant {name}" + (f" at {', '.join(full)}" if full else "")
                 raise UserError(f"{label}: {exc}") from None
-            if owner == name or not g.values:  # a grid's keys, else the bench section's pins
-                shown = [k.partition("=")[0] for k in g.sets] or [str(k) for k in per_method.get(owner) or {}]
+            if base == name or not g.values:  # a grid's keys, else the bench section's (a variant's) pins
+                pins = derived[name]["sets"] if name in derived else list(per_method.get(name) or {})
+                shown = [k.partition("=")[0] for k in g.sets] or [str(k).partition("=")[0] for k in pins]
                 g.values = {k: _get(c, k) for k in shown}
             per_round = c.algorithm.workers * c.algorithm.inner_steps * c.batch.initial
             needed = max(needed, c.algorithm.rounds, -(-int(budget) // per_round))
     out = [(name, [*s, f"algorithm.rounds={needed}"]) for name, s in out]
     target = args.target if args.target is not None else bench.get("target")
+    if isinstance(target, str) and target not in methods:
+        raise UserError(
+            f"{where}: bench.target = {target!r}: a perplexity, or one of --methods ({', '.join(methods)}): "
+            "its selected setting's final perplexity on the first seed"
+        )
+    names = [*methods, *(f"adloco-{a}" for a in ablations)]
     settings = {
         "raw": raw,
         "budget": int(budget),
-        "target": None if target is None else float(target),
+        "target": target if target is None or isinstance(target, str) else float(target),
         "seeds": seeds,
         "grids": grids,
         "rounds": needed,
+        "derived": {k: v for k, v in derived.items() if k in methods},
+        "rules": _rules(bench, where, names, getattr(args, "select", "ppl")),
     }
+    ref, rules = settings["target"], _rules(bench, where, names, getattr(args, "select", "ppl"))
+    if isinstance(ref, str) and rules.get(ref, "ppl") != "ppl" and len(grids.get(ref, [])) > 1:
+        raise UserError(
+            f"{where}: bench.target = {ref!r} with bench.select.{ref} = {rules[ref]!r}: {ref}'s "
+            "grid would rank by the target its own choice sets; select it by ppl"
+        )
     return settings, out
 
 
@@ -221,6 +312,8 @@ class Task:
     wall: tuple[float, float] = (0.0, 0.0)  # started and finished, seconds since the epoch
     lines: list[str] = field(default_factory=list)  # the last lines of its stderr, or why skipped
     number: int = 0  # in the progress lines
+    wait: str | None = None  # a derived variant with a grid: the method whose selection it starts from
+    then: list[str] = field(default_factory=list)  # ... and its own sets, added after that selection
 
 
 def plan(settings: dict[str, Any], todo: list[tuple[str, list[str]]]) -> list[Task]:
@@ -229,22 +322,34 @@ def plan(settings: dict[str, Any], todo: list[tuple[str, list[str]]]) -> list[Ta
     and an ablation of an AdLoCo with a grid, waits for that grid's selection."""
     grids: dict[str, list[Setting]] = settings["grids"]
     seeds: list[int] = settings["seeds"]
+    derived: dict[str, dict[str, Any]] = settings.get("derived", {})
     tasks: list[Task] = []
     for s in seeds:
         for name, sets in todo:
             ablation = name.startswith("adloco-")
-            owner = "adloco" if ablation else name
+            own = owner(name, settings)
             base, rounds = sets[: len(sets) - 1], sets[-1:]
             extra = ABLATIONS[name.removeprefix("adloco-")] if ablation else []
             if ablation:
                 base = base[: len(base) - len(extra)]
-            grid = grids[owner]
-            if len(grid) == 1:
-                tasks.append(Task(name, owner, s, base, [*extra, *rounds], setting=grid[0]))
-            elif s == seeds[0] and not ablation:
-                tasks += [Task(name, owner, s, base, rounds, grid=g.index, setting=g) for g in grid]
+            elif name in derived and own != name:  # like an ablation of the method it starts from
+                extra = [*derived[name]["sets"], *grids[name][0].sets]
+            grid = grids[own]
+            if own == name and name in derived:  # its own grid, once its parent's setting is chosen
+                wait, then = derived[name]["from"], derived[name]["sets"]
+                if s == seeds[0]:
+                    tasks += [
+                        Task(name, own, s, base, rounds, grid=g.index, setting=g, wait=wait, then=then)
+                        for g in grid
+                    ]
+                else:
+                    tasks.append(Task(name, own, s, base, rounds, wait=wait, then=then))
+            elif len(grid) == 1:
+                tasks.append(Task(name, own, s, base, [*extra, *rounds], setting=grid[0]))
+            elif s == seeds[0] and own == name:
+                tasks += [Task(name, own, s, base, rounds, grid=g.index, setting=g) for g in grid]
             else:
-                tasks.append(Task(name, owner, s, base, [*extra, *rounds]))
+                tasks.append(Task(name, own, s, base, [*extra, *rounds]))
     for t in tasks:
         if t.setting is not None:
             _name(t, grids)

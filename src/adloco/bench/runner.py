@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import yaml
 
@@ -131,6 +131,7 @@ class Bench:
         self.grids: dict[str, list[Setting]] = settings["grids"]
         self.chosen: dict[str, Setting | None] = {}
         self.selection_note: dict[str, str] = {}
+        self.targets: dict[str, float] = {}  # the target each selection by time or bytes ranked by
         self.running: list[_Child] = []
         self.started = 0
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -183,7 +184,12 @@ class Bench:
                 for t in self.tasks:
                     if len(self.running) >= self.jobs:
                         break
-                    if t.status == "queued" and t.setting is not None and not self.reuse(t):
+                    if (
+                        t.status == "queued"
+                        and t.setting is not None
+                        and t.wait is None
+                        and not self.reuse(t)
+                    ):
                         self.start(t)
                 if not self.running:
                     break
@@ -273,19 +279,74 @@ class Bench:
             flush=True,
         )
 
+    def choice(self, method: str) -> Setting | None | Literal[False]:
+        """``method``'s setting: its only one, the one selected, None when none finished, False while its
+        grid is still running."""
+        grid = self.grids[method]
+        if len(grid) == 1:
+            return grid[0]
+        return self.chosen.get(method, False)
+
+    def target(self) -> float | None | Literal[False]:
+        """The target that selections by time or bytes rank by: the given number, or (``bench.target``
+        naming a method) that method's final perplexity on the first seed at its chosen setting; None
+        when that run failed, False while it has not finished."""
+        ref = self.settings["target"]
+        if not isinstance(ref, str):
+            return ref
+        chosen = self.choice(ref)
+        if chosen is None:
+            return None
+        if chosen is False:
+            return False
+        first = self.settings["seeds"][0]
+        for t in self.tasks:
+            if t.variant == ref and t.seed == first and t.setting is chosen:
+                if t.status in ("queued", "running"):
+                    return False
+                return None if t.run is None else float(t.run.final)
+        return None
+
+    def resolve_waits(self) -> None:
+        """A derived variant's runs start from its parent's chosen setting, once it is chosen."""
+        for t in self.tasks:
+            if t.wait is None or t.status != "queued":
+                continue
+            chosen = self.choice(t.wait)
+            if chosen is False:
+                continue
+            if chosen is None:
+                self.started += 1
+                t.number, t.status = self.started, "skipped"
+                t.lines = [f"no setting of {t.wait}'s grid finished on seed {self.settings['seeds'][0]}"]
+                self.say(t, f"skipped: {t.lines[0]}")
+                continue
+            t.base, t.wait = [*t.base, *chosen.sets, *t.then], None
+
     def resolve_selections(self) -> None:
         from adloco.report import results
 
+        self.resolve_waits()
         for method, grid in self.grids.items():
             if len(grid) == 1 or method in self.chosen:
                 continue
             runs = [t for t in self.tasks if t.method == method and t.grid is not None]
             if not runs or any(t.status in ("queued", "running") for t in runs):
                 continue
+            rule = self.settings.get("rules", {}).get(method, self.args.select)
+            target = self.target() if rule != "ppl" else None
+            if target is False:
+                continue  # the run that sets the target has not finished
+            if rule != "ppl" and target is None:
+                self.selection_note[method] = (
+                    f"{method}'s grid was to be selected by {rule}, but the target's run failed: it was "
+                    "selected by final perplexity"
+                )
+                rule = "ppl"
             finished = [t.run for t in self.tasks if t.run is not None]
             args = self.args
             spe = args.seconds_per_example
-            if args.select == "time" and args.compute == "examples" and spe is None and args.profile is None:
+            if rule == "time" and args.compute == "examples" and spe is None and args.profile is None:
                 results.price(finished, args.compute, None)
                 spe = finished[0].seconds_per_example if finished else None
                 if spe is not None:
@@ -295,16 +356,19 @@ class Bench:
                     )
             elif finished:
                 results.price(finished, args.compute, spe, args.profile, args.fixed_share)
-            index = select([(t.grid or 0, t.run) for t in runs], args.select, self.settings["target"])
+            index = select([(t.grid or 0, t.run) for t in runs], rule, target or None)
             self.chosen[method] = None if index is None else grid[index]
+            if rule != "ppl":
+                self.targets[method] = float(target or 0.0)
             if index is None:
                 print(
                     f"bench: no setting of {method}'s grid finished: its other runs are skipped", flush=True
                 )
             else:
-                print(f"bench: {method}: selected {grid[index].text(len(grid))} by {args.select}", flush=True)
+                at = f" to {target:.2f}" if rule != "ppl" and target else ""
+                print(f"bench: {method}: selected {grid[index].text(len(grid))} by {rule}{at}", flush=True)
             for t in self.tasks:
-                if t.method != method or t.setting is not None:
+                if t.method != method or t.setting is not None or t.status != "queued":
                     continue
                 if index is None:
                     self.started += 1
@@ -314,6 +378,7 @@ class Bench:
                 else:
                     t.setting = grid[index]
                     _name(t, self.grids)
+        self.resolve_waits()  # a variant derived from a method chosen just now starts next
 
     def stop(self) -> None:
         """Stop the running runs with SIGTERM (a run takes the first signal only, so one that also got

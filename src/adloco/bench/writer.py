@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from adloco import events
-from adloco.bench.grid import SELECT, Setting, Task
+from adloco.bench.grid import SELECT, Setting, Task, method_of
+from adloco.bench.grid import owner as grid_owner
 from adloco.bench.runner import Bench
 from adloco.errors import UserError
 from adloco.report import results
@@ -77,22 +78,30 @@ def _plan(bench: Bench, todo: list[tuple[str, list[str]]], command: str) -> dict
     grids: dict[str, list[Setting]] = settings["grids"]
     seeds: list[int] = settings["seeds"]
     variants = []
+    derived = settings.get("derived", {})
     for name, _ in todo:
-        owner = "adloco" if name.startswith("adloco-") else name
+        owner = grid_owner(name, settings)
         grid = grids[owner]
         chosen = grid[0] if len(grid) == 1 else bench.chosen.get(owner)
+        parent = derived.get(name, {}).get("from")
+        start = ""
+        if parent is not None:  # what it starts from: its parent's choice and its own settings
+            pins = ", ".join(derived[name]["sets"])
+            start = f"{parent}'s" + (f" + {pins}" if pins else "") + (": " if owner == name else "")
         if chosen is None:
             text = "no setting finished"
+        elif parent is not None and owner != name:
+            text = start + (f" ({chosen.text(len(grid))})" if len(grid) > 1 else "")
         elif len(grid) == 1:
             text = chosen.text()
         else:
-            text = ("AdLoCo's: " if owner != name else "") + chosen.text(len(grid))
+            text = start + ("AdLoCo's: " if owner != name else "") + chosen.text(len(grid))
         mine = [t for t in tasks if t.variant == name and (t.grid is None or t.setting is chosen)]
         mine.sort(key=lambda t: seeds.index(t.seed))
         variants.append(
             {
                 "name": name,
-                "method": owner if name == owner else "adloco",
+                "method": method_of(name, settings),
                 "setting": None if chosen is None else chosen.values,
                 "setting_index": None if chosen is None or len(grid) == 1 else chosen.index,
                 "setting_text": text,
@@ -126,18 +135,27 @@ def _plan(bench: Bench, todo: list[tuple[str, list[str]]], command: str) -> dict
         "budget": settings["budget"],
         "rounds": settings["rounds"],
         "seeds": seeds,
-        "target_given": settings["target"],
+        "target_given": _given(bench),
         "jobs": args.jobs,
         "select": {
             "rule": args.select,
             "text": SELECT[args.select],
             "notes": list(bench.selection_note.values()),
+            "rules": {m: r for m, r in settings.get("rules", {}).items() if len(grids.get(m, [])) > 1},
+            "targets": dict(bench.targets),
         },
         "intro": _intro(bench, todo),
         "variants": variants,
         "grids": grid_plan,
         "failed": failed,
     }
+
+
+def _given(bench: Bench) -> float | None:
+    """The bench's target: the number given, or the perplexity a method's run set (``bench.target``
+    naming a method), or None."""
+    got = bench.target()
+    return None if got is None or got is False else float(got)
 
 
 def _intro(bench: Bench, todo: list[tuple[str, list[str]]]) -> list[str]:
@@ -162,22 +180,44 @@ def _intro(bench: Bench, todo: list[tuple[str, list[str]]]) -> list[str]:
                 for m, g in grids.items()
             )
             + f". Every setting ran on seed {seeds[0]}; each method is reported at its best setting by "
-            f"**{SELECT[args.select]}** on seed {seeds[0]}"
+            + _rules_text(bench, grids)
+            + f" on seed {seeds[0]}"
             + (
                 " (runs that miss the target rank after those that reach it, by final perplexity)"
-                if args.select != "ppl"
+                if any(settings.get("rules", {}).get(m, args.select) != "ppl" for m in grids)
                 else ""
             )
             + ", ties going to the first in grid order; that setting alone then ran on the other seeds "
             f"(its seed-{seeds[0]} run is the one it was chosen on, so that seed flatters it a little; the "
             "others do not). "
             + ("Ablations start from AdLoCo's selected setting. " if "adloco" in grids else "")
+            + "".join(
+                f"{name} starts from {d['from']}'s selected setting. "
+                for name, d in settings.get("derived", {}).items()
+            )
             + "Every setting's figures are in the grid tables below.",
             "",
         ]
         if bench.selection_note:
             lines += [" ".join(f"{note}." for note in bench.selection_note.values()), ""]
     return lines
+
+
+def _rules_text(bench: Bench, grids: dict[str, Any]) -> str:
+    rules = bench.settings.get("rules", {})
+    by = {m: rules.get(m, bench.args.select) for m in grids}
+    words: dict[str, list[str]] = {}
+    for m, rule in by.items():
+        text = f"**{SELECT[rule]}**"
+        if rule != "ppl" and m in bench.targets:
+            ref = bench.settings["target"]
+            text += f" (perplexity {bench.targets[m]:.2f}" + (
+                f", {ref}'s final)" if isinstance(ref, str) else ")"
+            )
+        words.setdefault(text, []).append(m)
+    if len(words) == 1:
+        return next(iter(words))
+    return "; ".join(f"{', '.join(ms)}: {text}" for text, ms in words.items())
 
 
 def read_results(folder: Path, who: str = "--report-only") -> dict[str, Any]:

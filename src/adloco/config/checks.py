@@ -139,9 +139,10 @@ def check_memory(cfg: Config) -> None:
     inprocess = rt.backend == "inprocess" or (rt.backend == "auto" and "WORLD_SIZE" not in os.environ)
     per_process = a.workers if inprocess else rt.workers_per_process
     here = per_process * (1 if inprocess else int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
-    # The largest micro-batch the run may form: requests grow to batch.max unless the test is off, and a
-    # worker runs at most b_max rows at once (null: 8 on CPU, searched to fit on CUDA).
-    request = b.initial if b.test == "none" else b.max
+    # The largest micro-batch the run may form: requests grow to batch.max unless the test and the
+    # schedule are off, and a worker runs at most b_max rows at once (null: 8 on CPU, searched on CUDA).
+    grows = b.test != "none" or b.schedule != "none"
+    request = b.max if grows else b.initial
     b_max = s.b_max if s.b_max is not None else (8 if rt.device == "cpu" else 1)
     micro = min(request, b_max)
     eval_rows = min(cfg.eval.batch_size, cfg.eval.max_examples or cfg.eval.batch_size)
@@ -180,7 +181,7 @@ def check_memory(cfg: Config) -> None:
     elif s.b_max is not None and s.b_max < request:
         field, value = "switch.b_max", s.b_max
     else:
-        field, value = ("batch.initial", b.initial) if b.test == "none" else ("batch.max", b.max)
+        field, value = ("batch.max", b.max) if grows else ("batch.initial", b.initial)
     what = f"a micro-batch of {micro:,} x {d.seq_len:,} tokens through {name}"
     sizing.refuse_if_over(train, available, where, field, value, what)
     what = f"a validation batch of {eval_rows:,} x {d.seq_len:,} tokens through {name}"

@@ -62,7 +62,9 @@ class ModelConfig(Dial):
 class DataConfig(Dial):
     SECTION: ClassVar[str] = "data"
     source: str = setting(
-        "stdlib", "'stdlib', a local file or folder (txt, md, jsonl, csv, parquet), or a hub dataset"
+        "stdlib",
+        "'stdlib' (Python's own source), 'fortunes' (English prose: the fortunes extra), a local file or "
+        "folder (txt, md, jsonl, csv, parquet), or a hub dataset",
     )
     hub_config: str | None = setting(None, "hub dataset configuration (C4: 'en')")
     split: str = setting("train", "hub dataset split to train on")

