@@ -546,20 +546,20 @@ class Synchronization:
         workers that change trainer; reset their inner optimizers; drop state no longer hosted."""
         holders = allocation.members(current)
         moved = [x for x in sorted(new) if new[x] != current[x]]
-        if self.wire.theta.compressed:
-            self._send_compressed(holders, moved, new)
-            moved_plain: list[int] = []
-        else:
-            moved_plain = moved
-        for x in moved_plain:
-            tr = self.trainers[new[x]]
-            src = holders[tr.id][0]
-            if x in self.replicas and not tr.hosted:  # this process receives a trainer it did not host
+        for t in sorted({new[x] for x in moved}):  # through comm.theta_dtype (ALGORITHM.md §9.4)
+            tr = self.trainers[t]
+            newcomers = [x for x in moved if new[x] == t]
+            if self._local(newcomers) and not tr.hosted:  # this process receives a trainer it did not host
                 tr.theta = torch.zeros_like(self.scratch)
-            self.comm.broadcast(tr.theta if tr.theta is not None else self.scratch, src, [src, x], "move")
-            if tr.outer.has_state:
-                momentum = tr.momentum()
-                self.comm.broadcast(momentum if momentum is not None else self.scratch, src, [src, x], "move")
+            values = [tr.theta, tr.momentum()] if tr.outer.has_state else [tr.theta]
+            for value in values:
+                self.comm.send(
+                    value if value is not None else self.scratch,
+                    holders[t],
+                    newcomers,
+                    "move",
+                    self.wire.theta,
+                )
         changed = [x for x in sorted(new) if new[x] != self.allocation[x]]
         for x in changed:
             if x in self.replicas:
@@ -573,38 +573,6 @@ class Synchronization:
                 tr.theta = None
                 tr.outer = self._new_outer()
         return moved, changed
-
-    def _send_compressed(self, holders: dict[int, list[int]], moved: list[int], new: dict[int, int]) -> None:
-        """Moves through a compressed wire: θ (and the outer momentum) of a trainer that gains workers is
-        encoded once, its first holder sends those bytes to each newcomer, and every process that holds
-        or receives the trainer keeps the decoded values: the holders decode what they encoded
-        themselves (their copies are equal, so are their bytes), and all copies stay equal. The trainer
-        takes the wire's rounding once per move."""
-        from adloco.comm.compressed import decode, encode, piece_bytes
-
-        wire, P = self.wire.theta, self.scratch.numel()
-        for t in sorted({new[x] for x in moved}):
-            tr, src = self.trainers[t], holders[t][0]
-            newcomers = [x for x in moved if new[x] == t]
-            holds = tr.hosted
-            if self._local(newcomers) and not holds:  # this process receives a trainer it did not host
-                tr.theta = torch.zeros_like(self.scratch)
-            for name in ("theta", "momentum") if tr.outer.has_state else ("theta",):
-                value = tr.theta if name == "theta" else tr.momentum()
-                if holds and value is not None:
-                    payload = encode(value, wire.dtype, wire.block)
-                else:  # filled by the broadcast, or a place to stand while others send
-                    payload = torch.zeros(
-                        piece_bytes(P, wire.dtype, wire.block), dtype=torch.uint8, device=self.scratch.device
-                    )
-                for x in newcomers:  # every process calls every collective
-                    self.comm.broadcast(payload, src, [src, x], "move")
-                if tr.hosted:
-                    decoded = decode(payload, P, wire.dtype, wire.block)
-                    if name == "theta":
-                        tr.theta = decoded
-                    else:
-                        tr.outer.load_state_dict({"momentum": decoded})
 
     def _next_round(
         self,
