@@ -217,6 +217,9 @@ class Dial:
         return out
 
 
+D = typing.TypeVar("D", bound=Dial)
+
+
 def check_speeds(speeds: Sequence[float], workers: int, name: str = "runtime.emulate_speed") -> list[float]:
     """``runtime.emulate_speed``: empty, or one factor in (0, 1] per worker (worker w takes 1/s_w as long per
     step). The one check of it, for the library (``name``: its argument) and the config."""
@@ -230,6 +233,32 @@ def check_speeds(speeds: Sequence[float], workers: int, name: str = "runtime.emu
             "(one per worker: 0.5 takes twice as long)"
         )
     return [float(x) for x in values]
+
+
+def check_round(inner_steps: Any, fixed_rows: Any) -> None:
+    """The plain arguments of an algorithm object that are numbers: H and a pass's fixed cost in rows."""
+    if not isinstance(inner_steps, int) or isinstance(inner_steps, bool) or inner_steps < 1:
+        raise ValueError(f"inner_steps = {inner_steps!r}: must be an integer >= 1 (H counts optimizer steps)")
+    if not (isinstance(fixed_rows, int | float) and math.isfinite(fixed_rows) and fixed_rows >= 0):
+        raise ValueError(f"fixed_rows = {fixed_rows!r}: must be a finite number >= 0 (rows)")
+
+
+def check_trainers(trainers: Any, workers: int) -> None:
+    """K₀ in [1, N]: every trainer needs a worker."""
+    if not isinstance(trainers, int) or not 1 <= trainers <= workers:
+        raise ValueError(
+            f"trainers = {trainers!r}: must be an integer in [1, {workers}]: every trainer needs a worker (pass "
+            "a list of models for several workers in one process, or run one process per worker)"
+        )
+
+
+def dial(name: str, value: Any, cls: type[D]) -> D:
+    """An algorithm object's dial argument: the dataclass itself (None: its defaults)."""
+    if value is None:
+        return cls()
+    if not isinstance(value, cls):
+        raise ValueError(f"{name}: expected an {cls.__name__}(...) from adloco, got {value!r}")
+    return value
 
 
 def choice(name: str, value: Any, tp: Any) -> None:
@@ -494,8 +523,6 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "ddp": {**_ONE_TRAINER_CONSTANT_BATCH, "outer": {"optimizer": "average"}},
 }
 assert set(PRESETS) == set(METHODS)
-
-D = typing.TypeVar("D", bound=Dial)
 
 
 def preset(method: str, cls: type[D], **changes: Any) -> D:

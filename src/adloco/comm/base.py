@@ -23,6 +23,7 @@ one, the process sleeps until its wall time is the collective's time on the mode
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 import time
@@ -126,6 +127,21 @@ def _named(kind: str) -> Iterator[None]:
         if exc.kind:
             raise
         raise CommFailure(exc.op, kind, exc.detail) from exc.__cause__
+
+
+def reduce_local(
+    comm: Comm,
+    workers: Sequence[int],
+    kind: str,
+    out: torch.Tensor,
+    add: Callable[[int, torch.Tensor], None],
+    wire: Wire = FLOAT32,
+    feedback: Mapping[int, ErrorFeedback] | None = None,
+    control: int = 0,
+) -> bool:
+    """``comm.reduce`` with ``comm``'s own workers of ``workers`` as the parts, each ``add(w, buffer)``."""
+    parts: dict[int, Part] = {w: functools.partial(add, w) for w in workers if w in comm.local_workers}
+    return comm.reduce(parts, workers, kind, out, wire, feedback, control)
 
 
 class Shards:
