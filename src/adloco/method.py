@@ -1,14 +1,12 @@
 """AdLoCo, DiLoCo, LocalSGD and DDP as objects for your own training loop (ALGORITHM.md §6).
 
-An algorithm object is built from this process's worker replicas (your ``nn.Module`` and inner
-optimizer; several for workers simulated in one process), a communicator, and the dials of
-:mod:`adloco.settings`. It owns the rounds: the loop asks it how many rows the next step needs, hands it
-the batch, and it runs the step; after H steps it ends the round (``sync``), phase by phase, one method
-each. It assembles parts that own their state: this process's workers (:mod:`adloco.workers`), every
-trainer with its θ, outer optimizer, starts and Δ in flight (:mod:`adloco.trainer`), the schedule of when
-Δ travels (:mod:`adloco.streaming`), the batch tests (:mod:`adloco.batch_tests`), merges and moves
-(:mod:`adloco.regroup`), the state dicts (:mod:`adloco.state`) and the optimizer hooks of ``with algo:``
-(:mod:`adloco.hooked`). Every decision is a pure function of gathered scalars, the same everywhere.
+An algorithm object owns the rounds of this process's worker replicas: the loop asks it how many rows the
+next step needs, hands it the batch, and it runs the step; after H steps it ends the round (``sync``),
+phase by phase, one method each. It assembles parts that own their state: this process's workers
+(:mod:`adloco.workers`), every trainer with its θ, outer optimizer, starts and Δ in flight
+(:mod:`adloco.trainer`), when Δ travels (:mod:`adloco.streaming`), the batch tests
+(:mod:`adloco.batch_tests`), merges and moves (:mod:`adloco.regroup`), the state dicts
+(:mod:`adloco.state`) and the hooks of ``with algo:`` (:mod:`adloco.hooked`).
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from torch import nn
 
 from adloco import events, hooked, state
 from adloco.algorithms import allocation
-from adloco.algorithms.outer import OuterOptimizer
+from adloco.algorithms.outer import OuterOptimizer, model_shapes
 from adloco.batch_tests import BatchTests
 from adloco.comm.base import Comm, reduce_local
 from adloco.comm.quantize import ErrorFeedback
@@ -33,6 +31,7 @@ from adloco.replica import Batch, LossFn, n_rows
 from adloco.round import (
     DecisionMismatch,
     Gathered,
+    Regrouped,
     RoundAborted,
     RoundReport,
     Totals,
@@ -74,6 +73,8 @@ from adloco.workers import (
 __all__ = ["AdLoCo", "DecisionMismatch", "RoundAborted"]
 
 log = logging.getLogger("adloco")
+Members = Mapping[int, list[int]]  # trainer -> its workers
+Sizes = Mapping[int, int]  # worker -> examples or rows
 
 
 class AdLoCo:
@@ -99,13 +100,11 @@ class AdLoCo:
         precision: fp32, or bf16 / fp16 autocast on CUDA (fp16 with dynamic loss scaling).
         inner_state: keep (DiLoCo) or reset the inner optimizer every round (the reference).
         balance: equal gives every worker of a trainer its request b (bit for bit reproducible); speed
-            shares each trainer's M·b examples per step among its workers by their measured speed, and
-            workers among trainers by capacity (ALGORITHM.md §9.3): faster on uneven devices, but the run
-            then depends on timings.
+            shares each trainer's M·b examples per step by measured speed, and workers among trainers by
+            capacity (ALGORITHM.md §9.3): faster on uneven devices, but the run depends on timings.
         fixed_rows: a forward and backward pass's fixed cost, in rows (α/β of a step-time profile,
-            ALGORITHM.md §11; ``adloco train`` takes it from ``runtime.profile``). With balance speed, a
-            worker's speed is measured net of it and each trainer's rows are shared so that every
-            worker's step takes the same time, fixed cost included; 0: a step costs its rows alone.
+            ALGORITHM.md §11; ``runtime.profile``). With balance speed, speeds are measured net of it and
+            rows shared so that every worker's step takes the same time; 0: a step costs its rows alone.
         emulate_speed: one factor in (0, 1] per worker (all of them, by id): worker w takes 1/s_w as long
             per step (it sleeps the difference): heterogeneous devices emulated on identical hardware.
         on_resize: loading the state of a run with another number of workers (ALGORITHM.md §9.2):
@@ -180,6 +179,9 @@ class AdLoCo:
         # the parts: when Δ travels, the batch tests, merges and moves
         self.schedule = Schedule(self.wire, inner_steps, self.ddp, flats, self.feedback, self.scratch2)
         self._parts = fragments(self.n_params, self.schedule.count)
+        rep = next(iter(self.replicas.values()))  # the model's shapes, for outer optimizers that need them
+        whole = self.schedule.count == 1 and self.comm.shards.size == 1
+        self._shapes = model_shapes(rep.model, rep.flat.params) if whole else None
         self.tests = BatchTests(self.batch, self.comm, self.replicas, self._reduce, self.scratch)
         self.regroup = Regroup(
             self.merging, self.comm, self.wire.theta, self.workers, self.scratch, self._new_outer
@@ -222,11 +224,6 @@ class AdLoCo:
     def local_workers(self) -> list[int]:
         """The worker ids this process hosts, ascending."""
         return sorted(self.replicas)
-
-    @property
-    def streaming(self) -> bool:
-        """Whether Δ travels in fragments (``comm.fragments`` > 1; never for DDP)."""
-        return self.schedule.streaming
 
     def members(self) -> dict[int, list[int]]:
         """Every trainer's workers (ids, ascending), by trainer id: the allocation seen from the trainers."""
@@ -283,7 +280,7 @@ class AdLoCo:
 
     def _new_outer(self) -> OuterOptimizer:
         o = self.outer_spec
-        return OuterOptimizer(o.optimizer, o.lr, o.momentum)
+        return OuterOptimizer(o.optimizer, o.lr, o.momentum, parts=self._parts, shapes=self._shapes)
 
     def _new_trainer(self, t: int, request: int) -> Trainer:
         return Trainer(t, request, self._new_outer(), self._parts, self.comm, self.wire)
@@ -298,7 +295,6 @@ class AdLoCo:
         self.b_max = self.workers.agreed_b_max(self.comm)
         self._plan()
 
-    # -- the plan ----------------------------------------------------------------------------------
     def _plan(self) -> None:
         """This round's plan for every worker (:func:`adloco.workers.plan_workers`): switch mode, shares,
         probe layout and lr multipliers; the same everywhere (every worker's rows, ``_rows``, weight Δ)."""
@@ -314,9 +310,8 @@ class AdLoCo:
 
     def _relative_speeds(self, workers: Sequence[int]) -> dict[int, float] | None:
         """Shares by measured speed (:func:`adloco.round.relative_speeds`), or None for equal shares: with
-        balance equal; for DDP (its gradients are averaged with equal weights) and the paper estimator (its
-        samples are whole steps of one size); and when every worker runs on this process's one device with
-        nothing emulated (their speeds differ by noise alone)."""
+        balance equal; for DDP (gradients averaged with equal weights) and the paper estimator (samples are
+        whole steps of one size); with every worker on one device and nothing emulated (speeds are noise)."""
         noise = self.emulate is None and self.comm.one_device
         equal = self.balance == "equal" or self.ddp or self.batch.estimator == "paper" or noise
         return None if equal else relative_speeds(self.speed, workers)
@@ -324,7 +319,7 @@ class AdLoCo:
     # -- inner steps -------------------------------------------------------------------------------
     def _round_progress(self) -> dict[int, WorkerProgress]:
         """This round's bookkeeping, begun (inner state reset, snapshot) before its first step."""
-        if self.workers.progress is None and self.workers.keep_snapshot and self.streaming:
+        if self.workers.progress is None and self.workers.keep_snapshot and self.schedule.streaming:
             for tr in self.trainers.values():  # fragments step θ within the round: keep it to undo one
                 tr.snapshot()
         return self.workers.begin()
@@ -448,9 +443,7 @@ class AdLoCo:
         (:class:`adloco.batch_tests.BatchTests`); it reads no θ, so it does not wait for what is in flight."""
         return self.tests.run(self.trainers, gathered, self.round, self.counts_rows)
 
-    def _maybe_merge(
-        self, members: dict[int, list[int]]
-    ) -> tuple[events.Merge | None, events.Allocation | None]:
+    def _maybe_merge(self, members: dict[int, list[int]]) -> Regrouped:
         """Phase 4: every f rounds while K > 1, merge the trainers the policy selects into the lowest id and
         share the workers again (ALGORITHM.md §3–4, :class:`adloco.regroup.Regroup`), after landing
         everything in flight (a merge is a round boundary)."""
@@ -465,17 +458,14 @@ class AdLoCo:
         return merge_event, alloc_event
 
     def _next_round(
-        self,
-        gathered: Gathered,
-        trainer_events: list[events.Trainer],
-        regrouped: tuple[events.Merge | None, events.Allocation | None],
+        self, gathered: Gathered, trainer_events: list[events.Trainer], regrouped: Regrouped
     ) -> RoundReport:
         """Phase 5: workers load where they start the next round (:meth:`adloco.trainer.Trainer.start_next`);
         the round counted, its decisions checked for agreement, the next round planned, the report made."""
         whole, alpha, results = regrouped[0] is not None, self.wire.fragment_alpha, gathered.results
         for w, rep in self.replicas.items():
             tr, fresh = self.trainers[self.allocation[w]], whole or not results[w].finite
-            rep.load(tr.start_next(w, rep.flat.param, fresh, self.streaming, alpha))
+            rep.load(tr.start_next(w, rep.flat.param, fresh, self.schedule.streaming, alpha))
         examples = self.totals.count(results.values(), self.counts_rows)
         self.round += 1
         check_agreement(self.comm, self.round, self.requests, self.allocation, self.local_workers)
@@ -487,9 +477,8 @@ class AdLoCo:
         return self.last_report
 
     def _undo(self) -> None:
-        """An aborted round: its reductions dropped; workers back to where they started it (with
-        ``snapshot``, their inner state too; streaming, the trainers' θ and outer state, which fragments
-        stepped)."""
+        """An aborted round: its reductions dropped; workers back where they started it (with ``snapshot``,
+        their inner state too, and, streaming, the trainers' θ and outer state, which fragments stepped)."""
         self._h = 0
         for tr in self.trainers.values():
             tr.undo(self.round + 1)
@@ -497,26 +486,18 @@ class AdLoCo:
         self.comm.drain()
 
     def _collect(self) -> Traffic:
-        """What was communicated since the last call, added to the totals; its rows are what the network
-        model prices (simulated time)."""
+        """What was communicated since the last call (simulated time prices it), added to the totals."""
         waited, self.schedule.waited_s = self.schedule.waited_s, 0.0
         return Traffic.count(self.comm.drain(), waited, self.totals)
 
-    # -- Δ on its way (ALGORITHM.md §13) ---------------------------------------------------------------
-    def _synchronize(
-        self,
-        h: int,
-        senders: Mapping[int, list[int]] | None = None,
-        examples: Mapping[int, int] | None = None,
-    ) -> None:
+    def _synchronize(self, h: int, senders: Members | None = None, examples: Sizes | None = None) -> None:
         """What the schedule has due after inner step h (:meth:`adloco.streaming.Schedule.run`, the one
         place Δ is launched and landed); h = H is phase 2, with the round's finite workers ``senders``
-        weighted by their ``examples``. Within the round (streaming) every member sends, weighted by its
-        rows per step."""
+        weighted by their ``examples``. Within the round every member sends, weighted by its rows."""
         if not self.schedule.due(h):
             return
         members = self.members()
-        if senders is None or examples is None or self.streaming:
+        if senders is None or examples is None or self.schedule.streaming:
             senders, examples = members, self._rows
         self.schedule.run(h, self.round + 1, self.trainers, members, senders, examples)
 
@@ -526,10 +507,9 @@ class AdLoCo:
         return in_flight(self.trainers)
 
     def settle(self) -> Traffic:
-        """Wait for every Δ in flight (``comm.overlap``), apply it, and load every worker with its trainer's
-        θ (streaming: its own fragments too): the end of training, or a point where the model must be
-        whole. Call it on every process, between rounds. Returns what it communicated, counted as a
-        round's (nothing in flight: nothing)."""
+        """Land every Δ in flight (``comm.overlap``) and load every worker with its trainer's θ (streaming:
+        its own fragments too): the end of training, or wherever the model must be whole. Call it on every
+        process, between rounds; returns what it communicated, counted as a round's."""
         if self._h:
             raise RuntimeError("settle: only between rounds")
         if not self.schedule.settle(self.trainers, whole=True):
@@ -540,32 +520,38 @@ class AdLoCo:
 
     # -- state (ALGORITHM.md §9.2, ALGORITHM.md §13): each part's, put together by adloco.state ---------
     def state_dict(self) -> dict[str, Any]:
-        """This process's state: the replicated decisions, θ and outer state of the trainers it hosts,
-        and the inner state of its workers. Between rounds only. With ``comm.overlap``, it first waits for
-        what is in flight: each trainer's average (``pending``) is kept, to be applied when it would have
-        landed (ALGORITHM.md §13)."""
-        return state.local(self)
+        """This process's state: the replicated decisions, θ and outer state of the trainers it hosts, the
+        state of its workers. Between rounds only. With ``comm.overlap`` it first waits for what is in
+        flight: each trainer's average (``pending``) is applied when it would have landed (ALGORITHM.md §13)."""
+        return state.local(self._decisions(), self.trainers, self.workers, self.schedule, self.comm)
 
     def full_state_dict(self) -> dict[str, Any] | None:
         """Every trainer's and worker's state, gathered on the root rank (None elsewhere): what a checkpoint
-        holds, independent of how workers were spread over processes (:func:`adloco.state.full`). Every
-        process must call it; the transfers are output, not training, and are not counted."""
-        return state.full(self)
+        holds, whatever the workers' processes (:func:`adloco.state.full`). Every process must call it; the
+        transfers are output, not training, and are not counted."""
+        d = self._decisions()
+        return state.full(d, self.trainers, self.workers, self.schedule, self.comm, self.scratch)
 
     def load_state_dict(self, saved: Mapping[str, Any]) -> None:
-        """Restore from :meth:`state_dict` or :meth:`full_state_dict` (this process takes its part).
-
-        A worker the state has no inner state for starts a fresh inner optimizer. A full state written
-        with another number of workers is first resized (ALGORITHM.md §9.2); what changed is in
-        :attr:`membership`."""
-        state.load(self, saved, self._new_trainer)
+        """Restore from :meth:`state_dict` or :meth:`full_state_dict` (this process takes its part); a worker
+        without inner state starts a fresh inner optimizer. A full state written with another number of
+        workers is first resized (ALGORITHM.md §9.2); what changed is in :attr:`membership`."""
+        resize = (self.merging, self.on_resize, self.batch.max)
+        d, self.trainers, self.membership = state.load(
+            saved, self.comm, self.workers, self.schedule, self._new_trainer, resize, self.scratch
+        )
+        self.round, self.allocation, self.b_max, self.bad_rounds, self.totals, self.speed = d.fields()
         self._h = 0
         self._plan()
 
+    def _decisions(self) -> state.Decisions:
+        d = (self.round, self.allocation, self.b_max, self.bad_rounds, self.totals, self.speed)
+        return state.Decisions(*d)
+
     def gather_parameters(self, t: int) -> torch.Tensor | None:
-        """Trainer t's θ on the root rank (sharded: this rank's shard of it, on every rank of the root's
-        worker), None elsewhere; every process must call it (not counted)."""
-        return state.gather_parameters(self, t)
+        """Trainer t's θ on the root rank (sharded: each root worker's rank its shard), None elsewhere;
+        every process must call it (not counted)."""
+        return state.gather_parameters(self.trainers[t], self.members()[t][0], self.comm, self.scratch)
 
     # -- the hooked form (``with algo:``, adloco.hooked) -------------------------------------------------
     def __enter__(self) -> Any:

@@ -17,8 +17,8 @@ from adloco import events
 from adloco.algorithms import allocation, merging
 from adloco.algorithms.outer import OuterOptimizer
 from adloco.comm.base import Comm, Part
-from adloco.settings import Merging, Wire
-from adloco.trainer import Trainer
+from adloco.settings import FLOAT32, Merging, Wire
+from adloco.trainer import Trainer, outer_layouts
 from adloco.workers import Workers
 
 
@@ -106,28 +106,31 @@ class Regroup:
         survivor = merging.survivor(merged)
         union = sorted(x for t in merged for x in members[t])
         led = {members[t][0]: t for t in merged if members[t][0] in local}
-        names = ("theta", "momentum") if self.new_outer().has_state else ("theta",)
+        numel = self.like.numel()
+        layouts = outer_layouts(trainers, merged, self.comm, numel)
+        entries = {k: v for layout in layouts.values() for k, v in layout.items()}
+        held = {t: {"theta": trainers[t].theta, **trainers[t].outer.state_dict()} for t in led.values()}
         out: dict[str, torch.Tensor] = {}
-        for name in names:
+        for name, (shape, dtype) in [("theta", ([numel], torch.float32)), *sorted(entries.items())]:
+            wide = dtype if dtype.is_floating_point else torch.float64  # a weighted sum of counts, rounded
 
             def add(x: int, buf: torch.Tensor, name: str = name) -> None:
-                tr = trainers[led[x]]
-                value = tr.theta if name == "theta" else tr.momentum()
+                value = held[led[x]].get(name)
                 if value is not None:
                     buf.add_(value, alpha=weights[led[x]])
 
-            buf = torch.empty_like(self.like)
+            buf = torch.empty(shape, dtype=wide, device=self.like.device)
             parts: dict[int, Part] = {x: functools.partial(add, x) for x in sorted(led, key=lambda x: led[x])}
-            if self.wire.compressed:  # every worker of the union is a participant: the others add nothing
+            wire = self._wire(shape, dtype)
+            if wire.compressed:  # every worker of the union is a participant: the others add nothing
                 parts.update({x: _nothing for x in union if x in local and x not in parts})
-            self.comm.reduce(parts, union, "merge", buf, self.wire)
-            out[name] = buf
+            self.comm.reduce(parts, union, "merge", buf, wire)
+            out[name] = buf if wide == dtype else buf.round().to(dtype)
         tr = trainers[survivor]
         if any(x in local for x in union):
-            tr.theta = out["theta"]
+            tr.theta = out.pop("theta")
             tr.outer = self.new_outer()
-            if "momentum" in out:
-                tr.outer.load_state_dict({"momentum": out["momentum"]})
+            tr.outer.load_state_dict(out)
         tr.request = merging.merged_request(requests, merged, self.m.survivor_batch, survivor)
         for t in merged:
             if t != survivor:
@@ -152,17 +155,28 @@ class Regroup:
         first holder to each newcomer (:meth:`adloco.comm.Comm.send`: through a compressed wire every copy
         keeps the same decoded values). A process that receives a trainer it did not host makes room for
         it first. Every process calls it."""
-        local = self.workers.replicas
+        local, numel = self.workers.replicas, self.like.numel()
         for t in sorted({new[x] for x in moved}):
             tr = trainers[t]
             newcomers = [x for x in moved if new[x] == t]
+            (layout,) = outer_layouts(trainers, [t], self.comm, numel).values()
             if any(x in local for x in newcomers):
                 tr.host(self.like)
-            values = [tr.theta, tr.momentum()] if tr.outer.has_state else [tr.theta]
-            for value in values:
-                self.comm.send(
-                    value if value is not None else self.like, holders[t], newcomers, "move", self.wire
-                )
+            held = tr.outer.state_dict() if tr.hosted else {}
+            values = {
+                k: held.get(k, torch.zeros(shape, dtype=dtype, device=self.like.device))
+                for k, (shape, dtype) in layout.items()
+            }
+            theta = tr.theta if tr.theta is not None else self.like
+            self.comm.send(theta, holders[t], newcomers, "move", self.wire)
+            for v in values.values():
+                self.comm.send(v, holders[t], newcomers, "move", self._wire(list(v.shape), v.dtype))
+            if tr.hosted and values:  # every copy keeps what travelled (a compressed wire rounds it)
+                tr.outer.load_state_dict(values)
+
+    def _wire(self, shape: list[int], dtype: torch.dtype) -> Wire:
+        """θ's wire for a vector in θ's flat layout (θ, a momentum); float32 for any other state."""
+        return self.wire if shape == [self.like.numel()] and dtype == torch.float32 else FLOAT32
 
 
 def _nothing(out: torch.Tensor) -> None:

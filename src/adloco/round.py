@@ -190,6 +190,9 @@ class Traffic:
         )
 
 
+Regrouped = tuple[events.Merge | None, events.Allocation | None]  # phase 4's events (None: no merge)
+
+
 @dataclass
 class RoundReport:
     """What one round did, as the typed events of :mod:`adloco.events` plus the round's numbers."""
@@ -219,7 +222,7 @@ class RoundReport:
         round_: int,
         gathered: Gathered,
         trainer_events: list[events.Trainer],
-        regrouped: tuple[events.Merge | None, events.Allocation | None],
+        regrouped: Regrouped,
         switch_mode: str,
         examples: int,
         traffic: Traffic,

@@ -12,109 +12,149 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from adloco.algorithms import merging
+from adloco.algorithms import allocation, merging
+from adloco.comm.base import Comm
 from adloco.round import Totals
 from adloco.settings import Merging
-from adloco.streaming import in_flight
-from adloco.trainer import Trainer
+from adloco.streaming import Schedule, in_flight
+from adloco.trainer import Trainer, outer_layouts
+from adloco.workers import Workers
 
 if TYPE_CHECKING:
     from adloco.flat import ShardedFlat
-    from adloco.method import AdLoCo
 
 
-def meta(algo: AdLoCo) -> dict[str, Any]:
-    """The replicated decisions: the same on every process."""
+@dataclass
+class Decisions:
+    """An algorithm object's replicated decisions, the same on every process: rounds completed, the
+    allocation, every worker's b_max and measured speed, non-finite rounds in a row, and the totals."""
+
+    round: int
+    allocation: dict[int, int]
+    b_max: dict[int, int]
+    bad_rounds: int
+    totals: Totals
+    speed: dict[int, float]
+
+    def fields(self) -> tuple[int, dict[int, int], dict[int, int], int, Totals, dict[int, float]]:
+        return self.round, self.allocation, self.b_max, self.bad_rounds, self.totals, self.speed
+
+
+def meta(d: Decisions, trainers: Mapping[int, Trainer], workers: Workers, n_workers: int) -> dict[str, Any]:
+    """What every process writes alike: the decisions, every trainer's request and lr state, and what was
+    in flight."""
     return {
-        "round": algo.round,
-        "workers": algo.comm.n_workers,
-        "parameters": whole_params(algo),
-        "requests": algo.requests,
-        "allocation": dict(algo.allocation),
-        "b_max": dict(algo.b_max),
-        "bad_rounds": algo.bad_rounds,
-        "totals": dataclasses.asdict(algo.totals),
-        "speed": dict(algo.speed),
+        "round": d.round,
+        "workers": n_workers,
+        "parameters": whole_params(workers),
+        "requests": {t: tr.request for t, tr in sorted(trainers.items())},
+        "allocation": dict(d.allocation),
+        "b_max": dict(d.b_max),
+        "bad_rounds": d.bad_rounds,
+        "totals": dataclasses.asdict(d.totals),
+        "speed": dict(d.speed),
         # ALGORITHM.md §10: each trainer's b₀ and noise ratio B̂ (its lr multiplier follows from them)
-        "lr_state": {t: [tr.b0, tr.noise] for t, tr in sorted(algo.trainers.items())},
+        "lr_state": {t: [tr.b0, tr.noise] for t, tr in sorted(trainers.items())},
         # comm.overlap: what was in flight (its average is the trainer's `pending`) and its traffic
         "in_flight": [
             {"trainer": f.trainer, "round": f.round, "records": [r.to_dict() for r in f.pending.records]}
-            for f in in_flight(algo.trainers)
+            for f in in_flight(trainers)
         ],
     }
 
 
-def whole_params(algo: AdLoCo) -> int:
+def whole_params(workers: Workers) -> int:
     """P of the whole model (sharded workers, ALGORITHM.md §12: not this rank's P/k)."""
-    return next(iter(algo.replicas.values())).flat.full_numel
+    return next(iter(workers.replicas.values())).flat.full_numel
 
 
-def worker_state(algo: AdLoCo, w: int) -> dict[str, torch.Tensor]:
+def worker_state(w: int, workers: Workers, trainer: Trainer) -> dict[str, torch.Tensor]:
     """Local worker w's state: its inner optimizer and error feedback, and its own start (``start``:
-    eager's, or streaming's parameters between their fragments' synchronizations) when it has one."""
-    out = algo.workers.state(w)
-    starts = algo.trainers[algo.allocation[w]].starts
-    if w in starts:
-        out["start"] = starts[w]
+    eager's, or streaming's parameters between their fragments' synchronizations), which its ``trainer``
+    keeps, when it has one."""
+    out = workers.state(w)
+    if w in trainer.starts:
+        out["start"] = trainer.starts[w]
     return out
 
 
-def local(algo: AdLoCo) -> dict[str, Any]:
+def local(
+    d: Decisions, trainers: Mapping[int, Trainer], workers: Workers, schedule: Schedule, comm: Comm
+) -> dict[str, Any]:
     """This process's state (:meth:`adloco.method.AdLoCo.state_dict`): with ``comm.overlap`` it first waits
     for what is in flight, whose average each trainer keeps as ``pending`` (ALGORITHM.md §13)."""
-    algo.schedule.receive(algo.trainers)
+    workers.between_rounds("state_dict", schedule.H)
+    schedule.receive(trainers)
     return {
-        **meta(algo),
-        "trainers": {t: tr.state_dict() for t, tr in algo.trainers.items() if tr.hosted},
+        **meta(d, trainers, workers, comm.n_workers),
+        "trainers": {t: tr.state_dict() for t, tr in trainers.items() if tr.hosted},
         "replicas": {
-            w: {"inner": worker_state(algo, w), "scalars": rep.scalars()} for w, rep in algo.replicas.items()
+            w: {"inner": worker_state(w, workers, trainers[d.allocation[w]]), "scalars": rep.scalars()}
+            for w, rep in workers.replicas.items()
         },
     }
 
 
-def full(algo: AdLoCo) -> dict[str, Any] | None:
-    """Every trainer's and worker's state, gathered on the root rank (None elsewhere).
+def full(
+    d: Decisions,
+    trainers: Mapping[int, Trainer],
+    workers: Workers,
+    schedule: Schedule,
+    comm: Comm,
+    buf: torch.Tensor,
+) -> dict[str, Any] | None:
+    """Every trainer's and worker's state, gathered on the root rank (None elsewhere); ``buf``: a P-vector
+    to stand in where a value is not held.
 
     Sharded workers (ALGORITHM.md §12): each shard index gathers its P/k values as unsharded workers
     gather theirs, on the ranks of the root's worker, which then put every vector together in the whole
     model's flat layout on the root: the checkpoint is the one an unsharded run writes, so it resumes
     with any number of workers and any ``runtime.shards``."""
-    comm, device = algo.comm, algo.device
+    workers.between_rounds("full_state_dict", schedule.H)
+    device, replicas = workers.device, workers.replicas
     root = comm.at_root
     shards = comm.shards
-    members = algo.members()
-    buf = algo.scratch
-    pending = algo.schedule.receive(algo.trainers)
-    trainers: dict[int, dict[str, torch.Tensor]] = {}
-    for t in algo.alive:
-        tr = algo.trainers[t]
-        trainers[t] = {}
-        parts: list[tuple[str, torch.Tensor | None]] = [("theta", tr.theta)]
-        if tr.outer.has_state:
-            parts.append(("momentum", tr.momentum()))
+    members = allocation.members(d.allocation)
+    pending = schedule.receive(trainers)
+    outer = outer_layouts(trainers, sorted(trainers), comm, buf.numel())
+    gathered: dict[int, dict[str, torch.Tensor]] = {}
+    for t in sorted(trainers):
+        tr = trainers[t]
+        gathered[t] = {}
+        held = {"theta": tr.theta, **tr.outer.state_dict()} if tr.hosted else {}
         if t in pending:
-            parts.append(("pending", pending[t] if tr.hosted else None))
-        for key, value in parts:
+            held["pending"] = pending[t]
+        keys = ["theta", *outer[t], *(["pending"] if t in pending else [])]
+        for key in keys:
+            shape, dtype = outer[t].get(key, (list(buf.shape), buf.dtype))
+            t_buf = (
+                buf
+                if (shape, dtype) == (list(buf.shape), buf.dtype)
+                else torch.zeros(shape, dtype=dtype, device=device)
+            )
+            value = held.get(key)
             if value is not None:
-                buf.copy_(value)
-            comm.fetch(buf, members[t][0])
+                t_buf.copy_(value)
+            else:  # an entry the optimizer does not hold yet (zero), or a place to stand
+                t_buf.zero_()
+            comm.fetch(t_buf, members[t][0])
             if root:
-                trainers[t][key] = buf.clone()
-    inners = {w: worker_state(algo, w) for w in algo.replicas}
+                gathered[t][key] = t_buf.clone()
+    inners = {w: worker_state(w, workers, trainers[d.allocation[w]]) for w in replicas}
     layouts: dict[int, Any] = {}
     mine = {
         str(w): {"keys": {k: list(v.shape) for k, v in inners[w].items()}, "scalars": rep.scalars()}
-        for w, rep in algo.replicas.items()
+        for w, rep in replicas.items()
     }
     for q, part in enumerate(comm.all_gather_json(mine)):
         if q % shards.size == shards.index:  # sharded: the layouts of this shard index's ranks
             layouts.update({int(w): v for w, v in dict(part).items()})  # type: ignore[call-overload]
-    replicas: dict[int, dict[str, Any]] = {}
+    every: dict[int, dict[str, Any]] = {}
     for w in range(comm.n_workers):
         inner = inners.get(w, {})
         got: dict[str, torch.Tensor] = {}
@@ -127,57 +167,69 @@ def full(algo: AdLoCo) -> dict[str, Any] | None:
             comm.fetch(t_buf, w)
             if root:
                 got[k] = t_buf.cpu()
-        replicas[w] = {"inner": got, "scalars": layouts[w]["scalars"]}
+        every[w] = {"inner": got, "scalars": layouts[w]["scalars"]}
     comm.drain()  # output, not training
     if not root:
         return None
     if shards.size > 1:  # the root worker's ranks put each vector together, in one order
-        flat = cast("ShardedFlat", next(iter(algo.replicas.values())).flat)
+        flat = cast("ShardedFlat", next(iter(replicas.values())).flat)
         n = flat.numel
 
-        def whole(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        def whole(vectors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             out = {}
-            for key in sorted(d):
-                v = d[key]
+            for key in sorted(vectors):
+                v = vectors[key]
                 if v.dim() == 1 and v.numel() == n:
                     got = flat.unshard(v.to(device), shards.group)
                     v = got.cpu() if got is not None else v
                 out[key] = v
             return out
 
-        trainers = {t: whole(v) for t, v in sorted(trainers.items())}
-        replicas = {w: {**r, "inner": whole(r["inner"])} for w, r in sorted(replicas.items())}
+        gathered = {t: whole(v) for t, v in sorted(gathered.items())}
+        every = {w: {**r, "inner": whole(r["inner"])} for w, r in sorted(every.items())}
         if shards.index != 0:
             return None
-    return {**meta(algo), "trainers": trainers, "replicas": replicas}
+    return {**meta(d, trainers, workers, comm.n_workers), "trainers": gathered, "replicas": every}
 
 
-def load(algo: AdLoCo, state: Mapping[str, Any], new_trainer: Callable[[int, int], Trainer]) -> None:
-    """Restore ``algo`` from :func:`local` or :func:`full` (this process takes its part): the replicated
-    decisions, every trainer (θ and outer state where hosted; ``new_trainer(id, request)`` makes one), what
-    was in flight, every local worker's state and start. A full state written with another number of
-    workers is first resized (:func:`resized`); what changed is in ``algo.membership``."""
-    if int(state["parameters"]) != whole_params(algo):
+def load(
+    state: Mapping[str, Any],
+    comm: Comm,
+    workers: Workers,
+    schedule: Schedule,
+    new_trainer: Callable[[int, int], Trainer],
+    resize: tuple[Merging, str, int],
+    like: torch.Tensor,
+) -> tuple[Decisions, dict[int, Trainer], dict[str, Any] | None]:
+    """Take this process's part of a state written by :func:`local` or :func:`full`: the decisions, every
+    trainer (θ and outer state where hosted; ``new_trainer(id, request)`` makes one), what was in flight,
+    every local worker's state, and where it starts. A full state written with another number of workers
+    is first resized (:func:`resized`, with ``resize`` = the merge dial, ``on_resize`` and the cap on
+    requests). Returns the decisions, the trainers and what changed (None: nothing)."""
+    workers.between_rounds("load_state_dict", schedule.H)
+    if int(state["parameters"]) != whole_params(workers):
         raise ValueError(
             f"state: holds a model of {int(state['parameters']):,} parameters; these replicas have "
-            f"{whole_params(algo):,}"
+            f"{whole_params(workers):,}"
         )
-    algo.membership = None
-    n = algo.comm.n_workers
+    membership = None
+    n, device = comm.n_workers, workers.device
     if int(state["workers"]) != n:
-        state, algo.membership = resized(state, n, algo.merging, algo.on_resize, algo.batch.max)
-    if algo.comm.shards.size > 1:
-        state = this_shard(state, cast("ShardedFlat", next(iter(algo.replicas.values())).flat))
-    algo.round = int(state["round"])
-    algo.allocation = {int(w): int(t) for w, t in state["allocation"].items()}
-    algo.b_max = {int(w): int(x) for w, x in state["b_max"].items()}
-    algo.bad_rounds = int(state["bad_rounds"])
-    algo.totals = Totals(**state["totals"])
-    algo.speed = {int(w): float(v) for w, v in state.get("speed", {}).items()}
+        state, membership = resized(state, n, *resize)
+    if comm.shards.size > 1:
+        state = this_shard(state, cast("ShardedFlat", next(iter(workers.replicas.values())).flat))
+    d = Decisions(
+        int(state["round"]),
+        {int(w): int(t) for w, t in state["allocation"].items()},
+        {int(w): int(x) for w, x in state["b_max"].items()},
+        int(state["bad_rounds"]),
+        Totals(**state["totals"]),
+        {int(w): float(v) for w, v in state.get("speed", {}).items()},
+    )
     lr_state = {int(t): v for t, v in state.get("lr_state", {}).items()}  # absent before lr_scaling
     saved = {int(t): v for t, v in state["trainers"].items()}
-    algo.trainers = {}
-    hosted = {algo.allocation[w] for w in algo.replicas}
+    trainers: dict[int, Trainer] = {}
+    hosted = {d.allocation[w] for w in workers.replicas}
     for t, b in sorted((int(t), int(b)) for t, b in state["requests"].items()):
         tr = new_trainer(t, b)
         b0, noise = lr_state.get(t, (None, None))
@@ -186,21 +238,24 @@ def load(algo: AdLoCo, state: Mapping[str, Any], new_trainer: Callable[[int, int
         if t in hosted:
             if t not in saved or saved[t].get("theta") is None:
                 raise ValueError(f"state: holds no parameters for trainer {t}, which this process hosts")
-            tr.load_state_dict(saved[t], algo.device)
-        algo.trainers[t] = tr
+            tr.load_state_dict(saved[t], device)
+        trainers[t] = tr
     averages = {t: v.get("pending") for t, v in saved.items()}
-    algo.schedule.restore(algo.trainers, state.get("in_flight", []), averages, algo.members(), algo.scratch)
+    members = allocation.members(d.allocation)
+    schedule.restore(trainers, state.get("in_flight", []), averages, members, like)
     reps = {int(w): v for w, v in state["replicas"].items()}
-    starts_kept = algo.schedule.streaming or (algo.schedule.eager and bool(in_flight(algo.trainers)))
-    for w, rep in algo.replicas.items():
+    starts_kept = schedule.streaming or (schedule.eager and bool(in_flight(trainers)))
+    for w, rep in workers.replicas.items():
         got = reps.get(w)
         inner = dict(got["inner"]) if got else {}
         start = inner.pop("start", None)
-        algo.workers.load(w, inner, got["scalars"] if got else None, algo.b_max[w])
-        tr = algo.trainers[algo.allocation[w]]
+        workers.load(w, inner, got["scalars"] if got else None, d.b_max[w])
+        tr = trainers[d.allocation[w]]
         if start is not None and starts_kept:
-            tr.starts[w] = start.to(algo.device, torch.float32, copy=True)
-        rep.load(algo.start_of(w))
+            tr.starts[w] = start.to(device, torch.float32, copy=True)
+        assert tr.theta is not None
+        rep.load(tr.starts.get(w, tr.theta))
+    return d, trainers, membership
 
 
 def this_shard(state: Mapping[str, Any], flat: ShardedFlat) -> dict[str, Any]:
@@ -221,15 +276,14 @@ def this_shard(state: Mapping[str, Any], flat: ShardedFlat) -> dict[str, Any]:
     }
 
 
-def gather_parameters(algo: AdLoCo, t: int) -> torch.Tensor | None:
-    """Trainer t's θ on the root rank (sharded: this rank's shard of it), None elsewhere (not counted)."""
-    tr = algo.trainers[t]
-    buf = algo.scratch
+def gather_parameters(tr: Trainer, first: int, comm: Comm, buf: torch.Tensor) -> torch.Tensor | None:
+    """Trainer ``tr``'s θ on the root rank from its ``first`` worker's process (sharded: this rank's shard
+    of it), None elsewhere; ``buf``: a P-vector to stand in where it is not held (not counted)."""
     if tr.theta is not None:
         buf.copy_(tr.theta)
-    algo.comm.fetch(buf, algo.members()[t][0])
-    algo.comm.drain()
-    return buf.clone() if algo.comm.at_root else None
+    comm.fetch(buf, first)
+    comm.drain()
+    return buf.clone() if comm.at_root else None
 
 
 def resized(
@@ -264,10 +318,10 @@ def resized(
     )
     for step in plan.merges:
         merged = {}
-        for key in ("theta", "momentum"):
-            parts = {t: trainers[t][key] for t in step.merged if key in trainers[t]}
-            if len(parts) == len(step.merged):
-                merged[key] = merging.weighted_merge(parts, step.weights)
+        keys = {k for t in step.merged for k in trainers[t] if k != "pending"}  # θ and the outer state
+        for key in sorted(keys):
+            parts = {t: trainers[t][key] for t in step.merged if key in trainers[t]}  # absent: zero
+            merged[key] = merging.weighted_merge(parts, step.weights)
         for t in step.merged:
             del trainers[t]
         trainers[step.survivor] = merged

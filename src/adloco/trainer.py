@@ -78,12 +78,6 @@ class Trainer:
     def hosted(self) -> bool:
         return self.theta is not None
 
-    def momentum(self) -> torch.Tensor | None:
-        """The outer momentum buffer (created at zero), or None for optimizers without one."""
-        if not self.outer.has_state or self.theta is None:
-            return None
-        return self.outer.ensure_state(self.theta)
-
     def host(self, like: torch.Tensor) -> None:
         """Make room for θ (zeros) where the trainer was not hosted: its values are about to arrive."""
         if self.theta is None:
@@ -241,8 +235,9 @@ class Trainer:
     def load_state_dict(self, saved: Mapping[str, torch.Tensor], device: torch.device) -> None:
         """θ and the outer state back from :meth:`state_dict` (``pending`` is the schedule's to restore)."""
         self.theta = saved["theta"].to(device, torch.float32, copy=True)
-        if self.outer.has_state and "momentum" in saved:
-            self.outer.load_state_dict({"momentum": saved["momentum"].to(device)})
+        self.outer.load_state_dict(
+            {k: v.to(device) for k, v in saved.items() if k not in ("theta", "pending")}
+        )
 
     def restore_flight(
         self, entry: Mapping[str, Any], buf: torch.Tensor, members: list[int], seq: int
@@ -273,3 +268,34 @@ def initial_thetas(
         for t, ws in sorted(members.items()):
             theta = trainers[t].theta
             comm.broadcast(theta if theta is not None else like, ws[0], ws, "init")
+
+
+Layout = dict[str, tuple[list[int], torch.dtype]]  # a flat outer state's entries: shape and dtype
+
+
+def outer_layouts(
+    trainers: Mapping[int, Trainer], ids: Sequence[int], comm: Comm, numel: int
+) -> dict[int, Layout]:
+    """The entries of the outer state of trainers ``ids`` (:meth:`adloco.algorithms.outer.OuterOptimizer.
+    state_dict`), the same on every process: a preset's are known; any other optimizer's are what the
+    processes hosting each trainer hold, gathered (a JSON gather, not counted; sharded workers: from the
+    ranks of this shard index). Every process calls it, with the same ``ids``."""
+    known = {t: trainers[t].outer.layout(numel) for t in ids}
+    if all(v is not None for v in known.values()):
+        return {t: v for t, v in known.items() if v is not None}
+    mine = {
+        str(t): {
+            k: [list(v.shape), str(v.dtype).removeprefix("torch.")]
+            for k, v in trainers[t].outer.state_dict().items()
+        }
+        for t in ids
+        if trainers[t].hosted
+    }
+    out: dict[int, Layout] = {t: {} for t in ids}
+    for q, part in enumerate(comm.all_gather_json(mine)):
+        if q % comm.shards.size != comm.shards.index:
+            continue
+        for t, entries in dict(part).items():  # type: ignore[call-overload]
+            for k, (shape, dtype) in entries.items():
+                out[int(t)][k] = (list(shape), getattr(torch, dtype))
+    return {t: dict(sorted(v.items())) for t, v in out.items()}

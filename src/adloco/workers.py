@@ -209,6 +209,16 @@ class Workers:
             local = {w: whole_worker(row, shards) for w, row in local.items()}
         return local
 
+    def between_rounds(self, what: str, H: int) -> None:
+        """Refuse ``what`` in the middle of a round: a state holds whole rounds (ALGORITHM.md §6), and one
+        taken after a few inner steps would silently resume from the round's start."""
+        done = min((p.steps for p in self.progress.values()), default=0) if self.progress else 0
+        if done:
+            raise ValueError(
+                f"{what}: called in the middle of a round ({done} of its {H} inner steps taken); a state holds "
+                f"whole rounds: call it between rounds, after a round's H-th step (step_in_round is then 0)"
+            )
+
     def end(self) -> None:
         """The round is over (ended or aborted): the next step begins another."""
         self.progress = None
