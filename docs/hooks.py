@@ -285,6 +285,10 @@ API_GROUPS: dict[str, tuple[str, list[str]]] = {
         "and checks; every field's doc is in the [configuration reference](config.md).",
         ["Outer", "AdaptiveBatch", "Merging", "Switch", "Wire"],
     ),
+    "outer step": (
+        "What the callable of `Outer(optimizer=...)` is given: a trainer's parameters, flat or shaped.",
+        ["OuterParams"],
+    ),
     "rounds": (
         "What a round plans and what it did.",
         ["WorkerPlan", "RoundReport", "RoundAborted"],

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from _common import CharModel, corpus, finish, loss_fn, sample, val_loss
 
-from adloco import DiLoCo, Outer
+from adloco import DiLoCo, Outer, OuterParams
 
 ROUNDS, H = 6, 10
 
@@ -60,9 +60,9 @@ class OrthogonalSGD(torch.optim.Optimizer):
                 p.sub_(update, alpha=lr)
 
 
-def make_outer(params: list[torch.Tensor]) -> torch.optim.Optimizer:
-    """The outer optimizer of one trainer (adloco's OuterParams: the flat θ, and its shaped views)."""
-    return OrthogonalSGD(params.shaped(), params.names, lr=1.0, momentum=0.3)  # type: ignore[attr-defined]
+def make_outer(params: OuterParams) -> torch.optim.Optimizer:
+    """The outer optimizer of one trainer: on ``params.shaped()``, views of its flat θ shaped as the model's."""
+    return OrthogonalSGD(params.shaped(), params.names, lr=1.0, momentum=0.3)
 
 
 def main() -> None:

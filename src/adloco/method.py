@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -72,7 +71,6 @@ from adloco.workers import (
 
 __all__ = ["AdLoCo", "DecisionMismatch", "RoundAborted"]
 
-log = logging.getLogger("adloco")
 Members = Mapping[int, list[int]]  # trainer -> its workers
 Sizes = Mapping[int, int]  # worker -> examples or rows
 

@@ -9,17 +9,16 @@ those hosting none of its workers with nothing to add).
 Its synchronization is written as torchft writes a streaming fragment's: :meth:`Trainer.prepare_sync`
 launches the reduction of one fragment's Δ (all of θ unless ``comm.fragments`` > 1), now or on the
 communicator's background lane; :meth:`Trainer.perform_sync` waits for it and takes the outer step on
-that fragment. *When* each happens is the schedule's (:class:`adloco.streaming.Schedule`), and the
-algorithm calls both from one place (:meth:`adloco.method.AdLoCo._synchronize`).
+that fragment. *When* each happens is the schedule's, which calls both from one place
+(:meth:`adloco.streaming.Schedule.run`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,8 +27,6 @@ from adloco.algorithms.outer import OuterOptimizer
 from adloco.comm.base import Comm, CommRecord, Part, Pending
 from adloco.comm.quantize import ErrorFeedback
 from adloco.settings import Wire
-
-log = logging.getLogger("adloco")
 
 
 @dataclass
@@ -47,7 +44,6 @@ class Flight:
     round: int
     seq: int
     received: bool = False
-    waited_s: float = field(default=0.0)  # seconds the caller waited for it
 
 
 class Trainer:
