@@ -301,6 +301,10 @@ API_GROUPS: dict[str, tuple[str, list[str]]] = {
         "and checks; every field's doc is in the [configuration reference](config.md).",
         ["Outer", "AdaptiveBatch", "Merging", "Switch", "Wire"],
     ),
+    "outer step": (
+        "What the callable of `Outer(optimizer=...)` is given: a trainer's parameters, flat or shaped.",
+        ["OuterParams"],
+    ),
     "rounds": (
         "What a round plans and what it did.",
         ["WorkerPlan", "RoundReport", "RoundAborted"],
@@ -311,9 +315,8 @@ API_GROUPS: dict[str, tuple[str, list[str]]] = {
     ),
 }
 EVENTS_API = ["read", "parse", "of", "summary_from_dict"]
-# Classes whose API is partly inherited from private mixins: AdLoCo is one class written in several files
-# (sync.py, hooked.py, state.py), so its page shows their methods too.
-INHERITED = {"AdLoCo"}
+# Classes whose page also lists inherited methods (none: AdLoCo is one class, assembled from parts).
+INHERITED: set[str] = set()
 
 
 def api_groups() -> dict[str, tuple[str, list[str]]]:

@@ -25,6 +25,7 @@ _EXPORTS = {
     "AdaptiveBatch": "adloco.settings",
     "Merging": "adloco.settings",
     "Outer": "adloco.settings",
+    "OuterParams": "adloco.algorithms.outer",
     "Switch": "adloco.settings",
     "Wire": "adloco.settings",
     "InProcessComm": "adloco.comm",

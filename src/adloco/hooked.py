@@ -1,130 +1,120 @@
 """The hooked form of an algorithm object (``with algo:``): your loop keeps its forward, backward and
 ``optimizer.step()``; the object hooks each replica's step and synchronizes every H steps, as torchft's
 DiLoCo does. There is no gradient probe in this form, so it suits DiLoCo, LocalSGD, DDP and AdLoCo
-without a batch test. A mixin of :class:`adloco.method.AdLoCo`."""
+without a batch test.
+
+:class:`Hooks` makes the hooks from what the algorithm hands it (:meth:`adloco.method.AdLoCo.__enter__`):
+how a round begins, how many rows a step counts, what to do once every local worker has taken a number of
+steps (the schedule's launches and landings, the round's end), and, for DDP, how a worker's gradients are
+averaged before the user's optimizer steps on them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from adloco.replica import Replica
-    from adloco.round import RoundReport, WorkerPlan, WorkerProgress
-    from adloco.settings import AdaptiveBatch
-    from adloco.snapshot import InnerSnapshot
+from adloco.replica import Replica
+from adloco.round import WorkerProgress
+from adloco.settings import AdaptiveBatch
 
 
-class HookedMode:
-    """``__enter__`` / ``__exit__`` of :class:`adloco.method.AdLoCo`."""
+def check(batch: AdaptiveBatch, ddp: bool, local_workers: int, cuda_graphs: bool = False) -> None:
+    """What the hooked form cannot do, refused in one line each."""
+    if batch.test != "none" or batch.statistics:
+        raise ValueError(
+            "batch: the batch test needs the gradient probe at the round's first step, which only "
+            "step()/step_all() can take; use them, or AdaptiveBatch(test='none', statistics=False)"
+        )
+    if cuda_graphs:
+        raise ValueError(
+            "cuda_graphs: in the hooked form your loop runs the step, so there is none to capture; "
+            "use step()/step_all(), or capture your own step"
+        )
+    if batch.schedule != "none":
+        raise ValueError(
+            f"batch.schedule = {batch.schedule!r}: your loader decides the rows of a step in the "
+            "hooked form; a batch schedule needs step()/step_all(), which feed the planned rows"
+        )
+    if ddp and local_workers > 1:
+        raise ValueError("ddp: hooked optimizers need one worker per process (or per thread: ThreadComm)")
 
-    stated_batch: int | None = None  # rows per step the user stated (DiLoCo's batch_size); None: unknown
 
-    if TYPE_CHECKING:  # what the algorithm object provides
-        batch: AdaptiveBatch
-        ddp: bool
-        cuda_graphs: bool
-        replicas: dict[int, Replica]
-        _snap: dict[int, InnerSnapshot]
-        plans: dict[int, WorkerPlan]
-        allocation: dict[int, int]
-        scratch: torch.Tensor
-        counts_rows: bool
-        H: int
-        _h: int
-        _hooks: list[Any]
-        _streamed: int
+def average_grads(rep: Replica, workers: list[int], reduce: Callable[..., bool], buf: torch.Tensor) -> None:
+    """DDP: the replica's gradients averaged with its trainer's ``workers``' (through ``buf``), before the
+    user's optimizer steps on them."""
+    g = rep.flat.gather_grads()
 
-        def members(self) -> dict[int, list[int]]: ...
-        def _streaming(self, h: int) -> None: ...
-        def _round_progress(self) -> dict[int, WorkerProgress]: ...
-        def sync(self, abort: bool = False) -> RoundReport: ...
-        def _reduce(
-            self, workers: list[int], kind: str, out: torch.Tensor, add: Callable[[int, torch.Tensor], None]
-        ) -> bool: ...
+    def add(_: int, out: torch.Tensor) -> None:
+        out.add_(g, alpha=1.0 / len(workers))
 
-    def __enter__(self) -> Any:
-        """Hook every local replica's ``optimizer.step``: your loop runs forward, backward and step; every
-        H steps the round synchronizes. Examples are counted only when the rows of a step were stated
-        (``batch_size`` of DiLoCo, LocalSGD and DDP); otherwise ``totals.examples`` is None (unknown)."""
-        if self.batch.test != "none" or self.batch.statistics:
-            raise ValueError(
-                "batch: the batch test needs the gradient probe at the round's first step, which only "
-                "step()/step_all() can take; use them, or AdaptiveBatch(test='none', statistics=False)"
-            )
-        if self.cuda_graphs:
-            raise ValueError(
-                "cuda_graphs: in the hooked form your loop runs the step, so there is none to capture; "
-                "use step()/step_all(), or capture your own step"
-            )
-        if self.batch.schedule != "none":
-            raise ValueError(
-                f"batch.schedule = {self.batch.schedule!r}: your loader decides the rows of a step in the "
-                "hooked form; a batch schedule needs step()/step_all(), which feed the planned rows"
-            )
-        if self.ddp and len(self.replicas) > 1:
-            raise ValueError("ddp: hooked optimizers need one worker per process (or per thread: ThreadComm)")
-        self.counts_rows = self.stated_batch is not None
-        for w, rep in self.replicas.items():
+    reduce(workers, "grad", buf, add)
+    g.copy_(buf)
+    rep.flat.scatter_grads()
+
+
+class Hooks:
+    """Step pre- and post-hooks for every local replica's optimizer, for rounds of H steps.
+
+    ``begin()``: the round's bookkeeping (begun before its first step); ``before_write(w)``: called before
+    worker w's optimizer writes its state (the round's snapshot orders itself there); ``rows(w)``: the
+    examples one step of worker w counts; ``synchronize(h)``: what is due once every local worker took h < H steps of the round
+    (streaming fragments); ``end()``: the round's end, once every one took H; ``average(w)``: DDP, worker w's
+    gradients averaged with its trainer's (None: rounds of local steps)."""
+
+    def __init__(
+        self,
+        H: int,
+        begin: Callable[[], dict[int, WorkerProgress]],
+        rows: Callable[[int], int],
+        synchronize: Callable[[int], None],
+        end: Callable[[], object],
+        average: Callable[[int], None] | None,
+        before_write: Callable[[int], None] = lambda w: None,
+    ) -> None:
+        self.H, self.begin, self.rows, self.average = H, begin, rows, average
+        self.before_write = before_write
+        self.synchronize, self.end = synchronize, end
+        self._round: object = None  # the round's progress, to tell a new round
+        self._done = 0  # steps of the round whose due synchronizations were run
+
+    def install(self, replicas: Mapping[int, Replica]) -> list[Any]:
+        """Register the hooks on every replica's optimizer; returns their handles."""
+        handles = []
+        for w, rep in replicas.items():
             # the round begins (inner_state reset, snapshot) before its first step, not after it; the
             # trainer's lr multiplier (ALGORITHM.md §10) applies to the user's step and is taken back after it
-            pre = self._hooked_pre(w) if self.ddp else self._begin(w)
-            self._hooks.append(rep.optimizer.register_step_pre_hook(pre))
-            self._hooks.append(rep.optimizer.register_step_post_hook(self._hooked_post(w)))
-        return self
+            handles.append(rep.optimizer.register_step_pre_hook(self._pre(w, rep)))
+            handles.append(rep.optimizer.register_step_post_hook(self._post(w, rep)))
+        return handles
 
-    def __exit__(self, *exc: object) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        self.counts_rows = True
-
-    def _begin(self, w: int) -> Callable[[Any, Any, Any], None]:
+    def _pre(self, w: int, rep: Replica) -> Callable[[Any, Any, Any], None]:
         def hook(opt: Any, args: Any, kwargs: Any) -> None:
-            self._round_progress()
-            if w in self._snap:  # the round's snapshot is taken before the state is written
-                self._snap[w].before_write()
-            self.replicas[w].scale_lr()
-
-        return hook
-
-    def _hooked_pre(self, w: int) -> Callable[[Any, Any, Any], None]:
-        """DDP: average the trainer's gradients before the user's optimizer steps on them."""
-
-        def hook(opt: Any, args: Any, kwargs: Any) -> None:
-            self._round_progress()
-            if w in self._snap:
-                self._snap[w].before_write()
-            rep = self.replicas[w]
+            self.begin()
+            self.before_write(w)
             rep.scale_lr()
-            g = rep.flat.gather_grads()
-            ws = self.members()[self.allocation[w]]
-
-            def add(_: int, out: torch.Tensor) -> None:
-                out.add_(g, alpha=1.0 / len(ws))
-
-            self._reduce(ws, "grad", self.scratch, add)
-            g.copy_(self.scratch)
-            rep.flat.scatter_grads()
+            if self.average is not None:
+                self.average(w)
 
         return hook
 
-    def _hooked_post(self, w: int) -> Callable[[Any, Any, Any], None]:
+    def _post(self, w: int, rep: Replica) -> Callable[[Any, Any, Any], None]:
         def hook(opt: Any, args: Any, kwargs: Any) -> None:
-            self.replicas[w].restore_lr()
-            self.replicas[w].flat.after_step()  # a sharded model's buffer follows the shards stepped on
-            progress = self._round_progress()
+            rep.restore_lr()
+            rep.flat.after_step()  # a sharded model's buffer follows the shards stepped on
+            progress = self.begin()
+            if progress is not self._round:
+                self._round, self._done = progress, 0
             pr = progress[w]
             pr.steps += 1
-            pr.examples += self.stated_batch or self.plans[w].effective  # weights Δ by steps when unknown
+            pr.examples += self.rows(w)
             done = min(p.steps for p in progress.values())  # steps every local worker has taken
             if done >= self.H:
-                self._h = self.H
-                self.sync()
-            elif done > self._streamed:  # streaming fragments due after this step
-                self._streamed = done
-                self._streaming(done)
+                self.end()
+            elif done > self._done:
+                self._done = done
+                self.synchronize(done)
 
         return hook

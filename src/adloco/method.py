@@ -1,53 +1,48 @@
 """AdLoCo, DiLoCo, LocalSGD and DDP as objects for your own training loop (ALGORITHM.md §6).
 
-An algorithm object is built from this process's worker replicas (your ``nn.Module`` and inner
-optimizer; several for workers simulated in one process), a communicator, and the dials of
-:mod:`adloco.settings`. It owns the rounds: the loop asks it how many rows the next step needs, hands it
-the batch, and it runs the step (micro-batches, the gradient probe at the round's first step, clipping,
-the inner optimizer). After H steps it synchronizes by itself (``sync``), in the phases of a round
-(ALGORITHM.md §6), one method each (:mod:`adloco.sync`). Its state dicts are :mod:`adloco.state`; the
-hooked form (``with algo:``) is :mod:`adloco.hooked`.
-
-Every vector collective goes through the communicator's one reducer (:meth:`adloco.comm.Comm.reduce`)
-with the :class:`~adloco.settings.Wire` it travels as; every decision is a pure function of gathered
-scalars, computed identically on every process, so no process is special. ``with algo:`` instead hooks
-each replica's ``optimizer.step`` (:mod:`adloco.hooked`).
+An algorithm object owns the rounds of this process's worker replicas: the loop asks it how many rows the
+next step needs, hands it the batch, and it runs the step; after H steps it ends the round (``sync``),
+phase by phase, one method each. It assembles parts that own their state: this process's workers
+(:mod:`adloco.workers`), every trainer with its θ, outer optimizer, starts and Δ in flight
+(:mod:`adloco.trainer`), when Δ travels (:mod:`adloco.streaming`), the batch tests
+(:mod:`adloco.batch_tests`), merges and moves (:mod:`adloco.regroup`), the state dicts
+(:mod:`adloco.state`) and the hooks of ``with algo:`` (:mod:`adloco.hooked`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import logging
-import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from adloco.algorithms import allocation, lr_scaling, switch
-from adloco.algorithms.outer import OuterOptimizer
-from adloco.comm.base import Comm, Part
+from adloco import events, hooked, state
+from adloco.algorithms import allocation
+from adloco.algorithms.outer import OuterOptimizer, model_shapes
+from adloco.batch_tests import BatchTests
+from adloco.comm.base import Comm, reduce_local
 from adloco.comm.quantize import ErrorFeedback
-from adloco.hooked import HookedMode
-from adloco.replica import Batch, LossFn, Replica, n_rows
+from adloco.regroup import Regroup
+from adloco.replica import Batch, LossFn, n_rows
 from adloco.round import (
-    Clock,
     DecisionMismatch,
+    Gathered,
+    Regrouped,
     RoundAborted,
     RoundReport,
     Totals,
-    TrainerState,
+    Traffic,
     WorkerPlan,
     WorkerProgress,
-    plan_round,
+    check_agreement,
     relative_speeds,
 )
 from adloco.settings import (
     AdaptiveBatch,
     Balance,
-    Dial,
     InnerState,
     Merging,
     OnResize,
@@ -55,36 +50,32 @@ from adloco.settings import (
     Precision,
     Switch,
     Wire,
+    check_round,
     check_speeds,
+    check_trainers,
     choice,
+    dial,
 )
-from adloco.snapshot import InnerSnapshot
-from adloco.state import AlgorithmState
-from adloco.streaming import Streaming, fragments
-from adloco.sync import Flight, Synchronization
+from adloco.streaming import Schedule, fragments, in_flight
+from adloco.trainer import Flight, Trainer, initial_thetas
+from adloco.workers import (
+    Workers,
+    as_list,
+    build_replicas,
+    faults,
+    gather,
+    plan_workers,
+    update_b_max,
+    update_speeds,
+)
 
 __all__ = ["AdLoCo", "DecisionMismatch", "RoundAborted"]
 
-log = logging.getLogger("adloco")
+Members = Mapping[int, list[int]]  # trainer -> its workers
+Sizes = Mapping[int, int]  # worker -> examples or rows
 
 
-def _as_list(x: Any, what: str) -> list[Any]:
-    if isinstance(x, (list, tuple)):
-        if not x:
-            raise ValueError(f"{what}: an empty list")
-        return list(x)
-    return [x]
-
-
-def _dial(name: str, value: Any, cls: type[Dial]) -> Any:
-    if value is None:
-        return cls()
-    if not isinstance(value, cls):
-        raise ValueError(f"{name}: expected an {cls.__name__}(...) from adloco, got {value!r}")
-    return value
-
-
-class AdLoCo(Synchronization, Streaming, HookedMode, AlgorithmState):
+class AdLoCo:
     """AdLoCo (arXiv 2508.18182): multi-instance training with trainer merging, adaptive batch sizes and
     switch mode, on DiLoCo rounds. DiLoCo, LocalSGD and DDP (:mod:`adloco.baselines`) are this class with
     parts turned off.
@@ -107,13 +98,11 @@ class AdLoCo(Synchronization, Streaming, HookedMode, AlgorithmState):
         precision: fp32, or bf16 / fp16 autocast on CUDA (fp16 with dynamic loss scaling).
         inner_state: keep (DiLoCo) or reset the inner optimizer every round (the reference).
         balance: equal gives every worker of a trainer its request b (bit for bit reproducible); speed
-            shares each trainer's M·b examples per step among its workers by their measured speed, and
-            workers among trainers by capacity (ALGORITHM.md §9.3): faster on uneven devices, but the run
-            then depends on timings.
+            shares each trainer's M·b examples per step by measured speed, and workers among trainers by
+            capacity (ALGORITHM.md §9.3): faster on uneven devices, but the run depends on timings.
         fixed_rows: a forward and backward pass's fixed cost, in rows (α/β of a step-time profile,
-            ALGORITHM.md §11; ``adloco train`` takes it from ``runtime.profile``). With balance speed, a
-            worker's speed is measured net of it and each trainer's rows are shared so that every
-            worker's step takes the same time, fixed cost included; 0: a step costs its rows alone.
+            ALGORITHM.md §11; ``runtime.profile``). With balance speed, speeds are measured net of it and
+            rows shared so that every worker's step takes the same time; 0: a step costs its rows alone.
         emulate_speed: one factor in (0, 1] per worker (all of them, by id): worker w takes 1/s_w as long
             per step (it sleeps the difference): heterogeneous devices emulated on identical hardware.
         on_resize: loading the state of a run with another number of workers (ALGORITHM.md §9.2):
@@ -122,13 +111,13 @@ class AdLoCo(Synchronization, Streaming, HookedMode, AlgorithmState):
             undone in place (``adloco train`` uses it to stop on a signal).
         sync_initial: broadcast each trainer's θ from its first worker to the others at construction
             (counted as ``init``); pass False when every process built identical replicas.
-        cuda_graphs: each worker's inner step captured as a CUDA graph and replayed on its own stream,
-            so the workers of a process train at once on their GPU (:mod:`adloco.graphs`, ALGORITHM.md
-            §14); the inner optimizer must be capturable (``torch.optim.AdamW(..., capturable=True,
-            fused=True)``); not with DDP, fp16 or the hooked form.
+        cuda_graphs: each worker's inner step a CUDA graph replayed on its own stream, so a process's
+            workers train at once on their GPU (ALGORITHM.md §14); needs a capturable inner optimizer
+            (``AdamW(..., capturable=True, fused=True)``); not with DDP, fp16 or the hooked form.
     """
 
     ddp = False  # DDP: gradients averaged every step instead of rounds of local steps
+    stated_batch: int | None = None  # rows per step the user stated (DiLoCo's batch_size); None: unknown
 
     def __init__(
         self,
@@ -155,133 +144,77 @@ class AdLoCo(Synchronization, Streaming, HookedMode, AlgorithmState):
         sync_initial: bool = True,
         cuda_graphs: bool = False,
     ) -> None:
-        models = _as_list(model, "model")
-        optimizers = _as_list(inner_optimizer, "inner_optimizer")
-        if len(models) != len(optimizers):
-            raise ValueError(
-                f"inner_optimizer: {len(optimizers)} optimizer(s) for {len(models)} model(s); give one per model"
-            )
-        if not isinstance(inner_steps, int) or isinstance(inner_steps, bool) or inner_steps < 1:
-            raise ValueError(
-                f"inner_steps = {inner_steps!r}: must be an integer >= 1 (H counts optimizer steps)"
-            )
+        models = as_list(model, "model")
+        check_round(inner_steps, fixed_rows)
         choice("balance", balance, Balance)
         choice("on_resize", on_resize, OnResize)
         choice("inner_state", inner_state, InnerState)
         self.balance, self.on_resize, self.inner_state = balance, on_resize, inner_state
-        if not (isinstance(fixed_rows, int | float) and math.isfinite(fixed_rows) and fixed_rows >= 0):
-            raise ValueError(f"fixed_rows = {fixed_rows!r}: must be a finite number >= 0 (rows)")
         self.fixed_rows = float(fixed_rows)
         self.clip, self.precision = clip, precision
-        self.outer_spec = _dial("outer", outer, Outer)
-        self.batch = _dial("batch", batch, AdaptiveBatch)
-        self.merging = _dial("merge", merge, Merging)
-        self.switch = _dial("switch", switch, Switch)
-        self.wire = _dial("wire", wire, Wire)
+        self.outer_spec = dial("outer", outer, Outer)
+        self.batch = dial("batch", batch, AdaptiveBatch)
+        self.merging = dial("merge", merge, Merging)
+        self.switch = dial("switch", switch, Switch)
+        self.wire = dial("wire", wire, Wire)
         self.wire.check_streaming(inner_steps, self.ddp)
         self.comm = comm if comm is not None else _default_comm(len(models))
-        if len(self.comm.local_workers) != len(models):
-            raise ValueError(
-                f"model: {len(models)} replica(s) given, but the communicator hosts "
-                f"{len(self.comm.local_workers)} worker(s) in this process"
-            )
         n = self.comm.n_workers
-        if not isinstance(trainers, int) or not 1 <= trainers <= n:
+        b_max = self.switch.b_max_or_default
+        if cuda_graphs and self.ddp:
             raise ValueError(
-                f"trainers = {trainers!r}: must be an integer in [1, {n}]: every trainer needs a worker (pass "
-                "a list of models for several workers in one process, or run one process per worker)"
+                "cuda_graphs: DDP averages gradients inside a step, which a captured step cannot"
             )
+        self.cuda_graphs = cuda_graphs
+        self.replicas = build_replicas(
+            models, inner_optimizer, self.comm, loss_fn, clip, precision, b_max, cuda_graphs
+        )
+        self._reduce = functools.partial(reduce_local, self.comm, wire=self.wire)  # on the round's wire
+        check_trainers(trainers, n)
         self.H = inner_steps
         self.emulate = check_speeds(emulate_speed or [], n, "emulate_speed") or None
         self.speed: dict[int, float] = {}  # measured examples per second of every worker (a moving average)
         self.membership: dict[str, Any] | None = None  # the last load_state_dict's change of workers
-        self.keep_snapshot = snapshot
         self.counts_rows = True  # False in the hooked form when the rows of a step are unknown
-        b_max = self.switch.b_max_or_default
-        if cuda_graphs and self.ddp:
-            raise ValueError(
-                "cuda_graphs: DDP averages gradients between a step's backward pass and its update, which a "
-                "captured step cannot; turn cuda_graphs off"
-            )
-        self.cuda_graphs = cuda_graphs
-        self.replicas: dict[int, Replica] = {
-            w: Replica(
-                m,
-                o,
-                loss_fn,
-                clip=clip,
-                precision=precision,
-                b_max=b_max,
-                shards=self.comm.shards,
-                cuda_graphs=cuda_graphs,
-                name=f"worker {w}",
-            )
-            for w, m, o in zip(self.comm.local_workers, models, optimizers, strict=True)
-        }
-        sizes = {r.flat.numel for r in self.replicas.values()}
-        if len(sizes) != 1:
-            raise ValueError(
-                f"model: replicas of different sizes ({sorted(sizes)} parameters); all must match"
-            )
-        self.n_params = sizes.pop()
-        if self.wire.fragments > self.n_params:
-            raise ValueError(
-                f"comm.fragments = {self.wire.fragments}: more fragments than parameters ({self.n_params})"
-            )
-        self._fragments = fragments(self.n_params, self.wire.fragments)  # streaming (comm.fragments)
-        # error feedback of each local worker's Δ (reset when it moves; in its state dict)
-        self.feedback: dict[int, ErrorFeedback] | None = (
-            {w: ErrorFeedback() for w in self.replicas}
-            if self.wire.error_feedback and self.wire.compressed
-            else None
-        )
+        self.n_params = next(iter(self.replicas.values())).flat.numel
         self.device = next(iter(self.replicas.values())).device
+        # this process's workers; error feedback of each one's Δ (reset when it moves; in its state dict)
+        feedback = self.wire.error_feedback and self.wire.compressed
+        self.workers = Workers(self.replicas, self.device, inner_state, snapshot, feedback)
+        self.feedback: dict[int, ErrorFeedback] | None = self.workers.feedback
+        self.scratch = torch.zeros(self.n_params, device=self.device)
+        self.scratch2 = torch.zeros(self.n_params, device=self.device)
+        flats = {w: rep.flat for w, rep in self.replicas.items()}
+        # the parts: when Δ travels, the batch tests, merges and moves
+        self.schedule = Schedule(self.wire, inner_steps, self.ddp, flats, self.feedback, self.scratch2)
+        self._parts = fragments(self.n_params, self.schedule.count)
+        rep = next(iter(self.replicas.values()))  # the model's shapes, for outer optimizers that need them
+        whole = self.schedule.count == 1 and self.comm.shards.size == 1
+        self._shapes = model_shapes(rep.model, rep.flat.params) if whole else None
+        self.tests = BatchTests(self.batch, self.comm, self.replicas, self._reduce, self.scratch)
+        self.regroup = Regroup(
+            self.merging, self.comm, self.wire.theta, self.workers, self.scratch, self._new_outer
+        )
 
         # Replicated state: identical on every process.
         self.round = 0  # rounds completed
-        self.trainers: dict[int, TrainerState] = {
-            t: TrainerState(t, self.batch.initial, self._new_outer()) for t in range(trainers)
-        }
+        self.trainers = {t: self._new_trainer(t, self.batch.initial) for t in range(trainers)}
         self.allocation = allocation.allocate(self.requests, n, mode=self.merging.allocation)
-        self.b_max = self._agree({w: [b_max] for w in self.replicas})
+        self.b_max = self.workers.agreed_b_max(self.comm)
         self.bad_rounds = 0
         self.totals = Totals()
         self.last_report: RoundReport | None = None
-        # comm.overlap (ALGORITHM.md §13): Δs in flight, workers' eager starts and own Δs, seconds waited
-        self._flights: list[Flight] = []
-        self._starts: dict[int, torch.Tensor] = {}
-        self._own: dict[int, torch.Tensor] = {}
-        self._waited_s = 0.0
-        self._theta_snap: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # streaming's undo
-        self._streamed = 0  # the hooked form: inner steps whose fragments were handled
 
         # Heavy state: θ of the trainers this process hosts, taken from their first local worker.
-        self.scratch = torch.zeros(self.n_params, device=self.device)
-        self.scratch2 = torch.zeros(self.n_params, device=self.device)
-        for t, ws in self.members().items():
-            mine = self._local(ws)
-            if mine:
-                self.trainers[t].theta = self.replicas[mine[0]].flat.param.detach().clone()
+        params = {w: rep.flat.param for w, rep in self.replicas.items()}
+        initial_thetas(self.trainers, self.members(), params, self.comm, self.scratch, sync_initial and n > 1)
         if sync_initial and n > 1:
-            for t, ws in sorted(self.members().items()):
-                tr = self.trainers[t]
-                self.comm.broadcast(tr.theta if tr.theta is not None else self.scratch, ws[0], ws, "init")
             self._collect()
         for w, rep in self.replicas.items():
             rep.load(self.theta(self.allocation[w]))
-        if (
-            self.batch.estimator == "paper"
-            and self.batch.probing
-            and min(map(len, self.members().values())) < 2
-        ):
-            log.warning(
-                "batch estimator 'paper' needs two or more workers per trainer: a trainer with one worker "
-                "keeps its request until a merge gives it more (the pooled estimator has no such limit)"
-            )
+        self.tests.warn(self.members())
         self._h = 0  # inner steps done in the current round
-        self._hooks: list[Any] = []
-        self._snap: dict[int, InnerSnapshot] = {}  # snapshot: each worker's inner state at the round's start
-        self._progress: dict[int, WorkerProgress] | None = None
+        self._hooks: list[Any] = []  # the hooked form's handles (inside `with algo:`)
         self._ddp_buf: torch.Tensor | None = None  # DDP's gradients and its stop request, one buffer
         self._plan()
 
@@ -318,23 +251,15 @@ class AdLoCo(Synchronization, Streaming, HookedMode, AlgorithmState):
         return self.replicas[mine[0]].model if mine else None
 
     def start_of(self, w: int) -> torch.Tensor:
-        """Where local worker w starts (or started) the current round: its trainer's θ, or its eager start
-        (``comm.overlap: eager``, ALGORITHM.md §13)."""
-        return self._starts.get(w, self.theta(self.allocation[w]))
+        """Where local worker w starts (or started) the current round: its trainer's θ, or its own start
+        (eager's, or streaming's own parameters; ALGORITHM.md §13)."""
+        tr = self.trainers[self.allocation[w]]
+        return tr.starts.get(w, self.theta(tr.id))
 
-    @contextlib.contextmanager
-    def holding_theta(self, w: int) -> Iterator[nn.Module]:
+    def holding_theta(self, w: int) -> contextlib.AbstractContextManager[nn.Module]:
         """Local worker w's model holding its trainer's θ for the block (evaluation between rounds); with
-        an eager start, the start is put back after."""
-        rep = self.replicas[w]
-        eager = w in self._starts
-        if eager:
-            rep.load(self.theta(self.allocation[w]))
-        try:
-            yield rep.model
-        finally:
-            if eager:
-                rep.load(self._starts[w])
+        a start of its own, the start is put back after."""
+        return self.workers.holding(w, self.theta(self.allocation[w]), self.start_of(w))
 
     @property
     def plan(self) -> WorkerPlan:
@@ -364,11 +289,10 @@ class AdLoCo(Synchronization, Streaming, HookedMode, AlgorithmState):
 
     def _new_outer(self) -> OuterOptimizer:
         o = self.outer_spec
-        return OuterOptimizer(o.optimizer, o.lr, o.momentum)
+        return OuterOptimizer(o.optimizer, o.lr, o.momentum, parts=self._parts, shapes=self._shapes)
 
-    def _agree(self, local: Mapping[int, Sequence[float]]) -> dict[int, int]:
-        got = self.comm.all_gather_rows(local, 1, "check", counted=0)
-        return {w: int(v[0]) for w, v in got.items()}
+    def _new_trainer(self, t: int, request: int) -> Trainer:
+        return Trainer(t, request, self._new_outer(), self._parts, self.comm, self.wire)
 
     def set_b_max(self, local: Mapping[int, int]) -> None:
         """Every process's workers' b_max (for example from a memory search), agreed by a gather; the
@@ -377,67 +301,37 @@ class AdLoCo(Synchronization, Streaming, HookedMode, AlgorithmState):
             raise RuntimeError("set_b_max: only between rounds")
         for w, b in local.items():
             self.replicas[w].b_max = int(b)
-        self.b_max = self._agree({w: [self.replicas[w].b_max] for w in self.replicas})
+        self.b_max = self.workers.agreed_b_max(self.comm)
         self._plan()
 
-    # -- the plan ----------------------------------------------------------------------------------
     def _plan(self) -> None:
-        """This round's plan for every local worker (computed alike everywhere: it needs the others')."""
-        self.mode = switch.mode_for(self.switch.schedule, self.switch.mode, len(self.trainers))
+        """This round's plan for every worker (:func:`adloco.workers.plan_workers`): switch mode, shares,
+        probe layout and lr multipliers; the same everywhere (every worker's rows, ``_rows``, weight Δ)."""
         members = self.members()
         speeds = {t: self._relative_speeds(ws) for t, ws in members.items()}
-        every = plan_round(
-            self.requests, members, self.b_max, self.mode, self.switch, self.batch, speeds, self.fixed_rows
+        dials = (self.switch, self.batch, self.fixed_rows)
+        self.mode, every = plan_workers(
+            self.trainers, members, self.b_max, speeds, dials, self.allocation, self.replicas
         )
         self.plans = {w: p for w, p in every.items() if w in self.replicas}
         self._rows = {w: p.effective for w, p in every.items()}  # every worker's rows per inner step
-        self.step_rows = sum(p.effective for p in every.values())  # every worker's rows in one inner step
-        # ALGORITHM.md §10: each trainer's lr multiplier follows the rows its steps use (b_t; b₀ its first)
-        b = self.batch
-        for t, ws in members.items():
-            tr = self.trainers[t]
-            b_t = sum(every[w].effective for w in ws) / len(ws)
-            if tr.b0 is None:
-                tr.b0 = b_t
-            tr.lr_ratio = lr_scaling.ratio(b.lr_scaling, b_t, tr.b0, tr.noise)
-        for w, rep in self.replicas.items():
-            r = self.trainers[self.allocation[w]].lr_ratio
-            rep.lr_scale = (
-                lr_scaling.multiplier(r, rep.sgd, b.lr_scale_max) if b.lr_scaling != "none" else 1.0
-            )
+        self.step_rows = sum(self._rows.values())  # every worker's rows in one inner step
 
     def _relative_speeds(self, workers: Sequence[int]) -> dict[int, float] | None:
         """Shares by measured speed (:func:`adloco.round.relative_speeds`), or None for equal shares: with
-        balance equal; for DDP (its gradients are averaged with equal weights) and the paper estimator (its
-        samples are whole steps of one size); and when every worker runs on this process's one device with
-        nothing emulated (their speeds differ by noise alone)."""
-        if self.balance == "equal" or self.ddp or self.batch.estimator == "paper":
-            return None
-        if self.emulate is None and self.comm.one_device:
-            return None
-        return relative_speeds(self.speed, workers)
+        balance equal; for DDP (gradients averaged with equal weights) and the paper estimator (samples are
+        whole steps of one size); with every worker on one device and nothing emulated (speeds are noise)."""
+        noise = self.emulate is None and self.comm.one_device
+        equal = self.balance == "equal" or self.ddp or self.batch.estimator == "paper" or noise
+        return None if equal else relative_speeds(self.speed, workers)
 
     # -- inner steps -------------------------------------------------------------------------------
     def _round_progress(self) -> dict[int, WorkerProgress]:
         """This round's bookkeeping, begun (inner state reset, snapshot) before its first step."""
-        if self._progress is None:
-            for w, rep in self.replicas.items():
-                if self.inner_state == "reset":
-                    rep.reset_optimizer()
-                if self.keep_snapshot:  # host buffers reused from round to round
-                    self._snap[w] = rep.snapshot(self._snap.get(w))
-            if self.keep_snapshot and self.streaming:  # fragments step θ within the round
-                self._theta_snap = {
-                    t: (tr.theta.clone(), None if (m := tr.momentum()) is None else m.clone())
-                    for t, tr in self.trainers.items()
-                    if tr.theta is not None
-                }
-            self._streamed = 0
-            self._progress = {
-                w: WorkerProgress(Clock(self.device), skipped_before=rep.skipped)
-                for w, rep in self.replicas.items()
-            }
-        return self._progress
+        if self.workers.progress is None and self.workers.keep_snapshot and self.schedule.streaming:
+            for tr in self.trainers.values():  # fragments step θ within the round: keep it to undo one
+                tr.snapshot()
+        return self.workers.begin()
 
     def step(self, batch: Batch, *, stop: bool = False) -> torch.Tensor:
         """One inner step of the only local worker on ``batch`` (``batch_size()`` rows); returns its mean
@@ -457,110 +351,237 @@ class AdLoCo(Synchronization, Streaming, HookedMode, AlgorithmState):
                 f"batches: keyed by workers {sorted(batches)}; this process hosts {self.local_workers}"
             )
         h = self._h
-        progress = self._round_progress()
+        self._round_progress()  # the round begun: streaming keeps θ to undo it, the workers theirs
         if stop and not self.ddp:
             self.sync(abort=True)
-        losses: dict[int, torch.Tensor] = {}
         for w in self.local_workers:
-            got = n_rows(batches[w])
-            if got != self.plans[w].rows(h):
+            if n_rows(batches[w]) != self.plans[w].rows(h):
                 raise ValueError(
-                    f"batch of worker {w}: {got} rows; step {h} of this round needs {self.plans[w].rows(h)} "
-                    "(batch_size() says how many)"
+                    f"batch of worker {w}: {n_rows(batches[w])} rows; step {h} of this round needs "
+                    f"{self.plans[w].rows(h)} (batch_size() says how many)"
                 )
-        # With cuda_graphs every worker steps on its own stream: all of them wait for what is queued,
-        # run side by side, and what follows waits for all of them (adloco.graphs).
-        for rep in self.replicas.values():
-            rep.fork()
-        for w in self.local_workers:
-            plan, rep, pr = self.plans[w], self.replicas[w], progress[w]
-            probe = plan.probe if h == 0 else None
-            snap = self._snap.get(w) if h == 0 else None
-            with rep.on_stream():
-                pr.clock.start()
-                if self.ddp:  # DDP steps once the trainer's gradients are averaged
-                    loss, stats = rep.gradient(batches[w], plan.effective, plan.micro, probe, self.scratch)
-                else:
-                    loss, stats = rep.step(
-                        batches[w],
-                        plan.effective,
-                        plan.micro,
-                        probe,
-                        self.scratch,
-                        snap.before_write if snap is not None else _nothing,
-                    )
-                if self.emulate is not None:
-                    pr.clock.stretch(self.emulate[w])
-                pr.clock.stop()
-                pr.loss = loss if pr.loss is None else pr.loss + loss
-            if stats is not None:
-                pr.stats = stats
-            if probe is not None and probe.extra:
-                pr.probe_examples += probe.extra_rows
-            pr.steps += 1
-            pr.examples += plan.effective
-            losses[w] = loss
-        for rep in self.replicas.values():
-            rep.join()
+        losses = self.workers.step(batches, self.plans, h, self.scratch, self.emulate, self.ddp)
         if self.ddp:
             self._ddp_step(stop)
         self._h += 1
         if self._h < self.H:
-            self._streaming(self._h)
+            self._synchronize(self._h)
         else:
             self.sync()
         return losses
 
     def _ddp_step(self, stop: bool) -> None:
-        """Synchronous data parallel: every trainer's workers average their gradients (one reduction of P
-        values, counted as ``grad``) and take the same step. A stop request rides along as control, so
-        every worker of a trainer stops at the same step."""
+        """Synchronous data parallel: every trainer's workers average their gradients and take the same
+        step (:meth:`adloco.workers.Workers.ddp_step`); a stop request anywhere aborts the round."""
         if self._ddp_buf is None:
             self._ddp_buf = torch.empty(self.n_params + 1, device=self.device)
-        buf = self._ddp_buf
-        members = self.members()
-        progress = self._round_progress()
-        for t in self.alive:
-            ws = members[t]
-            buf[-1] = float(stop)
-            self._reduce(ws, "grad", buf, functools.partial(self._add_grad, scale=1.0 / len(ws)), control=1)
-            if float(buf[-1]) > 0:
-                stop = True
-                continue
-            for w in self._local(ws):
-                pr, rep = progress[w], self.replicas[w]
-                pr.clock.start()
-                rep.flat.grad.copy_(buf[:-1])
-                if self._h == 0 and w in self._snap:
-                    self._snap[w].before_write()
-                rep.optimizer_step()
-                pr.clock.stop()
-        if stop:
+        if self.workers.ddp_step(self.members(), self._reduce, stop, self._ddp_buf):
             self.sync(abort=True)
 
-    def _reduce(
-        self,
-        workers: Sequence[int],
-        kind: str,
-        out: torch.Tensor,
-        add: Callable[[int, torch.Tensor], None],
-        wire: Wire | None = None,
-        feedback: Mapping[int, ErrorFeedback] | None = None,
-        control: int = 0,
-    ) -> bool:
-        """The communicator's reducer over ``workers`` with this process's of them as the parts, each
-        ``add(w, buffer)``; on the round's wire unless told otherwise."""
-        parts: dict[int, Part] = {w: functools.partial(add, w) for w in self._local(workers)}
-        return self.comm.reduce(
-            parts, workers, kind, out, self.wire if wire is None else wire, feedback, control
+    # -- the end of a round (ALGORITHM.md §6), phase by phase -----------------------------------------
+    def sync(self, abort: bool = False) -> RoundReport:
+        """End the round on every process, phase by phase; returns its report.
+
+          1. :meth:`_gather`: every worker's scalars (statistics, losses, sizes, stop requests) on every
+             process; non-finite workers left out;
+          2. :meth:`_outer_steps`: every trainer's outer step on Δ = Σ_m (n_m/n)(θ_t − θ_m);
+          3. :meth:`_batch_tests`: every trainer's batch test -> new requests;
+          4. :meth:`_maybe_merge`: every f rounds while K > 1, merge by policy, share the workers again,
+             send θ to moved workers;
+          5. :meth:`_next_round`: workers load their start; the round counted, its decisions checked for
+             agreement across processes, the next round planned, the report made.
+
+        Called by the H-th step; call it yourself only to end a round early. ``abort``: undo it instead
+        (every process raises :class:`RoundAborted`)."""
+        gathered = self._gather(abort)  # 1.
+        self._outer_steps(gathered)  # 2.
+        trainer_events = self._batch_tests(gathered)  # 3.
+        regrouped = self._maybe_merge(gathered.members)  # 4.
+        return self._next_round(gathered, trainer_events, regrouped)  # 5.
+
+    def _gather(self, abort: bool) -> Gathered:
+        """Phase 1 (:func:`adloco.workers.gather`): every worker's scalars on every process (a stop request
+        anywhere aborts the round everywhere), out-of-memory b_max changes, measured speeds, and non-finite
+        workers (left out of the outer step and the batch test, their inner state reset, counted)."""
+        r, members = self.round, self.members()
+        results = gather(self.workers, self.comm, self.plans, self.batch, abort)
+        if any(res.aborted for res in results.values()):
+            self._undo()
+            raise RoundAborted(r + 1)
+        self._h = 0
+        self.workers.end()
+        update_b_max(self.b_max, results, r)
+        update_speeds(self.speed, results, self.fixed_rows)
+        fault_events, bad = faults(r, members, results, self.allocation)
+        self.bad_rounds = self.bad_rounds + 1 if bad else 0
+        self.workers.left_out(bad, r, self.bad_rounds)
+        return Gathered(members, dict(self.allocation), results, fault_events)
+
+    def _outer_steps(self, gathered: Gathered) -> None:
+        """Phase 2: every trainer's outer step on Δ_t = Σ_m (n_m / n)(θ_t − θ_m) over its finite workers, as
+        the schedule has it (:meth:`_synchronize`; behind compute: this round's Δ launched, an earlier one
+        landed; streaming: fragment 0). Pseudo-gradients, not parameters, are reduced, so a compressed wire
+        keeps them. DDP: the workers stepped together on averaged gradients, so θ is any of theirs."""
+        if not self.ddp:
+            return self._synchronize(self.H, gathered.ok, gathered.examples)
+        for t, ws in gathered.ok.items():
+            mine, tr = self._local(ws), self.trainers[t]
+            if mine and tr.theta is not None:
+                tr.theta.copy_(self.replicas[mine[0]].flat.param)
+
+    def _batch_tests(self, gathered: Gathered) -> list[events.Trainer]:
+        """Phase 3: every trainer's batch test on its finite workers' statistics -> new requests
+        (:class:`adloco.batch_tests.BatchTests`); it reads no θ, so it does not wait for what is in flight."""
+        seen = (self.totals.examples or 0) + sum(
+            x.examples + x.probe_examples for x in gathered.results.values()
         )
+        return self.tests.run(self.trainers, gathered, self.round, self.counts_rows, seen)
 
-    def _add_grad(self, w: int, out: torch.Tensor, scale: float) -> None:
-        out.add_(self.replicas[w].flat.grad, alpha=scale)
+    def _maybe_merge(self, members: dict[int, list[int]]) -> Regrouped:
+        """Phase 4: every f rounds while K > 1, merge the trainers the policy selects into the lowest id and
+        share the workers again (ALGORITHM.md §3–4, :class:`adloco.regroup.Regroup`), after landing
+        everything in flight (a merge is a round boundary)."""
+        merged = self.regroup.due(self.requests, self.round)
+        if not merged:
+            return None, None
+        self.schedule.settle(self.trainers)
+        speeds = self._relative_speeds(sorted(self.allocation))
+        merge_event, alloc_event, self.allocation = self.regroup.run(
+            self.trainers, self.allocation, merged, members, self.round, speeds
+        )
+        return merge_event, alloc_event
 
+    def _next_round(
+        self, gathered: Gathered, trainer_events: list[events.Trainer], regrouped: Regrouped
+    ) -> RoundReport:
+        """Phase 5: workers load where they start the next round (:meth:`adloco.trainer.Trainer.start_next`);
+        the round counted, its decisions checked for agreement, the next round planned, the report made."""
+        whole, alpha, results = regrouped[0] is not None, self.wire.fragment_alpha, gathered.results
+        for w, rep in self.replicas.items():
+            tr, fresh = self.trainers[self.allocation[w]], whole or not results[w].finite
+            rep.load(tr.start_next(w, rep.flat.param, fresh, self.schedule.streaming, alpha))
+        examples = self.totals.count(results.values(), self.counts_rows)
+        self.round += 1
+        check_agreement(self.comm, self.round, self.requests, self.allocation, self.local_workers)
+        traffic = self._collect()
+        self._plan()
+        self.last_report = RoundReport.of(
+            self.round, gathered, trainer_events, regrouped, self.mode, examples, traffic, self.counts_rows
+        )
+        return self.last_report
 
-def _nothing() -> None:
-    pass
+    def _undo(self) -> None:
+        """An aborted round: its reductions dropped; workers back where they started it (with ``snapshot``,
+        their inner state too, and, streaming, the trainers' θ and outer state, which fragments stepped)."""
+        self._h = 0
+        for tr in self.trainers.values():
+            tr.undo(self.round + 1)
+        self.workers.undo({w: self.start_of(w) for w in self.replicas})
+        self.comm.drain()
+
+    def _collect(self) -> Traffic:
+        """What was communicated since the last call (simulated time prices it), added to the totals."""
+        waited, self.schedule.waited_s = self.schedule.waited_s, 0.0
+        return Traffic.count(self.comm.drain(), waited, self.totals)
+
+    def _synchronize(self, h: int, senders: Members | None = None, examples: Sizes | None = None) -> None:
+        """What the schedule has due after inner step h (:meth:`adloco.streaming.Schedule.run`, the one
+        place Δ is launched and landed); h = H is phase 2, with the round's finite workers ``senders``
+        weighted by their ``examples``. Within the round every member sends, weighted by its rows."""
+        if not self.schedule.due(h):
+            return
+        members = self.members()
+        if senders is None or examples is None or self.schedule.streaming:
+            senders, examples = members, self._rows
+        self.schedule.run(h, self.round + 1, self.trainers, members, senders, examples)
+
+    @property
+    def _flights(self) -> list[Flight]:
+        """Every reduction in flight (every trainer's, every fragment's), in launch order."""
+        return in_flight(self.trainers)
+
+    def settle(self) -> Traffic:
+        """Land every Δ in flight (``comm.overlap``) and load every worker with its trainer's θ (streaming:
+        its own fragments too): the end of training, or wherever the model must be whole. Call it on every
+        process, between rounds; returns what it communicated, counted as a round's."""
+        if self._h:
+            raise RuntimeError("settle: only between rounds")
+        if not self.schedule.settle(self.trainers, whole=True):
+            return Traffic()
+        for w, rep in self.replicas.items():
+            rep.load(self.theta(self.allocation[w]))
+        return self._collect()
+
+    # -- state (ALGORITHM.md §9.2, ALGORITHM.md §13): each part's, put together by adloco.state ---------
+    def state_dict(self) -> dict[str, Any]:
+        """This process's state: the replicated decisions, θ and outer state of the trainers it hosts, the
+        state of its workers. Between rounds only. With ``comm.overlap`` it first waits for what is in
+        flight: each trainer's average (``pending``) is applied when it would have landed (ALGORITHM.md §13)."""
+        return state.local(self._decisions(), self.trainers, self.workers, self.schedule, self.comm)
+
+    def full_state_dict(self) -> dict[str, Any] | None:
+        """Every trainer's and worker's state, gathered on the root rank (None elsewhere): what a checkpoint
+        holds, whatever the workers' processes (:func:`adloco.state.full`). Every process must call it; the
+        transfers are output, not training, and are not counted."""
+        d = self._decisions()
+        return state.full(d, self.trainers, self.workers, self.schedule, self.comm, self.scratch)
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        """Restore from :meth:`state_dict` or :meth:`full_state_dict` (this process takes its part); a worker
+        without inner state starts a fresh inner optimizer. A full state written with another number of
+        workers is first resized (ALGORITHM.md §9.2); what changed is in :attr:`membership`."""
+        resize = (self.merging, self.on_resize, self.batch.max)
+        d, self.trainers, self.membership = state.load(
+            saved, self.comm, self.workers, self.schedule, self._new_trainer, resize, self.scratch
+        )
+        self.round, self.allocation, self.b_max, self.bad_rounds, self.totals, self.speed = d.fields()
+        self._h = 0
+        self._plan()
+
+    def _decisions(self) -> state.Decisions:
+        d = (self.round, self.allocation, self.b_max, self.bad_rounds, self.totals, self.speed)
+        return state.Decisions(*d)
+
+    def gather_parameters(self, t: int) -> torch.Tensor | None:
+        """Trainer t's θ on the root rank (sharded: each root worker's rank its shard), None elsewhere;
+        every process must call it (not counted)."""
+        return state.gather_parameters(self.trainers[t], self.members()[t][0], self.comm, self.scratch)
+
+    # -- the hooked form (``with algo:``, adloco.hooked) -------------------------------------------------
+    def __enter__(self) -> Any:
+        """Hook every local replica's ``optimizer.step``: your loop runs forward, backward and step; every
+        H steps the round synchronizes. Examples are counted only when the rows of a step were stated
+        (``batch_size`` of DiLoCo, LocalSGD and DDP); otherwise ``totals.examples`` is None (unknown)."""
+        hooked.check(self.batch, self.ddp, len(self.replicas), self.cuda_graphs)
+        self.counts_rows = self.stated_batch is not None
+        average = self._average_grads if self.ddp else None
+        hooks = hooked.Hooks(
+            self.H,
+            self._round_progress,
+            self._rows_of,
+            self._synchronize,
+            self._end_round,
+            average,
+            self.workers.before_write,
+        )
+        self._hooks = hooks.install(self.replicas)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self.counts_rows = True
+
+    def _rows_of(self, w: int) -> int:
+        return self.stated_batch or self.plans[w].effective  # unknown rows: Δ weighted by steps
+
+    def _end_round(self) -> RoundReport:
+        self._h = self.H
+        return self.sync()
+
+    def _average_grads(self, w: int) -> None:
+        hooked.average_grads(self.replicas[w], self.members()[self.allocation[w]], self._reduce, self.scratch)
 
 
 def _default_comm(n_local: int) -> Comm:

@@ -1,13 +1,15 @@
-"""What a round is made of: each worker's plan (and how it is made), what it reports, the trainers'
-state, the totals, and the report a round returns. Plain data and pure functions; :mod:`adloco.method`
+"""What a round is made of: each worker's plan (and how it is made), what it reports, the totals, what
+was communicated, and the report a round returns. Plain data and pure functions; :mod:`adloco.method`
 runs the round."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +17,7 @@ import torch
 
 from adloco import events
 from adloco.algorithms import allocation, batching, switch
-from adloco.algorithms.outer import OuterOptimizer
+from adloco.comm.base import Comm, CommRecord
 from adloco.replica import Probe
 from adloco.settings import AdaptiveBatch, Switch
 
@@ -108,26 +110,25 @@ WIDTH = len(dataclasses.fields(WorkerRound))
 
 
 @dataclass
-class TrainerState:
-    """One trainer (ALGORITHM.md §0): its request everywhere; θ and the outer optimizer where hosted."""
+class Gathered:
+    """What phase 1 of a round's end gathered (ALGORITHM.md §6), which the later phases read: every
+    trainer's workers and every worker's trainer as the round ran, every worker's results, and the fault
+    events."""
 
-    id: int
-    request: int
-    outer: OuterOptimizer
-    theta: torch.Tensor | None = None  # (P,) flat parameters, where one of its workers lives
-    b0: float | None = None  # rows of its workers' first steps (ALGORITHM.md §10; None: not yet planned)
-    noise: float | None = None  # B̂: moving average of the norm test's σ̂²/‖ḡ‖² (lr_scaling gain)
-    lr_ratio: float = 1.0  # r_t this round: the lr multiplier is √r_t (r_t for SGD), capped
+    members: dict[int, list[int]]
+    trainer_of: dict[int, int]
+    results: dict[int, WorkerRound]
+    faults: list[events.Fault]
 
     @property
-    def hosted(self) -> bool:
-        return self.theta is not None
+    def ok(self) -> dict[int, list[int]]:
+        """Every trainer's finite workers (those that take part in its outer step and batch test)."""
+        return {t: [w for w in ws if self.results[w].finite] for t, ws in sorted(self.members.items())}
 
-    def momentum(self) -> torch.Tensor | None:
-        """The outer momentum buffer (created at zero), or None for optimizers without one."""
-        if not self.outer.has_state or self.theta is None:
-            return None
-        return self.outer.ensure_state(self.theta)
+    @property
+    def examples(self) -> dict[int, int]:
+        """Every worker's examples of the round's steps (what weights its Δ)."""
+        return {w: res.examples for w, res in self.results.items()}
 
 
 @dataclass
@@ -136,6 +137,16 @@ class Totals:
     bytes: int = 0
     messages: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
+
+    def count(self, results: Iterable[WorkerRound], known: bool) -> int:
+        """A round's training examples read (the steps' and the probe's extra rows: a budget counts both),
+        added to ``examples`` (None from the first round whose rows were not ``known``); returns them."""
+        examples = sum(res.examples + res.probe_examples for res in results)
+        if known and self.examples is not None:
+            self.examples += examples
+        else:  # the hooked mode without a batch size: the rows of a step were never seen
+            self.examples = None
+        return examples
 
 
 @dataclass
@@ -153,6 +164,33 @@ class Traffic:
     behind: list[list[Any]] = field(default_factory=list)
     behind_s: float = 0.0
     wait_s: float = 0.0  # of comm_s, the seconds spent waiting for what ran behind
+
+    @classmethod
+    def count(cls, recs: Sequence[CommRecord], waited: float, totals: Totals) -> Traffic:
+        """The traffic of the collectives ``recs`` (and ``waited`` seconds waited for what ran behind),
+        added to ``totals``."""
+        nbytes = sum(r.wire for r in recs)
+        msgs = sum(1 for r in recs if r.workers > 1)
+        totals.bytes += nbytes
+        totals.messages += msgs
+        counts: dict[tuple[str, str, int, int, float], int] = {}
+        for rec in recs:
+            totals.by_kind[rec.kind] = totals.by_kind.get(rec.kind, 0) + rec.wire
+            if rec.workers > 1:
+                key = (rec.kind, rec.op, rec.workers, rec.payload, rec.behind)
+                counts[key] = counts.get(key, 0) + 1
+        return cls(
+            nbytes,
+            msgs,
+            sum(r.seconds for r in recs if not r.behind) + waited,
+            [[*k[:4], c] for k, c in counts.items() if not k[4]],
+            [[*k[:4], c, k[4]] for k, c in counts.items() if k[4]],
+            sum(r.seconds for r in recs if r.behind),
+            waited,
+        )
+
+
+Regrouped = tuple[events.Merge | None, events.Allocation | None]  # phase 4's events (None: no merge)
 
 
 @dataclass
@@ -177,6 +215,64 @@ class RoundReport:
     behind: list[list[Any]] = field(default_factory=list)  # collectives run behind this round's compute
     behind_s: float = 0.0  # the seconds they took on the background lane
     wait_s: float = 0.0  # of comm_s, the seconds the round waited for them
+
+    @classmethod
+    def of(
+        cls,
+        round_: int,
+        gathered: Gathered,
+        trainer_events: list[events.Trainer],
+        regrouped: Regrouped,
+        switch_mode: str,
+        examples: int,
+        traffic: Traffic,
+        known: bool,
+    ) -> RoundReport:
+        """The report of round ``round_`` from what phase 1 gathered, the trainers' events, the merge and
+        allocation events, and its traffic; ``known``: whether the rows of a step were seen (not in the
+        hooked form without a batch size)."""
+        results, trainer_of, fault_events = gathered.results, gathered.trainer_of, gathered.faults
+        merge_event, alloc_event = regrouped
+        worker_events = [
+            events.Worker(
+                round=round_,
+                worker=w,
+                trainer=trainer_of[w],
+                loss=events.num(res.loss),
+                examples=res.examples if known else None,
+                probe_examples=res.probe_examples,
+                micro=res.micro,
+                accum=res.accum,
+                effective=res.micro * res.accum,
+                capped=res.capped,
+                finite=res.finite,
+                compute_s=res.compute_s,
+                skipped=res.skipped,
+            )
+            for w, res in results.items()
+        ]
+        stepped = sum(res.examples for res in results.values())
+        total_loss = sum(res.loss * res.examples for res in results.values())
+        return cls(
+            round=round_,
+            workers=worker_events,
+            trainers=trainer_events,
+            faults=fault_events,
+            merge=merge_event,
+            allocation=alloc_event,
+            switch_mode=switch_mode,
+            examples=examples if known else None,
+            loss=events.num(total_loss / max(stepped, 1)),
+            bytes=traffic.bytes,
+            messages=traffic.messages,
+            comm_s=traffic.comm_s,
+            collectives=traffic.collectives,
+            behind=traffic.behind,
+            behind_s=traffic.behind_s,
+            wait_s=traffic.wait_s,
+            compute_s={w: res.compute_s for w, res in results.items()},
+            idle_share=sum(e.idle_share for e in trainer_events) / max(len(trainer_events), 1),
+        )
 
     def events(self) -> list[events.Event]:
         """Worker, fault, trainer, merge and allocation events, in that order."""
@@ -239,6 +335,26 @@ class WorkerProgress:
     probe_examples: int = 0
     stats: batching.WorkerStats | None = None
     skipped_before: int = 0
+
+
+def check_agreement(
+    comm: Comm, round_: int, requests: Mapping[int, int], allocation: Mapping[int, int], local: Sequence[int]
+) -> None:
+    """Every process must have made the same decisions: a hash of them compared (not counted); a
+    disagreement raises :class:`DecisionMismatch` on every process."""
+    state = [round_, dict(requests), sorted(allocation.items())]
+    digest = hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+    h = float(int(digest[:13], 16))  # 52 bits: exact in a float64
+    got = comm.all_gather_rows({w: [h] for w in local}, 1, "check", counted=0)
+    ranks: dict[float, set[int]] = {}
+    for w, (v,) in got.items():
+        ranks.setdefault(v, set()).add(comm.owner(w))
+    if len(ranks) > 1:
+        groups = " vs ".join("ranks " + ",".join(map(str, sorted(x))) for x in ranks.values())
+        raise DecisionMismatch(
+            f"round {round_}: processes disagree on requests, merges or allocation ({groups}); "
+            "this is a bug or non-deterministic arithmetic, please report it with the run directory"
+        )
 
 
 def measured_speed(res: WorkerRound, fixed: float = 0.0) -> float:

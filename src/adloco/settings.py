@@ -15,12 +15,13 @@ and ``--set`` (:mod:`adloco.config` adds the sections that only the application 
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import math
 import numbers
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -105,7 +106,10 @@ def describe(tp: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return " or ".join(describe(a) for a in args) + " or null"
+        null = " or null" if type(None) in typing.get_args(tp) else ""
+        return " or ".join(describe(a) for a in args) + null
+    if origin is collections.abc.Callable:
+        return "a callable (in the library)"
     if origin is list:
         (inner,) = typing.get_args(tp)
         return f"a list of {describe(inner)}s"
@@ -145,6 +149,10 @@ def conform(value: Any, tp: Any, lenient: bool = False) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ValueError
         return [conform(v, inner, lenient) for v in value]
+    if origin is collections.abc.Callable:  # the library's own objects; a config file names choices only
+        if callable(value) and not lenient:
+            return value
+        raise ValueError
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -210,11 +218,24 @@ class Dial:
         out = []
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
             doc = f.metadata.get("doc", "")
-            if typing.get_origin(hints[f.name]) is Literal:
-                doc = f"({' | '.join(map(str, typing.get_args(hints[f.name])))}) {doc}"
+            choices = _choices(hints[f.name])
+            if choices:
+                doc = f"({' | '.join(map(str, choices))}) {doc}"
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc,operator]
             out.append((f.name, default, doc))
         return out
+
+
+D = typing.TypeVar("D", bound=Dial)
+
+
+def _choices(tp: Any) -> tuple[Any, ...]:
+    """The words a field of type ``tp`` takes in a config (its ``Literal``'s, or its union's ``Literal``'s)."""
+    if typing.get_origin(tp) is Literal:
+        return typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return tuple(a for arg in typing.get_args(tp) for a in _choices(arg))
+    return ()
 
 
 def check_speeds(speeds: Sequence[float], workers: int, name: str = "runtime.emulate_speed") -> list[float]:
@@ -232,6 +253,32 @@ def check_speeds(speeds: Sequence[float], workers: int, name: str = "runtime.emu
     return [float(x) for x in values]
 
 
+def check_round(inner_steps: Any, fixed_rows: Any) -> None:
+    """The plain arguments of an algorithm object that are numbers: H and a pass's fixed cost in rows."""
+    if not isinstance(inner_steps, int) or isinstance(inner_steps, bool) or inner_steps < 1:
+        raise ValueError(f"inner_steps = {inner_steps!r}: must be an integer >= 1 (H counts optimizer steps)")
+    if not (isinstance(fixed_rows, int | float) and math.isfinite(fixed_rows) and fixed_rows >= 0):
+        raise ValueError(f"fixed_rows = {fixed_rows!r}: must be a finite number >= 0 (rows)")
+
+
+def check_trainers(trainers: Any, workers: int) -> None:
+    """K₀ in [1, N]: every trainer needs a worker."""
+    if not isinstance(trainers, int) or not 1 <= trainers <= workers:
+        raise ValueError(
+            f"trainers = {trainers!r}: must be an integer in [1, {workers}]: every trainer needs a worker (pass "
+            "a list of models for several workers in one process, or run one process per worker)"
+        )
+
+
+def dial(name: str, value: Any, cls: type[D]) -> D:
+    """An algorithm object's dial argument: the dataclass itself (None: its defaults)."""
+    if value is None:
+        return cls()
+    if not isinstance(value, cls):
+        raise ValueError(f"{name}: expected an {cls.__name__}(...) from adloco, got {value!r}")
+    return value
+
+
 def choice(name: str, value: Any, tp: Any) -> None:
     """A plain argument's value among the ``Literal`` ``tp``'s (the same words as the config's)."""
     if value not in typing.get_args(tp):
@@ -243,14 +290,26 @@ def choice(name: str, value: Any, tp: Any) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+OuterPreset = Literal["average", "sgd", "nesterov"]
+# the library's own outer optimizer: (params: adloco.algorithms.outer.OuterParams) -> torch.optim.Optimizer
+OuterFactory = Callable[[Any], Any]
+
+
 @dataclass(frozen=True)
 class Outer(Dial):
     """The outer step on the pseudo-gradient Δ (ALGORITHM.md §1, step 4): ``average`` (θ ← the workers'
-    mean), ``sgd`` (θ ← θ − lr·Δ) or ``nesterov`` (PyTorch SGD semantics; DiLoCo's lr 0.7, momentum 0.9)."""
+    mean), ``sgd`` (θ ← θ − lr·Δ) or ``nesterov`` (PyTorch SGD semantics; DiLoCo's lr 0.7, momentum 0.9).
+
+    In the library ``optimizer`` may also be any callable that takes a trainer's parameters
+    (:class:`adloco.algorithms.outer.OuterParams`: the flat θ, or ``params.shaped()`` for the model's
+    shapes) and returns a ``torch.optim.Optimizer``; each outer step sets its parameters' ``.grad`` to the
+    averaged Δ and steps it (``lr`` and ``momentum`` are then the callable's business)."""
 
     SECTION: ClassVar[str] = "outer"
-    optimizer: Literal["average", "sgd", "nesterov"] = setting(
-        "average", "outer step on the pseudo-gradient (ALGORITHM.md §1)"
+    optimizer: OuterPreset | OuterFactory = setting(
+        "average",
+        "outer step on the pseudo-gradient (ALGORITHM.md §1); in the library also a callable "
+        "params -> torch.optim.Optimizer",
     )
     lr: float = setting(0.7, "outer learning rate (sgd, nesterov)", above=0)
     momentum: float = setting(0.9, "outer Nesterov momentum", at_least=0, below=1)
@@ -515,8 +574,6 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "ddp": {**_ONE_TRAINER_CONSTANT_BATCH, "outer": {"optimizer": "average"}},
 }
 assert set(PRESETS) == set(METHODS)
-
-D = typing.TypeVar("D", bound=Dial)
 
 
 def preset(method: str, cls: type[D], **changes: Any) -> D:

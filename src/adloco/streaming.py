@@ -1,30 +1,34 @@
-"""Streaming fragments (``comm.fragments``, ALGORITHM.md §13; Streaming DiLoCo, arXiv 2501.18512, with
-torchft's ``fragment_sync_delay`` and ``fragment_update_alpha``): a mixin of :class:`adloco.method.AdLoCo`.
+"""When Δ travels (ALGORITHM.md §13): the schedule of every fragment's launch and landing.
 
-The flat parameters are cut into F contiguous fragments of near-equal size. Fragment p is synchronized at
-inner step p·H/F of every round, fragment 0 at the round's end (phase 2 of :mod:`adloco.sync`): its
-Δ_p = Σ_m (n_m / n)(θ_t[p] − θ_m[p]) is all-reduced, launched τ = ``fragment_delay`` steps earlier (on the
-communicator's background lane when τ > 0: the workers go on training meanwhile), the trainer's outer
-step is taken on θ_t[p] and its momentum, and every worker's fragment becomes (1 − α)·θ_t[p] + α·θ_m[p].
-Each collective moves P/F values: peak bytes per collective ÷ F, the same total.
+θ is synchronized in F = ``comm.fragments`` contiguous fragments of near-equal size (:func:`fragments`;
+F = 1: all of θ at once). The :class:`Schedule` says, after each inner step h of a round (h = H: the
+round's end, phase 2 of ALGORITHM.md §6), which fragments launch their Δ and which land, and how the
+landing is counted; the algorithm then calls each trainer's :meth:`~adloco.trainer.Trainer.prepare_sync`
+and :meth:`~adloco.trainer.Trainer.perform_sync` from one place (:meth:`adloco.method.AdLoCo._synchronize`).
+
+- ``comm.overlap: none`` (F = 1): Δ launched and landed at the round's end, on the critical path.
+- ``delayed`` / ``eager``: Δ launched at the round's end on the background lane, landed at the end of the
+  next round (behind its whole compute); eager also starts each worker from its own Δ's outer step.
+- Streaming (F > 1, Streaming DiLoCo 2501.18512 with torchft's ``fragment_sync_delay`` τ and
+  ``fragment_update_alpha`` α): fragment p lands at inner step p·H/F (fragment 0 at the round's end), launched
+  τ steps earlier (on the lane when τ > 0), after which every worker's fragment becomes
+  (1 − α)·θ_t[p] + α·θ_m[p]. Each collective moves P/F values: peak bytes per collective ÷ F, the same
+  total.
 """
 
 from __future__ import annotations
 
-import functools
+import itertools
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from adloco.comm.base import Part, Pending
-
-if TYPE_CHECKING:
-    from adloco.comm.base import Comm
-    from adloco.replica import Replica
-    from adloco.round import TrainerState
-    from adloco.settings import Wire
-    from adloco.sync import Flight
+from adloco.comm.quantize import ErrorFeedback
+from adloco.settings import Wire
+from adloco.trainer import Flight, Trainer
 
 log = logging.getLogger("adloco")
 
@@ -41,103 +45,191 @@ def fragments(n: int, count: int) -> list[slice]:
     return out
 
 
-class Streaming:
-    """:meth:`_streaming`, called after every inner step, and the round-end fragment (:meth:`_fragment_end`)."""
+@dataclass(frozen=True)
+class Due:
+    """What happens to fragment p after an inner step: its Δ launched, landed, or both."""
 
-    if TYPE_CHECKING:  # what the algorithm object provides
-        comm: Comm
-        device: torch.device
-        wire: Wire
-        replicas: dict[int, Replica]
-        trainers: dict[int, TrainerState]
-        H: int
-        round: int
-        ddp: bool
-        _flights: list[Flight]
-        _fragments: list[slice]
-        _rows: dict[int, int]
+    fragment: int
+    launch: bool
+    land: bool
 
-        @property
-        def alive(self) -> list[int]: ...
-        def members(self) -> dict[int, list[int]]: ...
-        def _local(self, workers: list[int]) -> list[int]: ...
-        def _land(self, f: Flight, behind: float = 0.0, step: bool = True) -> None: ...
+
+class Schedule:
+    """When each fragment's Δ is launched and lands, for one round of H inner steps (``comm.overlap``,
+    ``comm.fragments``, ``comm.fragment_delay``; DDP has no rounds to overlap), and the one place both
+    happen (:meth:`run`). It keeps the order of every launch (reductions land in that order) and the
+    seconds waited for what ran behind compute."""
+
+    def __init__(
+        self,
+        wire: Wire,
+        H: int,
+        ddp: bool,
+        flats: Mapping[int, Any],
+        feedback: Mapping[int, ErrorFeedback] | None,
+        scratch: torch.Tensor,
+    ) -> None:
+        self.H = H
+        self.flats, self.feedback, self.scratch = flats, feedback, scratch  # this process's workers
+        if wire.fragments > scratch.numel():
+            raise ValueError(
+                f"comm.fragments = {wire.fragments}: more fragments than parameters ({scratch.numel()})"
+            )
+        self.streaming = wire.fragments > 1 and not ddp
+        self.count = wire.fragments if self.streaming else 1
+        self.tau = wire.fragment_delay if self.streaming else 0
+        self.alpha = wire.fragment_alpha
+        self.lag = 1 if wire.overlap != "none" and not ddp else 0  # rounds from launch to landing
+        self.eager = self.lag > 0 and wire.overlap == "eager"
+        every = H // self.count
+        self._at = [p * every if p else H for p in range(self.count)]  # the step after which p lands
+        self._launches = itertools.count()
+        self.waited_s = 0.0  # seconds waited for what ran behind compute, since the last count
 
     @property
-    def streaming(self) -> bool:
-        """Whether Δ travels in fragments (``comm.fragments`` > 1; never for DDP)."""
-        return self.wire.fragments > 1 and not self.ddp
+    def behind_compute(self) -> bool:
+        """Whether Δ runs on the background lane (overlap, or streaming with τ > 0)."""
+        return self.lag > 0 or self.tau > 0
 
-    def _streaming(self, h: int) -> None:
-        """After the h-th inner step of the round (every local worker's): launch the fragments due τ steps
-        before their step, land those due now."""
-        if not self.streaming:
-            return
-        every, tau = self.H // self.wire.fragments, self.wire.fragment_delay
-        for p in range(self.wire.fragments):
-            at = p * every if p else self.H
-            if h == at - tau and (p or tau):  # fragment 0 without delay: phase 2 launches it
-                self._launch_fragment(p)
-            if p and h == at:
-                self._land_fragment(p)
+    def due(self, h: int) -> list[Due]:
+        """What is due after inner step h of the round (1 ≤ h ≤ H), fragment by fragment, in order."""
+        out = []
+        for p, at in enumerate(self._at):
+            launch, land = h == at - self.tau, h == at
+            if launch or land:
+                out.append(Due(p, launch, land))
+        return out
 
-    def _fragment_end(self) -> None:
-        """Phase 2 when streaming: fragment 0, launched τ steps ago or now, lands (the workers' fragment 0
-        is mixed when they start the next round: :meth:`adloco.sync.Synchronization._start_next`)."""
-        if not self.wire.fragment_delay:
-            self._launch_fragment(0)
-        self._land_fragment(0, mix=False)
+    def landing(self, round_: int) -> int:
+        """The latest round (1-based) whose Δ lands at the end of round ``round_``: this one, or the one
+        before (overlap)."""
+        return round_ - self.lag
 
-    def _launch_fragment(self, p: int) -> None:
-        """Every trainer's Δ of fragment p over all its workers, weighted by their rows per step."""
-        from adloco.sync import Flight
+    def behind(self, p: int) -> float:
+        """The share of a round's compute a landing collective of fragment p ran behind: a whole round
+        (overlap), its τ steps (streaming), or none."""
+        return 1.0 if self.lag else self.tau / self.H
 
-        part = self._fragments[p]
-        behind = self.wire.fragment_delay > 0
-        for t, ws in sorted(self.members().items()):
-            tr = self.trainers[t]
-            total = sum(self._rows[w] for w in ws)
-            theta = tr.theta
+    def mixes(self, p: int) -> bool:
+        """Whether the workers' fragment is mixed when p lands (streaming; fragment 0 at the next start)."""
+        return self.streaming and p > 0
 
-            def add(
-                w: int, out: torch.Tensor, theta: torch.Tensor | None = theta, total: int = total
-            ) -> None:
-                assert theta is not None
-                diff = theta[part] - self.replicas[w].flat.param[part]
-                out.add_(diff, alpha=self._rows[w] / total)
+    # -- the one place Δ is launched and landed ------------------------------------------------------
+    def run(
+        self,
+        h: int,
+        round_: int,
+        trainers: Mapping[int, Trainer],
+        members: Mapping[int, list[int]],
+        senders: Mapping[int, list[int]],
+        sizes: Mapping[int, int],
+    ) -> None:
+        """Launch and land what is due after inner step h of round ``round_`` (1-based): each trainer's
+        Δ of a due fragment over its ``senders``, each weighted by its share of their ``sizes`` (examples
+        or rows), and the due reductions landed. Where a fragment launches and lands at once (no overlap,
+        or streaming without delay) each trainer's Δ lands before the next trainer's leaves. Every process
+        calls it, in the same order."""
+        at_once = not self.lag
+        params = {w: flat.param for w, flat in self.flats.items()}
+        weights = {w: sizes[w] / sum(sizes[x] for x in ws) for ws in senders.values() for w in ws}
+        for d in self.due(h):
+            if d.launch:
+                for t in sorted(trainers):
+                    if not senders[t]:
+                        continue
+                    trainers[t].prepare_sync(
+                        d.fragment,
+                        params,
+                        weights,
+                        senders[t],
+                        members[t],
+                        round=round_,
+                        seq=next(self._launches),
+                        behind=self.behind_compute,
+                        from_starts=self.lag > 0,
+                        keep_own=self.eager,
+                        feedback=self.feedback,
+                        scratch=self.scratch,
+                    )
+                    if d.land and at_once:
+                        self._land(d.fragment, round_, trainers, members, only=t)
+            if d.land and not (d.launch and at_once):
+                self._land(d.fragment, round_, trainers, members)
 
-            parts: dict[int, Part] = {w: functools.partial(add, w) for w in self._local(ws)}
-            buf = torch.empty(part.stop - part.start, device=self.device)
-            if behind:
-                pending = self.comm.reduce_async(parts, ws, "delta", buf, self.wire)
-            else:
-                hosted = self.comm.reduce(parts, ws, "delta", buf, self.wire)
-                pending = Pending.landed(hosted, [])
-            self._flights.append(Flight(t, pending, buf, list(ws), list(ws), self.round + 1, fragment=p))
-
-    def _land_fragment(self, p: int, mix: bool = True) -> None:
-        """Fragment p's outer step for every trainer (skipped, with a warning, where its average is not
-        finite); with ``mix``, every local worker's fragment becomes (1 − α)·θ_t[p] + α·θ_m[p]."""
-        part, alpha = self._fragments[p], self.wire.fragment_alpha
-        share = self.wire.fragment_delay / self.H
-        members = self.members()
-        for f in [f for f in self._flights if f.fragment == p]:
-            tr = self.trainers[f.trainer]
-            f.pending.wait()
-            finite = tr.theta is None or bool(torch.isfinite(f.buf).all())
+    def _land(
+        self,
+        p: int,
+        round_: int,
+        trainers: Mapping[int, Trainer],
+        members: Mapping[int, list[int]],
+        only: int | None = None,
+    ) -> None:
+        """Land fragment p's reductions due at the end of round ``round_``'s step (every trainer's, or
+        ``only``'s), in launch order. Streaming: a fragment whose average is not finite is not stepped,
+        and the workers' fragment is mixed with θ (reset to it when not finite)."""
+        last = round_ - self.lag
+        for f in in_flight(trainers):
+            if f.fragment != p or f.round > last or (only is not None and f.trainer != only):
+                continue
+            tr = trainers[f.trainer]
+            self.waited_s += tr.receive(f)
+            finite = not self.streaming or tr.finite(f)
             if not finite:
                 log.warning(
-                    f"round {self.round + 1}: trainer {f.trainer}: fragment {p}'s average is not finite; "
+                    f"round {round_}: trainer {f.trainer}: fragment {p}'s average is not finite; "
                     "its outer step skipped, the workers' fragment reset to θ"
                 )
-            self._land(f, behind=share, step=finite)
-            if tr.theta is None or not mix:
+            tr.perform_sync(f, self.behind(p), step=finite)
+            if self.mixes(p):
+                flats = [self.flats[w] for w in members[f.trainer] if w in self.flats]
+                tr.mix(p, flats, self.alpha, finite)
+
+    def settle(self, trainers: Mapping[int, Trainer], whole: bool = False) -> bool:
+        """Land everything in flight, on the critical path; the next round starts from every trainer's θ
+        (no eager start); ``whole``: every worker's own start dropped too (streaming's own fragments: the
+        model whole). Returns whether there was anything to do."""
+        flights = in_flight(trainers)
+        busy = bool(flights) or (whole and any(tr.starts for tr in trainers.values()))
+        for f in flights:
+            tr = trainers[f.trainer]
+            self.waited_s += tr.receive(f)
+            tr.perform_sync(f)
+        for tr in trainers.values():
+            tr.own.clear()
+            if whole:
+                tr.starts.clear()
+        return busy
+
+    def receive(self, trainers: Mapping[int, Trainer]) -> dict[int, torch.Tensor]:
+        """Wait for every Δ in flight without applying it: trainer -> its average (where hosted)."""
+        flights = in_flight(trainers)
+        for f in flights:
+            self.waited_s += trainers[f.trainer].receive(f)
+        return {f.trainer: f.buf for f in flights}
+
+    def restore(
+        self,
+        trainers: Mapping[int, Trainer],
+        entries: Sequence[Mapping[str, Any]],
+        averages: Mapping[int, torch.Tensor | None],
+        members: Mapping[int, list[int]],
+        like: torch.Tensor,
+    ) -> None:
+        """What was in flight when a state was written, landed already: each trainer's average is applied
+        at the end of the next round, as it would have been. A trainer merged away by a resize loses its
+        (ALGORITHM.md §13); without overlap it is applied now, once."""
+        for e in entries:
+            t = int(e["trainer"])
+            tr = trainers.get(t)
+            got = averages.get(t)
+            if tr is None or (tr.hosted and got is None):
                 continue
-            for w in self._local(members[f.trainer]):
-                flat = self.replicas[w].flat
-                x = flat.param[part]
-                if finite:
-                    x.mul_(alpha).add_(tr.theta[part], alpha=1.0 - alpha)
-                else:
-                    x.copy_(tr.theta[part])
-                flat.push()
+            buf = torch.empty_like(like) if got is None else got.to(like.device, torch.float32, copy=True)
+            tr.restore_flight(e, buf, members[t], next(self._launches))
+        if not self.lag:
+            self.settle(trainers)
+
+
+def in_flight(trainers: Mapping[int, Trainer]) -> list[Flight]:
+    """Every reduction in flight (every trainer's, every fragment's), in launch order."""
+    return sorted((f for tr in trainers.values() for f in tr.flights), key=lambda f: f.seq)

@@ -37,6 +37,15 @@ def test_diloco_in_your_own_loop() -> None:
     assert "workers 2" not in out
 
 
+def test_your_own_outer_optimizer_in_its_own_file() -> None:
+    """A Muon-style outer step written in the example's file, through Outer(optimizer=...): the loss falls
+    and its momentum is what the checkpoint keeps."""
+    out = run([sys.executable, "examples/outer_optimizer.py"])
+    before, after = losses(out)
+    assert after < before - 1.0
+    assert "outer state kept for checkpoints: ['momentum_buffer']" in out
+
+
 def test_adloco_in_your_own_loop_in_one_process_and_under_torchrun() -> None:
     """Two workers in one process, and one in each of two processes: the same rounds, requests and
     merges, and parameters equal to within float32 rounding."""

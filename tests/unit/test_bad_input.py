@@ -204,6 +204,11 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: merge.policy = 'random': must be one of 'smallest', 'largest_with_smallest', 'none'",
     ),
     (
+        "unknown-outer-optimizer",
+        ["train", *S("logging.out_dir={tmp}/runs", "outer.optimizer=adam")],
+        "config: outer.optimizer = 'adam': must be one of 'average', 'sgd', 'nesterov' or a callable (in the library)",
+    ),
+    (
         "override-syntax",
         ["train", *S("logging.out_dir={tmp}/runs"), "--set", "batch.eta"],
         "--set 'batch.eta': must look like section.key=value",

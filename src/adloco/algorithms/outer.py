@@ -1,64 +1,302 @@
-"""Outer optimizers on the pseudo-gradient Δ = θ − mean_m θ_m (ALGORITHM.md §1, step 4)."""
+"""The outer step on the pseudo-gradient Δ = θ − mean_m θ_m (ALGORITHM.md §1, step 4): any
+``torch.optim.Optimizer`` over a trainer's θ, stepped with Δ as its gradient, as torchft's DiLoCo does.
+
+``outer.optimizer`` names a preset (``average``, ``sgd``, ``nesterov``: :class:`OuterSGD`, whose arithmetic
+is fixed bit for bit) or, in the library, is a callable that takes the trainer's parameters
+(:class:`OuterParams`) and returns any optimizer. :class:`OuterOptimizer` holds what that callable built for
+one trainer and is what the round talks to: it steps, takes the trial step of eager overlap, and gives
+and takes the optimizer's state as a flat dictionary of tensors (:meth:`OuterOptimizer.state_dict`), which
+is what merges weigh, moves send, checkpoints keep and an aborted round restores. No state key is known
+by name outside the optimizer.
+
+The flat state: for each state entry ``k`` of the optimizer's per-parameter state, the values of every
+parameter that have its shape are laid out as one vector ``k`` in θ's flat layout (ALGORITHM.md §0; a
+parameter without it contributes zeros); any other entry (a step counter, a factored statistic) is kept
+as ``k.j``, j the parameter's index in the flat layout's order. Numbers come back as 0-dim tensors. The
+param groups (the hyperparameters) are the callable's: they are not carried, so a resumed run may change
+them (``outer.lr``), and an optimizer that counts in its param groups rather than in its state restarts
+that count on a resume.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
 import torch
+from torch import nn
+
+PRESETS = ("average", "sgd", "nesterov")
 
 
-class OuterOptimizer:
-    """One trainer's outer step, in place on a flat parameter tensor θ.
+class OuterParams(list[torch.Tensor]):
+    """What an outer optimizer's callable is given: a list holding one tensor, the trainer's flat
+    parameters θ (P float32 values in the flat layout of ALGORITHM.md §0; with ``comm.fragments`` > 1, one
+    fragment's values). Pass it to any element-wise optimizer as it is (``torch.optim.SGD(params, ...)``).
 
-    ``average``: θ ← θ − Δ (LocalSGD; SGD with lr 1). ``sgd``: θ ← θ − lr·Δ.
-    ``nesterov``: v ← μv + Δ; θ ← θ − lr(Δ + μv) (PyTorch SGD semantics; v starts at 0).
-    The momentum v is float32 whatever dtype Δ travelled in.
-    """
+    An optimizer that needs the model's shapes (a Muon-style orthogonalized step) takes :meth:`shaped`
+    instead: views of the same memory shaped as the model's parameters, in the flat layout's order
+    (matrices first), named by :attr:`names`. Either way the optimizer must keep the very tensors it was
+    given: adloco sets their ``.grad`` to the matching views of Δ before each outer step."""
 
-    def __init__(self, kind: str, lr: float = 1.0, momentum: float = 0.0) -> None:
-        if kind not in ("average", "sgd", "nesterov"):
-            raise ValueError(f"unknown outer optimizer {kind!r}")
-        self.kind, self.lr, self.mu = kind, lr, momentum
-        self.v: torch.Tensor | None = None
+    def __init__(self, theta: torch.Tensor, shapes: Sequence[tuple[str, torch.Size]] | None) -> None:
+        super().__init__([theta])
+        self._shapes = None if shapes is None else list(shapes)
 
     @property
-    def has_state(self) -> bool:
-        return self.kind == "nesterov"
+    def names(self) -> list[str]:
+        """The model's parameter names, in the order of :meth:`shaped`."""
+        return [n for n, _ in self._need_shapes()]
 
-    def ensure_state(self, like: torch.Tensor) -> torch.Tensor:
-        """The momentum buffer (created at zero on first use)."""
-        if self.v is None:
-            self.v = torch.zeros_like(like, dtype=torch.float32)
-        return self.v
+    def shaped(self) -> list[torch.Tensor]:
+        """Views of θ shaped as the model's parameters, in the flat layout's order."""
+        out, offset, theta = [], 0, self[0]
+        for _, shape in self._need_shapes():
+            n = shape.numel()
+            out.append(theta[offset : offset + n].view(shape))
+            offset += n
+        return out
+
+    def _need_shapes(self) -> list[tuple[str, torch.Size]]:
+        if self._shapes is None:
+            raise ValueError(
+                "outer.optimizer: params.shaped() needs all of a trainer's θ on this process, in one piece "
+                "(comm.fragments = 1 and runtime.shards = 1); use the flat params instead"
+            )
+        return self._shapes
+
+
+def model_shapes(module: nn.Module, params: Sequence[nn.Parameter]) -> list[tuple[str, torch.Size]]:
+    """(name, shape) of a model's ``params`` (in the flat layout's order)."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    return [(names[id(p)], p.shape) for p in params]
+
+
+class OuterSGD(torch.optim.Optimizer):
+    """The presets as one torch optimizer, with adloco's arithmetic fixed bit for bit (Δ is the gradient):
+
+    ``average``: θ ← θ − Δ (LocalSGD; SGD with lr 1). ``sgd``: θ ← θ − lr·Δ.
+    ``nesterov``: v ← μv + Δ; θ ← θ − lr·Δ − lr·μ·v (PyTorch SGD's Nesterov update, within float32 rounding of
+    ``torch.optim.SGD(lr, momentum, nesterov=True)``; v starts at 0 and is float32 whatever dtype Δ travelled
+    in, kept as the state entry ``momentum``)."""
+
+    def __init__(self, params: Any, kind: str = "average", lr: float = 1.0, momentum: float = 0.0) -> None:
+        if kind not in PRESETS:
+            raise ValueError(f"unknown outer optimizer {kind!r}: one of {', '.join(PRESETS)}, or a callable")
+        super().__init__(params, {"kind": kind, "lr": lr, "momentum": momentum})
 
     @torch.no_grad()
-    def step(self, theta: torch.Tensor, delta: torch.Tensor, part: slice = slice(None)) -> None:
-        """θ[part] and its momentum stepped on ``delta`` (Δ of that part: a streaming fragment's)."""
-        v = self.ensure_state(theta)[part] if self.kind == "nesterov" else None
-        theta = theta[part]
-        if self.kind == "average":
-            theta.sub_(delta)
-        elif self.kind == "sgd":
-            theta.sub_(delta, alpha=self.lr)
-        else:
-            assert v is not None
-            v.mul_(self.mu).add_(delta)
-            theta.sub_(delta, alpha=self.lr).sub_(v, alpha=self.lr * self.mu)
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            kind, lr, mu = group["kind"], group["lr"], group["momentum"]
+            for theta in group["params"]:
+                delta = theta.grad
+                if delta is None:
+                    continue
+                if kind == "average":
+                    theta.sub_(delta)
+                elif kind == "sgd":
+                    theta.sub_(delta, alpha=lr)
+                else:
+                    state = self.state[theta]
+                    if "momentum" not in state:
+                        state["momentum"] = torch.zeros_like(theta, dtype=torch.float32)
+                    v = state["momentum"]
+                    v.mul_(mu).add_(delta)
+                    theta.sub_(delta, alpha=lr).sub_(v, alpha=lr * mu)
 
     @torch.no_grad()
     def trial(self, theta: torch.Tensor, delta: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """``out`` ← the θ that :meth:`step` would give, leaving θ and the momentum as they are (the eager
-        outer step of one worker's own Δ, ALGORITHM.md §13); returns ``out``."""
-        if self.kind == "average":
+        """``out`` ← the θ one step on ``delta`` gives (``theta``: this optimizer's only parameter), its
+        state untouched: the eager start, in closed form."""
+        group = self.param_groups[0]
+        kind, lr, mu = group["kind"], group["lr"], group["momentum"]
+        if kind == "average":
             return torch.sub(theta, delta, out=out)
-        if self.kind == "sgd":
-            return torch.sub(theta, delta, alpha=self.lr, out=out)
-        v = self.ensure_state(theta)  # θ − lr·Δ − lr·μ·(μv + Δ)
-        torch.add(delta, v, alpha=self.mu, out=out)
-        out.mul_(self.mu).add_(delta)
-        return out.mul_(-self.lr).add_(theta)
+        if kind == "sgd":
+            return torch.sub(theta, delta, alpha=lr, out=out)
+        v = self.state[theta].get("momentum")  # θ − lr·Δ − lr·μ·(μv + Δ)
+        torch.add(delta, v if v is not None else torch.zeros_like(delta), alpha=mu, out=out)
+        out.mul_(mu).add_(delta)
+        return out.mul_(-lr).add_(theta)
+
+
+class _Part:
+    """The optimizer of one part of θ (a streaming fragment, or all of it) and where its parameters lie."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, theta: torch.Tensor, start: int) -> None:
+        self.optimizer, self.start = optimizer, start
+        self.params: list[tuple[torch.Tensor, int]] = []  # each parameter and its offset in θ
+        base, size, end = theta.data_ptr(), theta.element_size(), theta.data_ptr() + theta.nbytes
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                ptr = p.data_ptr()
+                if not (base <= ptr < end and p.is_contiguous() and p.dtype == theta.dtype):
+                    raise ValueError(
+                        "outer.optimizer: the optimizer must step the tensors its callable was given (the flat "
+                        "params, or params.shaped()), not copies of them"
+                    )
+                self.params.append((p, (ptr - base) // size))
+
+
+class OuterOptimizer:
+    """One trainer's outer step: the torch optimizer(s) ``optimizer`` makes (a preset name, with ``lr`` and
+    ``momentum``; or a callable ``(OuterParams) -> torch.optim.Optimizer``), one per part of θ (``parts``:
+    the streaming fragments; default all of θ), made over the θ it is first given. ``shapes``: the model's
+    parameters' names and shapes, for :meth:`OuterParams.shaped`."""
+
+    def __init__(
+        self,
+        optimizer: str | Callable[[OuterParams], torch.optim.Optimizer] = "average",
+        lr: float = 1.0,
+        momentum: float = 0.0,
+        *,
+        parts: Sequence[slice] | None = None,
+        shapes: Sequence[tuple[str, torch.Size]] | None = None,
+    ) -> None:
+        if isinstance(optimizer, str):
+            if optimizer not in PRESETS:
+                raise ValueError(f"unknown outer optimizer {optimizer!r}: one of {', '.join(PRESETS)}")
+            self.kind, self.lr, self.mu = optimizer, lr, momentum
+            self.make: Callable[[OuterParams], torch.optim.Optimizer] = self._preset
+        elif callable(optimizer):
+            self.kind, self.make = "custom", optimizer
+        else:
+            raise ValueError(f"outer.optimizer = {optimizer!r}: a preset name or a callable")
+        self._parts_given, self._shapes = parts, shapes
+        self._theta: torch.Tensor | None = None
+        self._parts: list[_Part] = []
+        self._held: dict[str, torch.Tensor] = {}  # a state loaded before there was a θ to hold it
+
+    def _preset(self, params: OuterParams) -> torch.optim.Optimizer:
+        return OuterSGD(params, self.kind, self.lr, self.mu)
+
+    # -- binding to θ ----------------------------------------------------------------------------------
+    def _bind(self, theta: torch.Tensor) -> None:
+        """Make the optimizers over ``theta`` (again, if θ is another tensor now: the state goes along)."""
+        if theta is self._theta:
+            return
+        state = self.state_dict()
+        n = theta.numel()
+        parts = self._parts_given or [slice(0, n)]
+        whole = len(parts) == 1
+        self._theta, self._parts = theta, []
+        for part in parts:
+            start, stop, _ = part.indices(n)
+            params = OuterParams(theta[start:stop], self._shapes if whole else None)
+            self._parts.append(_Part(self.make(params), theta, start))
+        self._held = {}
+        self.load_state_dict(state)
+
+    def _part(self, theta: torch.Tensor, part: slice) -> _Part:
+        self._bind(theta)
+        start = part.indices(theta.numel())[0]
+        for p in self._parts:
+            if p.start == start:
+                return p
+        raise ValueError(f"outer optimizer: no part of θ starts at {start}")
+
+    def _params(self) -> Iterator[tuple[int, torch.optim.Optimizer, torch.Tensor, int]]:
+        """Every parameter (its index in the flat layout's order, its optimizer, itself, its offset)."""
+        j = 0
+        for part in self._parts:
+            for p, offset in part.params:
+                yield j, part.optimizer, p, offset
+                j += 1
+
+    # -- the step --------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, theta: torch.Tensor, delta: torch.Tensor, part: slice = slice(None)) -> None:
+        """θ[part] stepped on ``delta`` (Δ of that part: a streaming fragment's): each parameter's ``.grad``
+        is its view of Δ for the step."""
+        got = self._part(theta, part)
+        for p, offset in got.params:
+            rel = offset - got.start
+            p.grad = delta[rel : rel + p.numel()].view(p.shape)
+        try:
+            got.optimizer.step()
+        finally:
+            for p, _ in got.params:
+                p.grad = None
+
+    @torch.no_grad()
+    def trial(self, theta: torch.Tensor, delta: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out`` ← the θ that :meth:`step` would give, leaving θ and the state as they are (the eager
+        outer step of one worker's own Δ, ALGORITHM.md §13); returns ``out``. A preset takes it in closed
+        form; any other optimizer steps a twin made by the same callable over ``out``, on a deep copy of
+        the state (an optimizer whose step depends on more than its state and θ cannot be eager)."""
+        self._bind(theta)
+        first = self._parts[0].optimizer
+        if isinstance(first, OuterSGD) and len(self._parts) == 1:
+            return first.trial(self._parts[0].params[0][0], delta, out)
+        twin = OuterOptimizer(self.make, parts=self._parts_given, shapes=self._shapes)
+        out.copy_(theta)
+        twin.load_state_dict({k: v.clone() for k, v in self.state_dict().items()})
+        twin.step(out, delta)
+        return out
+
+    # -- its state -------------------------------------------------------------------------------------
+    @property
+    def has_state(self) -> bool:
+        """Whether the optimizer keeps any state (a momentum, a step count...)."""
+        return bool(self.state_dict())
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        """The presets' momentum (``nesterov``), or None."""
+        return self.state_dict().get("momentum")
+
+    def layout(self, numel: int) -> dict[str, tuple[list[int], torch.dtype]] | None:
+        """The flat state's entries, shapes and dtypes, where known without a step (the presets), else None:
+        then they are what :meth:`state_dict` holds once the optimizer stepped."""
+        if self.kind == "custom":
+            return None
+        return {"momentum": ([numel], torch.float32)} if self.kind == "nesterov" else {}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {} if self.v is None else {"momentum": self.v}
+        """The optimizer's per-parameter state as flat tensors (module docstring): a vector in θ's flat layout
+        per entry of the parameters' shape, ``k.j`` for any other; no param groups."""
+        if self._theta is None:
+            return dict(self._held)
+        n = self._theta.numel()
+        spread: dict[str, list[tuple[int, torch.Tensor]]] = {}
+        out: dict[str, torch.Tensor] = {}
+        for j, opt, p, offset in self._params():
+            for k, v in opt.state.get(p, {}).items():
+                if isinstance(v, torch.Tensor) and v.shape == p.shape:
+                    spread.setdefault(k, []).append((offset, v))
+                elif isinstance(v, torch.Tensor | int | float):
+                    out[f"{k}.{j}"] = torch.as_tensor(v)
+                else:
+                    raise ValueError(
+                        f"outer optimizer state {k!r}: {type(v).__name__}, not a tensor or a number"
+                    )
+        for k, segments in spread.items():
+            (offset, first), *rest = segments
+            if not rest and offset == 0 and first.dim() == 1 and first.numel() == n:
+                out[k] = first  # one flat parameter: its state as it is
+                continue
+            whole = torch.zeros(n, dtype=first.dtype, device=first.device)
+            for offset, v in segments:
+                whole[offset : offset + v.numel()] = v.reshape(-1)
+            out[k] = whole
+        return dict(sorted(out.items()))
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        v = state.get("momentum")
-        self.v = None if v is None else v.detach().to(torch.float32, copy=True)
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """The optimizer's state from :meth:`state_dict` (copied; an empty one clears it)."""
+        if self._theta is None:
+            self._held = {k: v.detach().clone() for k, v in state.items()}
+            return
+        own = {k: v.detach().to(self._theta.device, copy=True) for k, v in state.items()}
+        for j, opt, p, offset in self._params():
+            entry: dict[str, Any] = {}
+            for k, v in own.items():
+                name, _, index = k.rpartition(".")
+                if index.isdigit() and name:
+                    if int(index) == j:
+                        entry[name] = v
+                else:
+                    entry[k] = v[offset : offset + p.numel()].view(p.shape)
+            opt.state.pop(p, None)
+            if entry:
+                opt.state[p] = entry

@@ -23,13 +23,14 @@ one, the process sleeps until its wall time is the collective's time on the mode
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -37,7 +38,10 @@ from adloco.netmodel import Link
 from adloco.settings import FLOAT32, Wire
 
 if TYPE_CHECKING:
+    from adloco.comm.compressed import GroupOps
     from adloco.comm.quantize import ErrorFeedback
+
+T = TypeVar("T")
 
 Part = Callable[[torch.Tensor], None]  # adds one worker's part of a reduction into the buffer given
 
@@ -123,6 +127,21 @@ def _named(kind: str) -> Iterator[None]:
         if exc.kind:
             raise
         raise CommFailure(exc.op, kind, exc.detail) from exc.__cause__
+
+
+def reduce_local(
+    comm: Comm,
+    workers: Sequence[int],
+    kind: str,
+    out: torch.Tensor,
+    add: Callable[[int, torch.Tensor], None],
+    wire: Wire = FLOAT32,
+    feedback: Mapping[int, ErrorFeedback] | None = None,
+    control: int = 0,
+) -> bool:
+    """``comm.reduce`` with ``comm``'s own workers of ``workers`` as the parts, each ``add(w, buffer)``."""
+    parts: dict[int, Part] = {w: functools.partial(add, w) for w in workers if w in comm.local_workers}
+    return comm.reduce(parts, workers, kind, out, wire, feedback, control)
 
 
 class Shards:
@@ -368,31 +387,56 @@ class Comm:
         numel: int,
         feedback: Mapping[int, ErrorFeedback] | None,
     ) -> torch.Tensor | None:
-        """The compressed all-reduce (:mod:`adloco.comm.compressed`) of this process's workers' vectors;
-        the sum where this process hosts one of ``workers``, else None. Counted as one all-reduce of B
-        bytes, B the encoded vector with its scales (2(n−1)·B on the wire: what the all-to-all and the
-        all-gather move together, as much as a ring all-reduce)."""
-        from adloco.comm.compressed import payload_bytes
+        """The compressed all-reduce (:mod:`adloco.comm.compressed`) through the wire's codec, every worker
+        of ``workers`` a participant, this process's with their vectors (``parts``); the sum where this
+        process hosts one of ``workers``, else None. Counted as the codec's collective of its encoded
+        bytes (a codec that sums: one all-reduce of B bytes, 2(n−1)·B on the wire, what the all-to-all and
+        the all-gather move together, as much as a ring all-reduce)."""
+        from adloco.comm.codecs import of
+        from adloco.comm.compressed import collective, compressed_all_reduce
 
-        mine = [w for w in workers if w in parts]
+        codec = of(wire)
+        assert codec is not None
+        ops = self._participants(list(workers))
+        local = [workers[i] for i in ops.local]
+        vectors = [parts[w] for w in local]
+        fb = [feedback[w] for w in local] if feedback is not None else None
         t0 = time.perf_counter()
         with _named(kind):
-            if mine:
-                out: torch.Tensor | None = self._compressed(
-                    parts, list(workers), wire.dtype, wire.block, feedback
-                )
-            else:  # a process hosting none of them still takes part in what every process must call
-                self._compressed_elsewhere(list(workers))
-                out = None
-        self._account(
-            kind,
-            "all_reduce",
-            len(workers),
-            payload_bytes(numel, len(workers), wire.dtype, wire.block),
-            time.perf_counter() - t0,
-            bool(mine),
-        )
+            out = self._guarded(
+                "all_to_all",
+                lambda: compressed_all_reduce(vectors, codec, group_ops=ops, feedback=fb, numel=numel),
+            )
+        op, payload = collective(numel, len(workers), codec)
+        self._account(kind, op, len(workers), payload, time.perf_counter() - t0, bool(local))
         return out
+
+    def send(
+        self, tensor: torch.Tensor, holders: Sequence[int], to: Sequence[int], kind: str, wire: Wire = FLOAT32
+    ) -> None:
+        """The value the workers ``holders`` hold (equal copies, ``holders[0]`` the sender) to each worker of
+        ``to``: one broadcast among the sender and that worker, in place. Through a compressed ``wire`` the
+        value is encoded once where it is held (every process hosting a holder encodes its own copy, so all
+        encode the same bytes), the bytes are sent, and every process hosting a holder or a worker of ``to``
+        keeps the decoded value: every copy ends equal, bit for bit, the value rounded once by the codec
+        (ALGORITHM.md §9.4). Every process calls it."""
+        from adloco.comm.codecs import of
+
+        src = holders[0]
+        codec = of(wire)
+        if codec is None:
+            for x in to:
+                self.broadcast(tensor, src, [src, x], kind)
+            return
+        flat = tensor.reshape(-1)
+        if self._hosts(holders):
+            payload = codec.encode(flat)
+        else:  # filled by the broadcast, or a place to stand while others send
+            payload = torch.zeros(codec.nbytes(flat.numel()), dtype=torch.uint8, device=tensor.device)
+        for x in to:
+            self.broadcast(payload, src, [src, x], kind)
+        if self._hosts([*holders, *to]):
+            codec.decode(payload, flat.numel(), out=flat)
 
     def broadcast(self, tensor: torch.Tensor, src: int, workers: Sequence[int], kind: str) -> None:
         """In place: every process hosting one of ``workers`` gets the tensor of worker ``src``'s process."""
@@ -449,17 +493,13 @@ class Comm:
     def _all_gather_bytes(self, data: bytes) -> list[bytes]:
         return [data]
 
-    def _compressed(
-        self,
-        parts: Mapping[int, torch.Tensor],
-        workers: list[int],
-        dtype: str,
-        block: int,
-        feedback: Mapping[int, ErrorFeedback] | None,
-    ) -> torch.Tensor:
+    def _participants(self, workers: list[int]) -> GroupOps:
+        """The compressed all-reduce's collectives among ``workers`` (every one a participant, in this
+        order) as seen from this process: its own participants and how they meet the others'. A process
+        hosting none of them still does what every process must (threads meet at every exchange; every
+        rank creates every torch.distributed group): it gets a bystander's."""
         raise NotImplementedError
 
-    def _compressed_elsewhere(self, workers: list[int]) -> None:
-        """The compressed all-reduce of a group none of whose workers lives here: what this process must
-        still do so that every process issues the same calls (threads meet at one barrier; every rank
-        creates every torch.distributed group)."""
+    def _guarded(self, op: str, fn: Callable[[], T]) -> T:
+        """Run a collective's body; a backend turns its library's failures into :class:`CommFailure`."""
+        return fn()

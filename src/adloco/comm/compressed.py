@@ -1,18 +1,18 @@
-"""The compressed all-reduce: one arithmetic for every wire dtype, whichever backend moves the bytes.
+"""The compressed all-reduce: one arithmetic for every codec, whichever backend moves the bytes.
 
-ALGORITHM.md §9.4, for n participants each holding a float32 vector of P values:
+ALGORITHM.md §9.4, for n participants each holding a float32 vector of P values, through a codec that sums
+(:attr:`adloco.comm.codecs.Codec.sums`: the casts and the block-wise quantizations):
 
 1. split the vector into n chunks; participant m encodes chunk r and sends it to participant r
    (all-to-all; the piece it "sends" itself is encoded too);
 2. participant r decodes the n pieces and sums them in float32 in rank order, ((d_0 + d_1) + d_2) + …;
 3. it encodes the sum and all-gathers it; everyone decodes the n reduced chunks and concatenates them.
 
-"Encode" is block-wise absmax quantization for ``int8`` / ``int4`` (:mod:`adloco.comm.quantize`) and a cast
-for ``bfloat16`` / ``float16`` (round to nearest even; decoding casts back to float32, exactly). So a
-low-precision float dtype has the same two roundings as the integer ones (each worker's chunk, then the
-sum) and the sum itself is always taken in float32. ``float32`` is not encoded: it keeps the backend's
-plain all-reduce (a ring; its summation order is the backend's, so it is not bitwise reproducible across
-backends, only within rounding).
+Through a codec that does not sum (a sparse one), step 1 encodes the whole vector, the encodings are
+all-gathered, and everyone decodes the n of them and sums them in participant order. Either way the sum
+itself is always taken in float32. ``float32`` is not encoded: it keeps the backend's plain all-reduce (a
+ring; its summation order is the backend's, so it is not bitwise reproducible across backends, only within
+rounding).
 
 Chunks: chunk r has ⌊P/n⌋ + 1 values if r < P mod n, else ⌊P/n⌋, in order (``torch.tensor_split``'s
 rule); some are empty when P < n. Chunk boundaries need not fall on block boundaries: quantization blocks
@@ -20,22 +20,25 @@ restart at each chunk's start, so chunk r has ⌈c_r / S⌉ scales and the vecto
 them (at most n − 1 more). The byte counts below are exact for that.
 
 The algorithm is written once, against :class:`GroupOps`: two collectives on byte buffers (an all-to-all
-exchange and an all-gather) plus the plain float32 all-reduce. :class:`TorchDistGroup` runs them on a
-torch.distributed process group (one participant per process); :class:`InProcessGroup` holds all n
-participants in one process and moves nothing. Both call the same encode, decode and sum functions on the
-same values in the same order, so every participant of the distributed run gets, bitwise, the tensor the
-in-process run returns. A participant is whatever contributes one vector: where a process hosts several
-workers and passes their partial sum, the participant is the process, and the in-process computation
-that matches it bit for bit takes the same partial sums (the encoding is not linear: encoding a sum
-differs from summing encodings). Error feedback then belongs to the participant too.
+exchange and an all-gather) plus the plain float32 all-reduce. :class:`TorchDistGroup` and
+:class:`TorchDistParticipants` run them on a torch.distributed process group, :class:`InProcessGroup`
+holds all n participants in one process and moves nothing, the threads backend meets at its hub, and a
+:class:`Bystander` (a process hosting none of them) calls what it must. Every participant runs the same
+encode, decode and sum functions on the same values in the same order, so every participant of the
+distributed run gets, bitwise, the tensor the in-process run returns. A participant is whatever
+contributes one vector: where a process hosts several workers and passes their partial sum, the
+participant is the process, and the in-process computation that matches it bit for bit takes the same
+partial sums (the encoding is not linear: encoding a sum differs from summing encodings). Error feedback
+then belongs to the participant too.
 
 Bytes: participant m sends Σ_{r≠m} b(c_r) in the exchange and (n − 1)·b(c_m) in the all-gather, where
-b(c) is a chunk's encoded size: c·2 for bfloat16 / float16, c + 4⌈c/S⌉ for int8, ⌈c/2⌉ + 4⌈c/S⌉ for int4.
-Summed over the participants that is 2(n − 1)·B with B = Σ_r b(c_r), the same form as the comm
-accounting's ring all-reduce of a B-byte payload (``wire_bytes("all_reduce", n, B)``), so a caller can
-record ``payload = B`` (:func:`payload_bytes`).
+b(c) is a chunk's encoded size (:meth:`Codec.nbytes <adloco.comm.codecs.Codec.nbytes>`: c·2 for bfloat16 /
+float16, c + 4⌈c/S⌉ for int8, ⌈c/2⌉ + 4⌈c/S⌉ for int4). Summed over the participants that is 2(n − 1)·B
+with B = Σ_r b(c_r), the same form as the comm accounting's ring all-reduce of a B-byte payload
+(``wire_bytes("all_reduce", n, B)``), so a caller can record ``payload = B`` (:func:`payload_bytes`).
 Per participant on average: 2(n − 1)/n·B, which is ALGORITHM.md §9.4's 2(n − 1)/n·(P·bits/8 + 4⌈P/S⌉) exactly when
-every chunk is a whole number of blocks (and of bytes, for int4), and slightly more otherwise.
+every chunk is a whole number of blocks (and of bytes, for int4), and slightly more otherwise. A codec
+that does not sum is counted as an all-gather of its encoded vector, n(n − 1)·b(P) (:func:`collective`).
 """
 
 from __future__ import annotations
@@ -45,30 +48,19 @@ from typing import Any, Protocol
 
 import torch
 
-from adloco.comm.quantize import (
-    DEFAULT_BLOCK,
-    ErrorFeedback,
-    Quantized,
-    dequantize,
-    encoded_bytes,
-    quantize,
-)
+from adloco.comm.codecs import Codec, codec
+from adloco.comm.quantize import DEFAULT_BLOCK, ErrorFeedback
 from adloco.settings import WIRE_DTYPES, WireDtype
-
-_FLOATS = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-_BITS = {"int8": 8, "int4": 4}
 
 
 def wire_dtype(dtype: str | torch.dtype) -> str:
     """The name of a wire dtype, from its name or a torch dtype (float32, bfloat16, float16)."""
-    if isinstance(dtype, torch.dtype):
-        names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-        if dtype not in names:
-            raise ValueError(f"unsupported wire dtype {dtype}")
-        return names[dtype]
-    if dtype not in WIRE_DTYPES:
-        raise ValueError(f"wire dtype must be one of {', '.join(WIRE_DTYPES)}, not {dtype!r}")
-    return dtype
+    got = codec(dtype)
+    return "float32" if got is None else got.name
+
+
+def _codec(dtype: str | torch.dtype | Codec, block: int = DEFAULT_BLOCK) -> Codec | None:
+    return dtype if isinstance(dtype, Codec) else codec(dtype, block)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -84,17 +76,26 @@ def chunk_sizes(numel: int, n: int) -> list[int]:
     return [q + (1 if r < rem else 0) for r in range(n)]
 
 
-def piece_bytes(numel: int, dtype: str | torch.dtype, block: int = DEFAULT_BLOCK) -> int:
+def piece_bytes(numel: int, dtype: str | torch.dtype | Codec, block: int = DEFAULT_BLOCK) -> int:
     """b(c): bytes of one encoded chunk of ``numel`` values (4c for float32, unencoded)."""
-    d = wire_dtype(dtype)
-    if d in _BITS:
-        return encoded_bytes(numel, _BITS[d], block)
-    return numel * (2 if d in _FLOATS else 4)
+    c = _codec(dtype, block)
+    return 4 * numel if c is None else c.nbytes(numel)
 
 
-def payload_bytes(numel: int, n: int, dtype: str | torch.dtype, block: int = DEFAULT_BLOCK) -> int:
-    """B = Σ_r b(c_r): the encoded vector, chunk by chunk (blocks restart at each chunk)."""
-    return sum(piece_bytes(c, dtype, block) for c in chunk_sizes(numel, n))
+def payload_bytes(numel: int, n: int, dtype: str | torch.dtype | Codec, block: int = DEFAULT_BLOCK) -> int:
+    """B: what each participant contributes, as counted. A codec that sums: Σ_r b(c_r), the encoded vector
+    chunk by chunk (blocks restart at each chunk); one that is gathered: its whole encoding, b(P)."""
+    c = _codec(dtype, block)
+    if c is not None and not c.sums:
+        return c.nbytes(numel)
+    return sum(piece_bytes(k, dtype, block) for k in chunk_sizes(numel, n))
+
+
+def collective(numel: int, n: int, c: Codec) -> tuple[str, int]:
+    """How the compressed all-reduce of ``numel`` values among n participants is counted (ALGORITHM.md §7):
+    a codec that sums as one all-reduce of B bytes (the reduce-scatter and the all-gather move 2(n−1)·B
+    together, as a ring does), one that is gathered as an all-gather of B bytes from each (n(n−1)·B)."""
+    return ("all_reduce" if c.sums else "all_gather"), payload_bytes(numel, n, c)
 
 
 def sent_bytes(
@@ -123,29 +124,26 @@ def wire_bytes_all_reduce(numel: int, n: int, dtype: str | torch.dtype, block: i
 
 
 # --------------------------------------------------------------------------------------------------
-# Encoding (what one participant puts on the wire for one chunk) and decoding
+# Encoding (what one participant puts on the wire for one chunk) and decoding, by the wire's name
 # --------------------------------------------------------------------------------------------------
 
 
 def encode(x: torch.Tensor, dtype: str, block: int = DEFAULT_BLOCK) -> torch.Tensor:
-    """A float32 chunk → its bytes on the wire (uint8)."""
-    if dtype in _BITS:
-        return quantize(x, _BITS[dtype], block).to_bytes()
-    return x.to(_FLOATS[dtype]).view(torch.uint8)
+    """A float32 chunk → its bytes on the wire (uint8), by the codec registered as ``dtype``."""
+    c = codec(dtype, block)
+    if c is None:
+        raise ValueError("float32 is not encoded")
+    return c.encode(x)
 
 
 def decode(
     buf: torch.Tensor, numel: int, dtype: str, block: int = DEFAULT_BLOCK, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Bytes of one encoded chunk of ``numel`` values → float32 (a new tensor, or ``out``)."""
-    if dtype in _BITS:
-        return dequantize(Quantized.from_bytes(buf, numel, _BITS[dtype], block), out)
-    low = _FLOATS[dtype]
-    if buf.storage_offset() % 2:
-        buf = buf.clone()
-    if out is None:
-        return buf.view(low).to(torch.float32)
-    return out.copy_(buf.view(low))
+    c = codec(dtype, block)
+    if c is None:
+        raise ValueError("float32 is not encoded")
+    return c.decode(buf, numel, out)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -198,6 +196,27 @@ class InProcessGroup:
         for t in tensors[1:]:
             out.add_(t)
         return out
+
+
+class Bystander:
+    """A process that hosts none of the n participants but, like every process, calls every collective:
+    nothing to send, nothing received (torch.distributed runs the collective among the group's ranks
+    alone)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.local: Sequence[int] = []
+
+    def exchange(
+        self, send: Sequence[Sequence[torch.Tensor]], sizes: Sequence[int]
+    ) -> list[list[torch.Tensor]]:
+        return []
+
+    def all_gather(self, mine: Sequence[torch.Tensor], sizes: Sequence[int]) -> list[torch.Tensor]:
+        return []
+
+    def all_reduce(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        raise RuntimeError("a bystander has nothing to reduce")
 
 
 class TorchDistGroup:
@@ -320,91 +339,128 @@ class TorchDistParticipants:
 
 def compressed_all_reduce(
     tensors: Sequence[torch.Tensor],
-    dtype: str | torch.dtype,
+    dtype: str | torch.dtype | Codec,
     block: int = DEFAULT_BLOCK,
     group_ops: GroupOps | None = None,
     feedback: Sequence[ErrorFeedback] | None = None,
-) -> torch.Tensor:
-    """Σ over the n participants of their float32 vectors, through ``dtype`` on the wire.
+    numel: int | None = None,
+) -> torch.Tensor | None:
+    """Σ over the n participants of their float32 vectors, through a codec on the wire (``dtype``: a
+    :class:`~adloco.comm.codecs.Codec`, or a wire name with ``block``).
 
     ``tensors``: the vectors of the local participants (``group_ops.local``): one in a torch.distributed
-    group, all n in process. ``group_ops`` None: in process, n = len(tensors). Returns a new flat float32
-    tensor, the same (bitwise, for every dtype but float32) on every participant and in both backends.
+    group, all n in process, none on a process or thread that only takes part in what every process must
+    call (then pass ``numel``; it returns None). ``group_ops`` None: in process, n = len(tensors). Returns
+    a new flat float32 tensor, the same (bitwise, for every codec) on every participant and in every
+    backend; float32 sums with the backend's own all-reduce.
 
     ``feedback``: one :class:`ErrorFeedback` per local participant, or None. Participant m then sends
-    Q(Δ_m + e_m) and keeps e_m ← Δ_m + e_m − Q(Δ_m + e_m), where Q is its own encoding of its chunks (the
-    reduced sum's encoding is not fed back). Ignored for float32 and for n = 1 (nothing is lost).
+    enc(Δ_m + e_m) and keeps e_m ← Δ_m + e_m − dec(enc(Δ_m + e_m)), its own encoding (the reduced sum's
+    encoding is not fed back). Ignored for float32 and for n = 1 (nothing is lost).
 
     With n = 1 nothing travels and nothing is encoded: the vector comes back as it is.
     """
     ops: GroupOps = group_ops if group_ops is not None else InProcessGroup(len(tensors))
-    d = wire_dtype(dtype)
+    c = _codec(dtype, block)
     n, local = ops.n, list(ops.local)
     if len(tensors) != len(local):
         raise ValueError(f"{len(tensors)} tensors for {len(local)} local participants")
     if feedback is not None and len(feedback) != len(local):
         raise ValueError(f"{len(feedback)} error-feedback states for {len(local)} local participants")
     flat = [t.reshape(-1) for t in tensors]
-    numel = flat[0].numel()
+    if numel is None:
+        numel = flat[0].numel()
     if any(t.numel() != numel for t in flat):
         raise ValueError("all-reduce of vectors of different lengths")
     if any(t.dtype != torch.float32 for t in flat):
         raise TypeError("compressed_all_reduce expects float32 vectors")
     if n == 1:
-        return flat[0].clone()
-    if d == "float32":
-        return ops.all_reduce(flat)
+        return flat[0].clone() if flat else None
+    if c is None:
+        return ops.all_reduce(flat) if flat else None
+    if not c.sums:
+        return _gathered(flat, c, ops, feedback, numel)
 
     counts = chunk_sizes(numel, n)
-    sizes = [piece_bytes(c, d, block) for c in counts]
+    sizes = [c.nbytes(k) for k in counts]
 
     # 1. every local participant encodes its n chunks (its own included)
     send: list[list[torch.Tensor]] = []
     for i, v in enumerate(flat):
         if feedback is not None:
             v = feedback[i].compensate(v)  # Δ_m + e_m
-        pieces = [encode(c, d, block) for c in v.split(counts)]
+        pieces = [c.encode(x) for x in v.split(counts)]
         if feedback is not None:
-            feedback[i].remember(v, _decode_all(pieces, counts, d, block, v))
+            feedback[i].remember(v, _decode_all(pieces, counts, c, v))
         send.append(pieces)
     received = ops.exchange(send, sizes)
 
     # 2. each local participant r sums its chunk in float32, in rank order, and encodes the sum
     reduced = []
     for r, pieces in zip(local, received, strict=True):
-        acc = decode(pieces[0], counts[r], d, block)
+        acc = c.decode(pieces[0], counts[r])
         scratch = torch.empty_like(acc)
         for m in range(1, n):
-            acc.add_(decode(pieces[m], counts[r], d, block, out=scratch))
-        reduced.append(encode(acc, d, block))
+            acc.add_(c.decode(pieces[m], counts[r], out=scratch))
+        reduced.append(c.encode(acc))
 
     # 3. all-gather the encoded sums; everyone decodes them
-    return _decode_all(ops.all_gather(reduced, sizes), counts, d, block, flat[0])
+    gathered = ops.all_gather(reduced, sizes)
+    return _decode_all(gathered, counts, c, flat[0]) if flat else None
+
+
+def _gathered(
+    flat: Sequence[torch.Tensor],
+    c: Codec,
+    ops: GroupOps,
+    feedback: Sequence[ErrorFeedback] | None,
+    numel: int,
+) -> torch.Tensor | None:
+    """A codec whose encodings do not sum (``sums`` False): every participant's whole encoding is
+    all-gathered, and everyone decodes the n of them and sums them in float32, in participant order."""
+    mine = []
+    for i, v in enumerate(flat):
+        if feedback is not None:
+            v = feedback[i].compensate(v)
+        mine.append(c.encode(v))
+        if feedback is not None:
+            feedback[i].remember(v, c.decode(mine[-1], numel))
+    every = ops.all_gather(mine, [c.nbytes(numel)] * ops.n)
+    if not flat:
+        return None
+    out = c.decode(every[0], numel)
+    scratch = torch.empty_like(out)
+    for piece in every[1:]:
+        out.add_(c.decode(piece, numel, out=scratch))
+    return out
 
 
 def _decode_all(
-    pieces: Sequence[torch.Tensor], counts: Sequence[int], dtype: str, block: int, like: torch.Tensor
+    pieces: Sequence[torch.Tensor], counts: Sequence[int], c: Codec, like: torch.Tensor
 ) -> torch.Tensor:
     """The n decoded chunks, concatenated (decoded in place into one new vector)."""
     out = torch.empty(sum(counts), dtype=torch.float32, device=like.device)
     for p, part in zip(pieces, out.split(list(counts)), strict=True):
-        decode(p, part.numel(), dtype, block, out=part)
+        c.decode(p, part.numel(), out=part)
     return out
 
 
 def all_reduce_inprocess(
     tensors: Sequence[torch.Tensor],
-    dtype: str | torch.dtype,
+    dtype: str | torch.dtype | Codec,
     block: int = DEFAULT_BLOCK,
     feedback: Sequence[ErrorFeedback] | None = None,
 ) -> torch.Tensor:
     """The in-process form: all n workers' vectors here; the result every participant of the distributed
-    all-reduce gets (bitwise for bfloat16, float16, int8, int4; float32 sums in rank order)."""
-    return compressed_all_reduce(tensors, dtype, block, InProcessGroup(len(tensors)), feedback)
+    all-reduce gets (bitwise for every codec; float32 sums in rank order)."""
+    out = compressed_all_reduce(tensors, dtype, block, InProcessGroup(len(tensors)), feedback)
+    assert out is not None
+    return out
 
 
 __all__ = [
     "WIRE_DTYPES",
+    "Bystander",
     "GroupOps",
     "InProcessGroup",
     "TorchDistGroup",
@@ -412,6 +468,7 @@ __all__ = [
     "WireDtype",
     "all_reduce_inprocess",
     "chunk_sizes",
+    "collective",
     "compressed_all_reduce",
     "decode",
     "encode",

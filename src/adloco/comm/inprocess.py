@@ -7,12 +7,15 @@ Each collective's partial already is the result, so data movement is free; accou
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from adloco.comm.base import Comm
-from adloco.comm.quantize import ErrorFeedback
 from adloco.netmodel import Link
+
+if TYPE_CHECKING:
+    from adloco.comm.compressed import GroupOps
 
 
 class InProcessComm(Comm):
@@ -34,15 +37,7 @@ class InProcessComm(Comm):
             raise RuntimeError(f"rows missing for workers {sorted(missing)}")
         return {w: [float(v) for v in rows[w]] for w in sorted(rows)}
 
-    def _compressed(
-        self,
-        parts: Mapping[int, torch.Tensor],
-        workers: list[int],
-        dtype: str,
-        block: int,
-        feedback: Mapping[int, ErrorFeedback] | None,
-    ) -> torch.Tensor:
-        from adloco.comm.compressed import all_reduce_inprocess
+    def _participants(self, workers: list[int]) -> GroupOps:
+        from adloco.comm.compressed import InProcessGroup
 
-        fb = [feedback[w] for w in workers] if feedback is not None else None
-        return all_reduce_inprocess([parts[w] for w in workers], dtype, block, fb)
+        return InProcessGroup(len(workers))  # every participant is here: nothing moves

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from adloco.comm.base import Comm
-from adloco.comm.quantize import ErrorFeedback
 from adloco.netmodel import Link
 
 
@@ -109,35 +108,34 @@ class ThreadComm(Comm):
         if self.rank == self.root:
             tensor.copy_(deposits[self._owner[src]])
 
-    def _compressed_elsewhere(self, workers: list[int]) -> None:
-        self._exchange({})  # every thread meets at every exchange, hosting a participant or not
+    def _participants(self, workers: list[int]) -> ThreadParticipants:
+        return ThreadParticipants(self, workers)
 
-    def _compressed(
-        self,
-        parts: Mapping[int, torch.Tensor],
-        workers: list[int],
-        dtype: str,
-        block: int,
-        feedback: Mapping[int, ErrorFeedback] | None,
-    ) -> torch.Tensor:
-        """Every thread runs the in-process arithmetic on every participant's vector (and a copy of its
-        error), updating only its own workers' feedback: the same bits everywhere."""
-        from adloco.comm.compressed import all_reduce_inprocess
 
-        mine = {
-            w: (parts[w].clone(), feedback[w].state_dict() if feedback is not None else {}) for w in parts
-        }
-        everyone: dict[int, tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
-        for d in self._exchange(mine):
-            everyone.update(d)
-        fb = None
-        if feedback is not None:
-            fb = []
-            for w in workers:
-                if w in feedback:
-                    fb.append(feedback[w])
-                else:
-                    copy = ErrorFeedback()
-                    copy.load_state_dict(everyone[w][1])
-                    fb.append(copy)
-        return all_reduce_inprocess([everyone[w][0] for w in workers], dtype, block, fb)
+class ThreadParticipants:
+    """The compressed all-reduce's collectives among threads (:class:`adloco.comm.compressed.GroupOps`):
+    every thread meets at every exchange, hosting a participant or not, deposits what its own
+    participants send, and takes what was sent to them; each thread encodes, sums and decodes for its own
+    participants only (and keeps their error feedback), as processes do."""
+
+    def __init__(self, comm: ThreadComm, workers: list[int]) -> None:
+        self.comm = comm
+        self.n = len(workers)
+        self.local: Sequence[int] = [i for i, w in enumerate(workers) if w in comm.local_workers]
+
+    def exchange(
+        self, send: Sequence[Sequence[torch.Tensor]], sizes: Sequence[int]
+    ) -> list[list[torch.Tensor]]:
+        every: dict[int, Sequence[torch.Tensor]] = {}
+        for d in self.comm._exchange(dict(zip(self.local, send, strict=True))):
+            every.update(d)
+        return [[every[m][r] for m in range(self.n)] for r in self.local]
+
+    def all_gather(self, mine: Sequence[torch.Tensor], sizes: Sequence[int]) -> list[torch.Tensor]:
+        every: dict[int, torch.Tensor] = {}
+        for d in self.comm._exchange(dict(zip(self.local, mine, strict=True))):
+            every.update(d)
+        return [every[r] for r in range(self.n)]
+
+    def all_reduce(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError("float32 travels by ThreadComm's own all-reduce")

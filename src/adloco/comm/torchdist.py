@@ -24,14 +24,16 @@ import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from adloco.comm.base import Comm, CommFailure, CommRecord, Shards
-from adloco.comm.quantize import ErrorFeedback
 from adloco.netmodel import Link
+
+if TYPE_CHECKING:
+    from adloco.comm.compressed import GroupOps
 
 T = TypeVar("T")
 _EXIT_GUARD: list[bool] = []
@@ -207,33 +209,21 @@ class TorchDistComm(Comm):
         self._guard("all_gather", lambda: dist.all_gather(parts, mine))
         return [bytes(p[: int(n)].cpu().tolist()) for p, n in zip(parts, size.tolist(), strict=True)]
 
-    def _compressed_elsewhere(self, workers: list[int]) -> None:
-        ranks = self._ranks(workers)
-        if len(ranks) >= 2:
-            self._group(ranks)  # new_group is collective over the world: every rank creates it, in order
-
-    def _compressed(
-        self,
-        parts: Mapping[int, torch.Tensor],
-        workers: list[int],
-        dtype: str,
-        block: int,
-        feedback: Mapping[int, ErrorFeedback] | None,
-    ) -> torch.Tensor:
-        from adloco.comm.compressed import TorchDistParticipants, all_reduce_inprocess, compressed_all_reduce
+    def _participants(self, workers: list[int]) -> GroupOps:
+        from adloco.comm.compressed import Bystander, InProcessGroup, TorchDistParticipants
 
         ranks = self._ranks(workers)
-        mine = sorted(parts)
-        fb = [feedback[w] for w in mine] if feedback is not None else None
-        if len(ranks) < 2:  # every participant is here: the same arithmetic, nothing moves
-            return all_reduce_inprocess([parts[w] for w in workers], dtype, block, fb)
+        if len(ranks) < 2:  # every participant on one process: the same arithmetic, nothing moves
+            return InProcessGroup(len(workers)) if self.rank in ranks else Bystander(len(workers))
+        group = self._group(ranks)  # new_group is collective over the world: every rank makes it, in order
+        if self.rank not in ranks:
+            return Bystander(len(workers))
         # every worker of the group is a participant, in worker order, on the process hosting it
-        ops = TorchDistParticipants(
-            self._group(ranks), [ranks.index(self.owner(w)) for w in workers], ranks.index(self.rank)
-        )
-        return self._guard(
-            "all_to_all", lambda: compressed_all_reduce([parts[w] for w in mine], dtype, block, ops, fb)
-        )
+        owners = [ranks.index(self.owner(w)) for w in workers]
+        return TorchDistParticipants(group, owners, ranks.index(self.rank))
+
+    def _guarded(self, op: str, fn: Callable[[], T]) -> T:
+        return self._guard(op, fn)
 
     def spread(self, tensor: torch.Tensor) -> None:
         root = self.root

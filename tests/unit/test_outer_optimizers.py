@@ -1,0 +1,292 @@
+"""Any torch optimizer as the outer step (``Outer(optimizer=...)``, ALGORITHM.md §1 step 4): the presets
+against torch's SGD, a user's optimizer in its own file (examples/outer_optimizer.py), and its state through
+everything that carries it: merges weighted by requests, moves between threads, checkpoints and resume bit
+for bit, resize, eager overlap's trial step, streaming fragments and an aborted round's undo. Also: a state
+dict is refused in the middle of a round."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging, Outer, Wire
+from adloco.algorithms.outer import OuterParams
+from adloco.comm.threads import Hub, ThreadComm
+from tests.unit.test_library import Data, loss_fn, models, run_round, sgd
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def adam(params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=0.05)
+
+
+def torch_nesterov(params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
+
+
+def _adloco(
+    outer: Outer, n: int = 4, comm: Any = None, ms: list[nn.Module] | None = None, **kw: Any
+) -> AdLoCo:
+    ms = models(n) if ms is None else ms
+    return AdLoCo(
+        ms,
+        [torch.optim.AdamW(m.parameters(), lr=0.01) for m in ms],
+        inner_steps=2,
+        trainers=kw.pop("trainers", 2),
+        loss_fn=loss_fn,
+        outer=outer,
+        batch=AdaptiveBatch(eta=0.3, initial=2),
+        merge=kw.pop("merge", Merging(every=2)),
+        comm=comm,
+        **kw,
+    )
+
+
+def _diloco(outer: Outer, wire: Wire | None = None, **kw: Any) -> DiLoCo:
+    ms = models(2)
+    return DiLoCo(
+        ms,
+        sgd(ms),
+        inner_steps=4,
+        batch_size=2,
+        loss_fn=loss_fn,
+        outer=outer,
+        wire=wire,
+        sync_initial=False,
+        **kw,
+    )
+
+
+def test_nesterov_is_torchs_sgd_with_nesterov_within_float32_rounding() -> None:
+    """The preset keeps adloco's arithmetic (bit for bit what it was); torch.optim.SGD(nesterov=True), as
+    torchft's DiLoCo uses it, takes the same steps up to float32 rounding."""
+    data = Data()
+    ours, theirs = _diloco(Outer.nesterov(0.7, 0.9)), _diloco(Outer(optimizer=torch_nesterov))
+    for _ in range(4):
+        run_round(ours, data)
+        run_round(theirs, data)
+        torch.testing.assert_close(ours.theta(0), theirs.theta(0), rtol=1e-5, atol=1e-6)
+    mine = ours.trainers[0].outer.state_dict()
+    torch.testing.assert_close(mine["momentum"], theirs.trainers[0].outer.state_dict()["momentum_buffer"])
+    assert not torch.equal(ours.theta(0), theirs.theta(0))  # the roundings differ: two arithmetics
+
+
+def test_any_optimizer_checkpoints_and_resumes_bit_for_bit() -> None:
+    data = Data()
+    a = _adloco(Outer(optimizer=adam))
+    for _ in range(2):
+        run_round(a, data)  # the second round merges the two trainers: Adam's state merged too
+    state = copy.deepcopy(a.full_state_dict())
+    assert state is not None and set(state["trainers"][0]) == {"theta", "exp_avg", "exp_avg_sq", "step.0"}
+    assert state["trainers"][0]["step.0"].item() == 2.0  # two outer steps, weighted alike
+    b = _adloco(Outer(optimizer=adam))
+    b.load_state_dict(state)
+    for _ in range(3):
+        run_round(a, data)
+        run_round(b, data)
+    assert torch.equal(a.theta(0), b.theta(0))
+    got, want = b.trainers[0].outer.state_dict(), a.trainers[0].outer.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    # another number of workers: the state resized (trainers merged by policy, state weighted alike)
+    c = _adloco(Outer(optimizer=adam), n=3)
+    c.load_state_dict(copy.deepcopy(a.full_state_dict()))
+    run_round(c, data)
+    assert c.membership is not None and "exp_avg" in c.trainers[c.alive[0]].outer.state_dict()
+
+
+def test_a_merge_weighs_any_optimizers_state_by_requests() -> None:
+    data = Data()
+    algo = _adloco(Outer(optimizer=adam))
+    seen: dict[int, dict[str, torch.Tensor]] = {}
+    merge = algo._maybe_merge
+
+    def spy(members: dict[int, list[int]]) -> Any:
+        seen.update({t: copy.deepcopy(tr.outer.state_dict()) for t, tr in algo.trainers.items()})
+        seen[-1] = {str(t): torch.tensor(float(b)) for t, b in algo.requests.items()}
+        return merge(members)
+
+    algo._maybe_merge = spy  # type: ignore[method-assign]
+    run_round(algo, data)
+    report = run_round(algo, data)
+    assert report.merge is not None and report.merge.merged == [0, 1]
+    b0, b1 = float(seen[-1]["0"]), float(seen[-1]["1"])
+    got = algo.trainers[0].outer.state_dict()
+    for key in ("exp_avg", "exp_avg_sq", "step.0"):
+        want = (b0 * seen[0][key] + b1 * seen[1][key]) / (b0 + b1)
+        torch.testing.assert_close(got[key], want.to(got[key].dtype))
+
+
+def test_moves_carry_any_optimizers_state_between_threads() -> None:
+    """Four trainers on four threads merge every round: θ and Adam's state cross threads on merges and
+    moves (every thread learns the state's layout), and every thread ends with the one process's run."""
+    data = Data()
+    make = lambda comm, ms: _adloco(  # noqa: E731
+        Outer(optimizer=adam), comm=comm, ms=ms, trainers=4, merge=Merging(every=1)
+    )
+    ref = make(None, models(4))
+    for _ in range(3):
+        run_round(ref, data)
+    assert len(ref.alive) == 1 and ref.totals.by_kind["move"] > 0
+    hub, ms, got, errors = Hub(4, timeout=60), models(4), {}, []
+
+    def work(rank: int) -> None:
+        try:
+            algo = make(ThreadComm(hub, rank), [ms[rank]])
+            for r in range(3):
+                for h in range(algo.H):
+                    algo.step_all({rank: data.batch(rank, r, h, algo.batch_size(rank))})
+            got[rank] = (algo.theta(0).clone(), algo.trainers[0].outer.state_dict())
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            errors.append(exc)
+            hub.abort()
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    want = ref.trainers[0].outer.state_dict()
+    for theta, outer in got.values():  # float32 sums in another order: equal within rounding
+        torch.testing.assert_close(theta, ref.theta(0), rtol=1e-5, atol=1e-6)
+        assert outer.keys() == want.keys()
+        for k in want:
+            torch.testing.assert_close(outer[k], want[k], rtol=1e-5, atol=1e-6)
+
+
+def test_eager_takes_any_optimizers_step_on_a_copy_of_its_state() -> None:
+    data = Data()
+    ours, theirs = (
+        _diloco(Outer.nesterov(0.7, 0.9), Wire(overlap="eager")),
+        _diloco(Outer(optimizer=torch_nesterov), Wire(overlap="eager")),
+    )
+    for _ in range(3):
+        run_round(ours, data)
+        run_round(theirs, data)
+        for w in (0, 1):  # each worker starts from the outer step of its own Δ
+            torch.testing.assert_close(
+                ours.replicas[w].flat.param, theirs.replicas[w].flat.param, rtol=1e-5, atol=1e-6
+            )
+    outer, theta = theirs.trainers[0].outer, theirs.theta(0)
+    before = copy.deepcopy(outer.state_dict())
+    delta = torch.full_like(theta, 0.01)
+    first, second = (
+        outer.trial(theta, delta, torch.empty_like(theta)),
+        outer.trial(theta, delta, torch.empty_like(theta)),
+    )
+    assert torch.equal(first, second) and not torch.equal(first, theta)
+    assert all(torch.equal(outer.state_dict()[k], v) for k, v in before.items())  # the state untouched
+    stepped = theta.clone()
+    copy.deepcopy(outer).step(stepped, delta)
+    assert torch.equal(first, stepped)
+
+
+@pytest.mark.parametrize(
+    "outer", [Outer.nesterov(0.7, 0.9), Outer(optimizer=torch_nesterov)], ids=["preset", "torch"]
+)
+def test_streaming_steps_any_optimizer_fragment_by_fragment_and_undoes_an_aborted_round(outer: Outer) -> None:
+    from adloco import RoundAborted
+
+    data = Data()
+    wire = Wire(fragments=2, fragment_delay=1, fragment_alpha=0.5)
+    a, b = _diloco(outer, wire, snapshot=True), _diloco(Outer.nesterov(0.7, 0.9), wire, snapshot=True)
+    for _ in range(2):
+        run_round(a, data)
+        run_round(b, data)
+    torch.testing.assert_close(a.theta(0), b.theta(0), rtol=1e-5, atol=1e-6)
+    state = copy.deepcopy(a.full_state_dict())
+    theta, held = a.theta(0).clone(), copy.deepcopy(a.trainers[0].outer.state_dict())
+    with pytest.raises(RoundAborted):  # fragment 1 lands at step 2: the abort at step 3 undoes its step
+        for h in range(3):
+            a.step_all({w: data.batch(w, a.round, h, 2) for w in a.local_workers}, stop=h == 2)
+    assert torch.equal(a.theta(0), theta)
+    assert all(torch.equal(a.trainers[0].outer.state_dict()[k], v) for k, v in held.items())
+    c = _diloco(outer, wire, snapshot=True)
+    c.load_state_dict(state)
+    for _ in range(2):
+        run_round(a, data)
+        run_round(c, data)
+    assert torch.equal(a.theta(0), c.theta(0))
+
+
+def _example() -> Any:
+    """examples/outer_optimizer.py, imported as a user's own module."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        spec = importlib.util.spec_from_file_location("outer_optimizer", EXAMPLES / "outer_optimizer.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(EXAMPLES))
+
+
+def test_a_users_own_optimizer_from_its_own_file_takes_the_outer_step() -> None:
+    """The example's Muon-style optimizer, on the shaped views of θ: the outer step is its step on Δ, the
+    weight matrix's update orthogonalized; its state is the model's shapes laid out flat."""
+    example = _example()
+    data = Data()
+    mean = _diloco(Outer("average"))  # the same round, averaged: mean_m θ_m
+    run_round(mean, data)
+    algo = _diloco(Outer(optimizer=example.make_outer))
+    theta0 = algo.theta(0).clone()
+    run_round(algo, data)
+    by_hand = theta0.clone()
+    params = OuterParams(by_hand, [("weight", torch.Size([1, 6])), ("bias", torch.Size([1]))])
+    opt = example.make_outer(params)
+    grads = OuterParams(theta0 - mean.theta(0), params._shapes).shaped()  # Δ, shaped alike
+    for p, g in zip(opt.param_groups[0]["params"], grads, strict=True):
+        p.grad = g
+    opt.step()
+    torch.testing.assert_close(algo.theta(0), by_hand, rtol=1e-6, atol=1e-7)
+    assert set(algo.trainers[0].outer.state_dict()) == {"momentum_buffer"}
+    assert algo.trainers[0].outer.state_dict()["momentum_buffer"].shape == theta0.shape
+
+
+def test_shaped_views_need_theta_whole_and_an_optimizer_must_step_what_it_was_given() -> None:
+    wire = Wire(fragments=2)
+    with pytest.raises(ValueError, match=r"^outer.optimizer: params.shaped\(\) needs all of a trainer's θ"):
+        run_round(_diloco(Outer(optimizer=lambda p: torch.optim.SGD(p.shaped(), lr=1.0)), wire), Data())
+    copies = Outer(optimizer=lambda p: torch.optim.SGD([p[0].clone()], lr=1.0))
+    with pytest.raises(
+        ValueError, match="^outer.optimizer: the optimizer must step the tensors its callable"
+    ):
+        run_round(_diloco(copies), Data())
+    with pytest.raises(
+        ValueError, match=r"^outer.optimizer = 3: must be one of 'average', 'sgd', 'nesterov' or a"
+    ):
+        Outer(optimizer=3)  # type: ignore[arg-type]
+
+
+def test_a_state_dict_in_the_middle_of_a_round_is_refused() -> None:
+    """Trap: a state taken after some inner steps would resume from the round's start, dropping them."""
+    data = Data()
+    algo = _diloco(Outer.nesterov())
+    algo.step_all({w: data.batch(w, 0, 0, 2) for w in algo.local_workers})
+    for call in (algo.state_dict, algo.full_state_dict, lambda: algo.load_state_dict({})):
+        with pytest.raises(
+            ValueError, match=r"in the middle of a round \(1 of its 4 inner steps taken\).*H-th step"
+        ):
+            call()
+    for h in range(1, 4):
+        algo.step_all({w: data.batch(w, 0, h, 2) for w in algo.local_workers})
+    assert algo.step_in_round == 0 and algo.state_dict()["round"] == 1  # between rounds: whole rounds
+    ms = models(2)
+    hooked = DiLoCo(ms, sgd(ms), inner_steps=4, batch_size=2, loss_fn=loss_fn)
+    with hooked:  # the hooked form too, though its loop owns the steps
+        for w, m in enumerate(ms):
+            hooked.replicas[w].optimizer.zero_grad()
+            loss_fn(m, data.batch(w, 0, 0, 2)).backward()
+            hooked.replicas[w].optimizer.step()
+        with pytest.raises(ValueError, match="in the middle of a round"):
+            hooked.state_dict()
