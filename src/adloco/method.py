@@ -158,6 +158,7 @@ class AdLoCo:
         self.switch = dial("switch", switch, Switch)
         self.wire = dial("wire", wire, Wire)
         self.wire.check_streaming(inner_steps, self.ddp)
+        self.wire.check_codec(self.batch, self.ddp)
         self.comm = comm if comm is not None else _default_comm(len(models))
         n = self.comm.n_workers
         b_max = self.switch.b_max_or_default
@@ -179,7 +180,7 @@ class AdLoCo:
         self.n_params = next(iter(self.replicas.values())).flat.numel
         self.device = next(iter(self.replicas.values())).device
         # this process's workers; error feedback of each one's Δ (reset when it moves; in its state dict)
-        feedback = self.wire.error_feedback and self.wire.compressed
+        feedback = self.wire.feedback
         self.workers = Workers(self.replicas, self.device, inner_state, snapshot, feedback)
         self.feedback: dict[int, ErrorFeedback] | None = self.workers.feedback
         self.scratch = torch.zeros(self.n_params, device=self.device)

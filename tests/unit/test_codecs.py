@@ -5,6 +5,8 @@ one process, counted as the collective it is."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -84,6 +86,142 @@ def test_a_codec_registered_outside_the_round_carries_delta_merges_and_moves(
     for c in threads:
         assert c.feedback is not None
         for w, fb in c.feedback.items():  # kept where each thread's own workers encoded
+            mine, theirs = fb.error, ref.feedback[w].error
+            assert (mine is None and theirs is None) or (mine is not None and torch.equal(mine, theirs))
+        assert c.totals.by_kind == ref.totals.by_kind and c.allocation == ref.allocation
+        for t, tr in c.trainers.items():
+            if tr.hosted:
+                assert torch.equal(tr.theta, ref.theta(t))
+        for w, rep in c.replicas.items():
+            assert torch.equal(rep.flat.param, ref.replicas[w].flat.param)
+
+
+# --------------------------------------------------------------------------------------------------
+# topk: the sparse codec (ALGORITHM.md §9.4)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_topk_encodes_a_hand_computed_block() -> None:
+    """Blocks of 8 (index 3 bits), 1/4 kept, 2 bits a value: block 0 keeps −0.8 and 0.5 (scale 0.8), the
+    short last block [1, 2, −3] keeps ⌈3/4⌉ = 1 value, −3. Entries index | code << 3 with code = sign << 1
+    | (q − 1): −0.8 → q 2, code 3, entry 1 + 24 = 25; 0.5 → 0.5/0.8·2 = 1.25 → q 1, code 0, entry 4; −3 →
+    entry 2 + 24 = 26. 15 bits, little-endian: 1,0,0,1,1 | 0,0,1,0,0 | 0,1,0,1,1 (and a 0) = 153, 104."""
+    c = codecs.TopK(0.25, 8, 2)
+    x = torch.tensor([0.1, -0.8, 0.3, 0.0, 0.5, -0.2, 0.05, 0.4, 1.0, 2.0, -3.0])
+    buf = c.encode(x)
+    scales = torch.tensor([0.8, 3.0]).view(torch.uint8)
+    assert torch.equal(buf, torch.cat([scales, torch.tensor([153, 104], dtype=torch.uint8)]))
+    assert c.nbytes(11) == 8 + 2 == buf.numel()
+    want = torch.zeros(11)
+    want[1], want[4], want[10] = -0.8, torch.tensor(0.8) / 2, -3.0  # the largest exact, 0.5 → s/2
+    assert torch.equal(c.decode(buf, 11), want)
+    assert not c.sums and codecs.codec("topk", 8).nbytes(11) == codecs.TopK(1 / 64, 8, 2).nbytes(11)
+
+
+def test_topk_ties_zeros_and_faults() -> None:
+    c = codecs.TopK(0.5, 4, 2)
+    # equal magnitudes: the lower index first
+    assert torch.equal(c.roundtrip(torch.tensor([0.5, -0.5, 0.5, 0.25])), torch.tensor([0.5, -0.5, 0.0, 0.0]))
+    # fewer values than k that are not 0: the largest is repeated, never a 0 sent as a value
+    got = c.roundtrip(torch.tensor([0.0, 0.0, -0.3, 0.0, 0.0, 0.0, 0.0, 0.0]))
+    assert torch.equal(got, torch.tensor([0.0, 0.0, -0.3, 0.0, 0.0, 0.0, 0.0, 0.0]))
+    # a NaN or an infinity is kept and leaves its block's values non-finite, the other block finite
+    for bad in (float("nan"), float("-inf")):
+        got = c.roundtrip(torch.tensor([1.0, bad, 2.0, 0.5, 1.0, 2.0, 3.0, 4.0]))
+        assert not torch.isfinite(got[:4]).all() and torch.isfinite(got[4:]).all()
+    # one bit: the sign alone, ±scale
+    one = codecs.TopK(0.5, 4, 1)
+    assert torch.equal(
+        one.roundtrip(torch.tensor([0.1, -2.0, 1.0, 0.0])), torch.tensor([0.0, -2.0, 2.0, 0.0])
+    )
+
+
+@pytest.mark.parametrize(
+    ("fraction", "block", "bits"), [(1 / 64, 4096, 2), (0.03, 100, 3), (1.0, 2, 8), (0.5, 7, 1)]
+)
+def test_topk_sends_exactly_the_bytes_it_counts(fraction: float, block: int, bits: int) -> None:
+    """4 bytes a block, then K entries of ⌈log2 S⌉ + b bits, K = Σ max(1, ⌈f·L_j⌉); k of a decimal
+    fraction is exact (0.03 of 100 keeps 3)."""
+    c = codecs.TopK(fraction, block, bits)
+    w = (block - 1).bit_length()
+    for n in (0, 1, block - 1, block, block + 1, 3 * block + 5, 10_001):
+        full, rem = divmod(n, block)
+        k = [max(1, min(L, round(fraction * L + 0.4999999))) for L in [block] * full + ([rem] if rem else [])]
+        assert c.nbytes(n) == 4 * len(k) + -(-sum(k) * (w + bits) // 8)
+        x = torch.randn(n)
+        buf = c.encode(x)
+        assert buf.dtype == torch.uint8 and buf.numel() == c.nbytes(n)
+        got = c.decode(buf, n)
+        assert int((got != 0).sum()) <= sum(k)
+    assert codecs.TopK(0.03, 100, 2).kept(100) == 3
+    with pytest.raises(ValueError, match="topk fraction"):
+        codecs.TopK(0.0, 8, 2)
+
+
+def test_topk_keeps_the_largest_and_rounds_them_within_half_a_level() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096 * 3 + 17, generator=g)
+    for bits in (2, 4, 8):
+        c = codecs.TopK(1 / 64, 4096, bits)
+        got = c.roundtrip(x)
+        M = 2 ** (bits - 1)
+        for j, (xb, gb) in enumerate(zip(x.split(4096), got.split(4096), strict=True)):
+            k = c.kept(xb.numel())
+            top = xb.abs().topk(k).indices
+            assert set(gb.nonzero().flatten().tolist()) == set(top.tolist()), j
+            s = xb.abs().max()
+            err = (gb[top] - xb[top]).abs()
+            assert float(err.max()) <= float(s) / (2 * M) * (1 + 1e-6) + float(s) / M * float(
+                (xb[top].abs() < s / (2 * M)).any()
+            )
+            assert torch.equal(torch.sign(gb[top]), torch.sign(xb[top]))
+
+
+def test_topk_error_feedback_keeps_what_was_not_sent() -> None:
+    """e_m = v − dec(enc(v)): exactly v where nothing was sent, the rounding where something was; over
+    rounds what was sent is Σ Δ − e (ALGORITHM.md §9.4)."""
+    c = codecs.TopK(1 / 16, 64, 2)
+    g = torch.Generator().manual_seed(1)
+    deltas = [[torch.randn(1000, generator=g) for _ in range(3)] for _ in range(4)]
+    fb = [ErrorFeedback() for _ in range(3)]
+    total = torch.zeros(1000)
+    for r, xs in enumerate(deltas):
+        v = [fb[m].compensate(x) for m, x in enumerate(xs)]
+        got = compressed_all_reduce(xs, c, feedback=fb)
+        sent = [c.roundtrip(vm) for vm in v]
+        assert got is not None and torch.equal(got, sent[0] + sent[1] + sent[2]), r
+        for m in range(3):
+            e = fb[m].error
+            assert e is not None and torch.equal(e, v[m] - sent[m])
+            assert torch.equal(e[sent[m] == 0], v[m][sent[m] == 0])
+        total += got
+    meant = sum(sum(xs) for xs in deltas)
+    left = sum(f.error for f in fb if f.error is not None)
+    torch.testing.assert_close(total, meant - left, rtol=0, atol=1e-5)
+    assert collective(1000, 3, c) == ("all_gather", c.nbytes(1000))
+
+
+def test_topk_through_adloco_train_in_threads_bitwise(tmp_path: Path) -> None:
+    """AdLoCo with merges and moves (θ in int4), Δ in topk with its error feedback on by default: the
+    threads backend gives the in-process run bit for bit, its Δ counted as an all-gather of the exact
+    encoded size."""
+    cfg = tiny_config(
+        **{
+            "algorithm": {"workers": 4, "trainers": 3, "rounds": 2},
+            "merge": {"every": 2},
+            "outer": {"optimizer": "nesterov"},
+            "comm": {"dtype": "topk", "topk_block": 64, "topk_fraction": 0.1, "theta_dtype": "int4"},
+        }
+    )
+    assert cfg.comm.error_feedback is None and cfg.comm.feedback
+    ref, threads = reference_and_threaded(cfg, {0: 0, 1: 1, 2: 0, 3: 1}, 2)
+    P = ref.n_params
+    B = codecs.TopK(0.1, 64, 2).nbytes(P)
+    assert ref.totals.by_kind["delta"] == 2 * wire_bytes("all_gather", 2, B)  # a 2-worker trainer, 2 rounds
+    assert ref.feedback is not None and any(f.error is not None for f in ref.feedback.values())
+    for c in threads:
+        assert c.feedback is not None
+        for w, fb in c.feedback.items():
             mine, theirs = fb.error, ref.feedback[w].error
             assert (mine is None and theirs is None) or (mine is not None and torch.equal(mine, theirs))
         assert c.totals.by_kind == ref.totals.by_kind and c.allocation == ref.allocation

@@ -62,6 +62,7 @@ def check(cfg: Config, resuming: bool = False) -> None:
     check_compute(cfg)
     try:
         cfg.comm.check_streaming(a.inner_steps, a.method == "ddp")
+        cfg.comm.check_codec(cfg.batch, a.method == "ddp")
         check_speeds(rt.emulate_speed, a.workers)
     except ValueError as exc:
         raise UserError(f"config: {exc}") from None
