@@ -155,8 +155,9 @@ def check_memory(cfg: Config) -> None:
     def at(replicas: int) -> tuple[sizing.Estimate, sizing.Estimate]:
         opt = (cfg.inner.optimizer, cfg.inner.momentum, min(a.trainers, replicas), layers)
         per_token = sizing.activation_bytes_per_token(shape, logits)
-        train = sizing.estimate(n_params, replicas, *opt, micro, request, d.seq_len, per_token, chunks)
-        val = sizing.estimate(n_params, replicas, *opt)
+        fb = cfg.comm.feedback  # an error-feedback P-vector per replica
+        train = sizing.estimate(n_params, replicas, *opt, micro, request, d.seq_len, per_token, chunks, fb)
+        val = sizing.estimate(n_params, replicas, *opt, feedback=fb)
         # validation keeps no activations, but a whole batch's logits and their log-softmax
         return train, sizing.Estimate(
             replicas, n_params, val.state, eval_rows * d.seq_len * 2 * sizing.FLOAT * logits
