@@ -1,7 +1,9 @@
 """Codecs as objects (ALGORITHM.md §9.4): the registered ones keep their bytes, and a codec registered from
 outside the round (here: one whose encodings are gathered rather than summed, as a sparse one's would be)
 travels Δ, merges and moves through the one reducer, with error feedback, the same bits in threads as in
-one process, counted as the collective it is."""
+one process, counted as the collective it is. Then topk, the sparse codec: its encoding against a block
+computed by hand, its exact bytes, its error feedback, the same bits in threads, in the library and
+through `adloco train` (gloo processes: tests/integration/test_quantize_dist.py)."""
 
 from __future__ import annotations
 
@@ -230,3 +232,72 @@ def test_topk_through_adloco_train_in_threads_bitwise(tmp_path: Path) -> None:
                 assert torch.equal(tr.theta, ref.theta(t))
         for w, rep in c.replicas.items():
             assert torch.equal(rep.flat.param, ref.replicas[w].flat.param)
+
+
+def test_topk_in_the_library_counts_its_exact_bytes_and_is_refused_where_it_cannot_work() -> None:
+    """DiLoCo(wire=Wire('topk', ...)): error feedback on without asking, Δ counted as an all-gather of
+    the encoded size; DDP and a shared probe mean are refused in one line."""
+    from torch import nn
+
+    from adloco import DDP, AdaptiveBatch, AdLoCo, DiLoCo, Wire
+
+    torch.manual_seed(0)
+    ms = [nn.Linear(40, 1) for _ in range(3)]  # P = 41: blocks of 8, the last 1 value
+
+    def loss(m: nn.Module, b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return ((m(b[0]).squeeze(-1) - b[1]) ** 2).mean()
+
+    sgd = [torch.optim.SGD(m.parameters(), lr=0.05) for m in ms]
+    wire = Wire("topk", topk_block=8, topk_fraction=0.25, topk_bits=2)
+    algo = DiLoCo(ms, sgd, inner_steps=2, loss_fn=loss, batch_size=2, wire=wire, sync_initial=False)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(2 * 2):
+        algo.step_all({w: (torch.randn(2, 40, generator=g), torch.randn(2, generator=g)) for w in range(3)})
+    B = 4 * 6 + -(-(5 * 2 + 1) * (3 + 2) // 8)  # 6 scales; 5 blocks of 8 keep 2, the last keeps 1
+    assert codecs.TopK(0.25, 8, 2).nbytes(41) == B
+    assert algo.totals.by_kind["delta"] == 2 * wire_bytes("all_gather", 3, B)
+    assert algo.feedback is not None and all(f.error is not None for f in algo.feedback.values())
+    with pytest.raises(ValueError, match="comm.dtype = 'topk': must be float32, .* with DDP"):
+        DDP(ms, sgd, loss_fn=loss, batch_size=2, wire=wire)
+    with pytest.raises(ValueError, match="comm.dtype = 'topk': .* mean probe gradient"):
+        AdLoCo(
+            ms, sgd, inner_steps=2, trainers=1, loss_fn=loss, wire=wire, batch=AdaptiveBatch(exact_mean=True)
+        )
+
+
+def test_topk_through_adloco_train(tmp_path: Path, text_corpus: Path) -> None:
+    """`adloco train --set comm.dtype=topk`: the run's Δ is counted at the codec's exact bytes (an
+    all-gather among the 3 workers, 2 rounds), and its config keeps error_feedback null (on, for topk)."""
+    import json
+
+    import yaml
+
+    from adloco.cli import main
+
+    sets = [
+        "model.name=llama-micro",
+        "data.tokenizer=bpe:300",
+        "data.seq_len=16",
+        f"data.source={text_corpus}",
+        "algorithm.method=diloco",
+        "algorithm.workers=3",
+        "algorithm.rounds=2",
+        "algorithm.inner_steps=2",
+        "batch.initial=2",
+        "eval.max_examples=4",
+        "outer.momentum=0",
+        "comm.dtype=topk",
+        "comm.topk_block=256",
+        "logging.progress=off",
+        "logging.plots=false",
+        "logging.save_model=false",
+        f"logging.out_dir={tmp_path}",
+    ]
+    assert main(["train", *[a for s in sets for a in ("--set", s)]]) == 0
+    (run,) = list(tmp_path.iterdir())
+    start = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    summary = json.loads((run / "summary.json").read_text())
+    B = codecs.TopK(1 / 64, 256, 2).nbytes(start["parameters"])
+    assert summary["bytes_by_kind"]["delta"] == 2 * wire_bytes("all_gather", 3, B)
+    comm = yaml.safe_load((run / "config.yaml").read_text())["comm"]
+    assert comm["dtype"] == "topk" and comm["error_feedback"] is None and comm["topk_bits"] == 2
