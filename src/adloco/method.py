@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -68,6 +69,8 @@ from adloco.workers import (
     update_b_max,
     update_speeds,
 )
+
+log = logging.getLogger("adloco")
 
 __all__ = ["AdLoCo", "DecisionMismatch", "RoundAborted"]
 
@@ -159,6 +162,14 @@ class AdLoCo:
         self.wire = dial("wire", wire, Wire)
         self.wire.check_streaming(inner_steps, self.ddp)
         self.wire.check_codec(self.batch, self.ddp)
+        o = self.outer_spec
+        if self.wire.dtype == "topk" and o.optimizer == "nesterov" and o.momentum > 0:
+            log.warning(
+                "comm.dtype = 'topk' with outer.momentum = %g: a top-k Δ with error feedback comes in spikes "
+                "that momentum carries on (DiLoCo's preset diverged so); SparseLoCo's outer step has none: "
+                "outer.momentum 0 (docs/guides/compression.md)",
+                o.momentum,
+            )
         self.comm = comm if comm is not None else _default_comm(len(models))
         n = self.comm.n_workers
         b_max = self.switch.b_max_or_default

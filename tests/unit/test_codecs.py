@@ -301,3 +301,20 @@ def test_topk_through_adloco_train(tmp_path: Path, text_corpus: Path) -> None:
     assert summary["bytes_by_kind"]["delta"] == 2 * wire_bytes("all_gather", 3, B)
     comm = yaml.safe_load((run / "config.yaml").read_text())["comm"]
     assert comm["dtype"] == "topk" and comm["error_feedback"] is None and comm["topk_bits"] == 2
+
+
+def test_topk_with_an_outer_momentum_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    from torch import nn
+
+    from adloco import DiLoCo, Outer, Wire
+
+    ms = [nn.Linear(4, 1) for _ in range(2)]
+    sgd = [torch.optim.SGD(m.parameters(), lr=0.05) for m in ms]
+    with caplog.at_level("WARNING", logger="adloco"):
+        DiLoCo(ms, sgd, inner_steps=2, batch_size=2, wire=Wire("topk"))  # the preset: Nesterov, 0.9
+    assert "comm.dtype = 'topk' with outer.momentum = 0.9" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="adloco"):
+        DiLoCo(ms, sgd, inner_steps=2, batch_size=2, wire=Wire("topk"), outer=Outer.nesterov(0.5, 0.0))
+        DiLoCo(ms, sgd, inner_steps=2, batch_size=2, wire=Wire("int4"))
+    assert "topk" not in caplog.text

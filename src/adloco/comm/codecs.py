@@ -10,8 +10,8 @@ structural choice, :attr:`Codec.sums`:
   chunks, chunk r goes to participant r, which decodes the n pieces, sums them in float32 in participant
   order and encodes the sum; the encoded sums are all-gathered (a reduce-scatter, then an all-gather:
   counted as a ring all-reduce of the encoded vector). The casts and the block-wise quantizations.
-- ``sums = False``: a sum of encodings is not an encoding (a sparse top-k: the sum of n top-k sets is not
-  a top-k set). Every participant's whole encoding is all-gathered, and every participant decodes the n of
+- ``sums = False``: a sum of encodings is not an encoding (the sparse :class:`TopK`: the sum of n top-k sets
+  is not a top-k set). Every participant's whole encoding is all-gathered, and every participant decodes the n of
   them and sums them in participant order (counted as an all-gather of the encoded vector).
 
 Error feedback (``comm.error_feedback``) is the codec's too, whichever it is: a participant keeps what its
@@ -114,8 +114,8 @@ class TopK(Codec):
       q = clamp(round((|v| / s_j)·M), 1, M) (round half to even; a zero block divides by 1), decoded as
       ±(q / M)·s_j: the block's largest magnitude comes back exact, and every kept value within s_j/(2M)
       of itself (a value under s_j/(2M) comes back as s_j/M); b = 1 sends the sign alone (±s_j);
-    - a NaN or an infinity is kept first and makes its block decode to non-finite values (the fault stays
-      visible).
+    - a NaN or an infinity is kept first (it is the largest) and makes its block's sent values decode
+      non-finite (the fault stays visible).
 
     Bytes: 4·J scales, then the K = Σ_j k_j entries of W = w + b bits each, packed little-endian into
     ⌈K·W / 8⌉ bytes, w = ⌈log₂ S⌉ the bits an index into a block needs; entry = index | code << w, in block
