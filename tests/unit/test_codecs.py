@@ -318,3 +318,16 @@ def test_topk_with_an_outer_momentum_is_warned_about(caplog: pytest.LogCaptureFi
         DiLoCo(ms, sgd, inner_steps=2, batch_size=2, wire=Wire("topk"), outer=Outer.nesterov(0.5, 0.0))
         DiLoCo(ms, sgd, inner_steps=2, batch_size=2, wire=Wire("int4"))
     assert "topk" not in caplog.text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_topk_on_cuda_sends_the_cpu_bytes() -> None:
+    """The selection's keys leave no tie, so CUDA's topk keeps what the CPU's keeps: the same bytes."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1_200_007, generator=g)
+    x[1000:1100] = 0.5  # ties
+    x[5000:9096] = 0.0  # a zero block
+    for c in (codecs.TopK(1 / 64, 4096, 2), codecs.TopK(0.1, 256, 4)):
+        cpu, gpu = c.encode(x), c.encode(x.cuda())
+        assert torch.equal(cpu, gpu.cpu())
+        assert torch.equal(c.decode(cpu, x.numel()), c.decode(gpu, x.numel()).cpu())
