@@ -10,6 +10,7 @@ from typing import Any
 from adloco.config.schema import Config
 from adloco.errors import UserError
 from adloco.models import sizing
+from adloco.profile import StepProfile
 from adloco.settings import check_speeds
 
 
@@ -65,8 +66,6 @@ def check(cfg: Config, resuming: bool = False) -> None:
     except ValueError as exc:
         raise UserError(f"config: {exc}") from None
     if rt.profile is not None and rt.profile != "auto":  # read now: a run must not fail at its first round
-        from adloco.engine.profile import StepProfile
-
         StepProfile.load(rt.profile, where=f"config: runtime.profile = {rt.profile!r}")
     check_memory(cfg)
 
