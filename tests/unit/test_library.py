@@ -419,6 +419,32 @@ def test_bad_settings_name_the_field(make: Any, message: str) -> None:
         make()
 
 
+def test_a_launch_of_several_processes_without_a_process_group_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under torchrun (WORLD_SIZE 2) with no init_process_group, the default communicator would train
+    each process alone and exit 0: refused in one line that says what to do. One process (WORLD_SIZE 1)
+    is every worker in this process, as without a launcher."""
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ms = models(1)
+    with pytest.raises(ValueError) as exc:
+        DiLoCo(ms, sgd(ms), inner_steps=2, loss_fn=loss_fn)
+    assert str(exc.value) == (
+        "comm: WORLD_SIZE = '2' (a launcher such as torchrun started several processes) but "
+        "torch.distributed's process group is not initialized: call torch.distributed.init_process_group() "
+        "before building the algorithm, or pass comm= (adloco.InProcessComm(n) for workers in this process "
+        "only)"
+    )
+    algo = DiLoCo(ms, sgd(ms), inner_steps=2, loss_fn=loss_fn, comm=InProcessComm(1))  # said explicitly
+    assert algo.comm.n_workers == 1
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert isinstance(DiLoCo(ms, sgd(ms), inner_steps=2, loss_fn=loss_fn).comm, InProcessComm)
+
+
 def test_an_optimizer_of_other_tensors_is_refused() -> None:
     (m,) = models(1)
     other = nn.Linear(2, 2)
