@@ -55,7 +55,7 @@ def command(args: Any) -> int:
     from adloco.config import resolve
     from adloco.data.tokens import prepare
     from adloco.engine.inner import make_optimizer
-    from adloco.engine.train import resolve_device
+    from adloco.engine.placement import resolve_device
     from adloco.flat import flatten
     from adloco.models import factory_for
     from adloco.replica import Replica, rows, to_device
