@@ -54,6 +54,10 @@ TINY = [
     "runtime.balance=equal",  # compared with one process bit for bit: shares must not follow timings
     "--set",
     "outer.optimizer=nesterov",
+    "--set",
+    "logging.plots=false",  # drawn after the run from its directory: tests/e2e and tests/unit/test_reporting.py
+    "--set",
+    "logging.tensorboard=off",  # its scalars: tests/e2e/test_cli.py
 ]
 
 
