@@ -468,7 +468,9 @@ def test_the_presets_show_every_argument_with_its_default(cls: type[AdLoCo]) -> 
             assert p.default == base[name].default, name
         assert f"{name}:" in (DiLoCo.__doc__ or ""), name  # each argument has its line under Args
     shown = pydoc.render_doc(cls, renderer=pydoc.plaintext)  # what help() prints
-    assert "inner_steps: 'int' = 12" in shown and "wire: 'Wire | None' = None" in shown and "**kw" not in shown
+    assert (
+        "inner_steps: 'int' = 12" in shown and "wire: 'Wire | None' = None" in shown and "**kw" not in shown
+    )
     ms = models(1)
     with pytest.raises(TypeError, match="unexpected keyword argument 'inner_step'"):
         cls(ms, sgd(ms), inner_step=2, loss_fn=loss_fn)  # type: ignore[call-arg]
