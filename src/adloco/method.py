@@ -585,12 +585,25 @@ class AdLoCo:
 
 
 def _default_comm(n_local: int) -> Comm:
+    """torch.distributed's default group when it is initialized, else every worker in this process. A
+    launcher that asks for several processes (``WORLD_SIZE`` > 1, as torchrun sets it) with no process
+    group is refused: falling back to this process alone would train each process on its own, silently."""
+    import os
+
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         from adloco.comm.torchdist import TorchDistComm
 
         return TorchDistComm(n_local)
+    world = os.environ.get("WORLD_SIZE", "1")
+    if world.strip() != "1":
+        raise ValueError(
+            f"comm: WORLD_SIZE = {world!r} (a launcher such as torchrun started several processes) but "
+            "torch.distributed's process group is not initialized: call "
+            "torch.distributed.init_process_group() before building the algorithm, or pass comm= "
+            "(adloco.InProcessComm(n) for workers in this process only)"
+        )
     from adloco.comm.inprocess import InProcessComm
 
     return InProcessComm(n_local)

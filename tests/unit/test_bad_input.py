@@ -101,9 +101,17 @@ def world(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> dict[s
 
 @pytest.fixture(autouse=True)
 def sixteen_gib(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sizes are judged against a fixed machine: 16 GiB of memory, no GPU."""
+    """Every line is judged against a fixed machine, whatever this one is: 16 GiB of memory, no GPU, and
+    no tensorboard package."""
+    import torch
+
+    from adloco.telemetry import metrics
+
     monkeypatch.setattr(sizing, "physical_memory", lambda: 16 * 2**30)
     monkeypatch.setattr(sizing, "cuda_memory", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    installed = metrics.available
+    monkeypatch.setattr(metrics, "available", lambda sink: sink != "tensorboard" and installed(sink))
 
 
 # (case, arguments after `adloco`, the exact line) with {tmp}, {ckpt}, {run}, {nock}, {corpus} filled in.
@@ -421,6 +429,26 @@ CASES: list[tuple[str, list[str], str]] = [
         "shards-in-process",
         ["train", *S("logging.out_dir={tmp}/runs", "runtime.shards=2", "runtime.backend=inprocess")],
         "config: runtime.backend = 'inprocess': must be torchdist or auto with runtime.shards > 1 (shards are processes: adloco train --nproc N)",
+    ),
+    (
+        "device-cuda-without-one",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.device=cuda")],
+        "config: runtime.device = 'cuda': no CUDA device is available (use 'auto' or 'cpu')",
+    ),
+    (
+        "mixed-precision-without-cuda",
+        ["train", *S("logging.out_dir={tmp}/runs", "model.precision=fp16")],
+        "config: model.precision = 'fp16': mixed precision needs CUDA (this run is on cpu); use fp32",
+    ),
+    (
+        "tensorboard-on-without-the-package",
+        ["train", *S("logging.out_dir={tmp}/runs", "logging.tensorboard=on")],
+        "config: logging.tensorboard = 'on': the tensorboard package is not installed (pip install 'adloco[tensorboard]', or 'auto' to log there only when installed)",
+    ),
+    (
+        "torchdist-without-a-launcher",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.backend=torchdist")],
+        "config: runtime.backend = 'torchdist': start with `torchrun --nproc-per-node N -m adloco train ...` or `adloco train --nproc N ...`",
     ),
     (
         "shards-in-one-process",

@@ -29,11 +29,11 @@ from adloco.data.sampling import ShardStream, trainer_subset
 from adloco.data.tokens import Data
 from adloco.engine.evaluation import evaluate, perplexity, spread
 from adloco.engine.inner import lr_at, make_optimizer
-from adloco.engine.profile import AUTO, RoundSums, StepProfile
 from adloco.errors import UserError
 from adloco.flat import flatten
 from adloco.method import AdLoCo, RoundAborted
 from adloco.models import ModelFactory, shard
+from adloco.profile import AUTO, RoundSums, StepProfile
 from adloco.round import RoundReport, Traffic
 from adloco.telemetry import trace
 from adloco.telemetry.metrics import MetricsSink
