@@ -233,6 +233,7 @@ class InitPlan:
                 for key in ends.get(i, []):
                     buf = live.pop(key)
                     yield {name: buf.as_strided(g.size, g.stride, g.offset) for name, g in self.params[key]}
+                    del buf  # one parameter's storage at a time: gone before the next is made
 
 
 def _run(w: _Write, target: torch.Tensor | None) -> None:
@@ -285,7 +286,6 @@ def materialize(
     recomputed by Hugging Face's ``initialize_weights`` (every parameter marked as initialized, so that
     only buffers are written), then each parameter's rows from ``plan.replay(seed)``. ``after(name,
     full)`` may replace a parameter's whole value before its rows are taken (``model.reinit_output``)."""
-    from torch.distributed.tensor import DTensor
 
     model.to_empty(device=device)
     params = dict(model.named_parameters(remove_duplicate=False))
@@ -311,17 +311,30 @@ def materialize(
                     raise NotReplayable(f"buffer {name} is not recomputed by its initialization")
         done: set[int] = set()
         for values in plan.replay(seed):
-            for name, full in values.items():
-                param = params.get(name)
-                if param is None or id(param) in done:
-                    continue
-                done.add(id(param))
-                if after is not None:
-                    full = after(name, full)
-                if isinstance(param, DTensor):
-                    param.to_local().copy_(local_rows(param, full))
-                else:
-                    param.copy_(full)
+            _write(params, values, after, done)
+            del values  # the whole parameter, gone before the next one is drawn
         missing = [n for n, p in params.items() if id(p) not in done]
         if missing:
             raise NotReplayable(f"parameter {missing[0]} is not in the plan")
+
+
+def _write(
+    params: dict[str, Any],
+    values: dict[str, torch.Tensor],
+    after: Callable[[str, torch.Tensor], torch.Tensor] | None,
+    done: set[int],
+) -> None:
+    """This rank's rows of one storage's parameters (``values``: their whole values)."""
+    from torch.distributed.tensor import DTensor
+
+    for name, full in values.items():
+        param = params.get(name)
+        if param is None or id(param) in done:
+            continue
+        done.add(id(param))
+        if after is not None:
+            full = after(name, full)
+        if isinstance(param, DTensor):
+            param.to_local().copy_(local_rows(param, full))
+        else:
+            param.copy_(full)
