@@ -58,7 +58,9 @@ def one(mode: str, model: str, vocab: int, k: int, rank: int) -> dict[str, float
         factory.build_sharded = refuse  # type: ignore[method-assign]
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=k)
     mesh = init_device_mesh("cpu", (k,))
-    comm = type("Comm", (), {"local_workers": [0], "shards": type("S", (), {"size": k}), "mesh": {"shard": mesh}})
+    comm = type(
+        "Comm", (), {"local_workers": [0], "shards": type("S", (), {"size": k}), "mesh": {"shard": mesh}}
+    )
     before = rss()
     t = time.process_time()
     (replica,) = build_replicas(cfg, comm, factory, torch.device("cpu"))
@@ -79,7 +81,9 @@ def main() -> None:
         mode, model, vocab, k, rank = args.one
         print(json.dumps(one(mode, model, int(vocab), int(k), int(rank))))
         return
-    print("| model (vocabulary) | k | rank | build | CPU s | RSS before MiB | peak RSS MiB | growth MiB | its shard MiB |")
+    print(
+        "| model (vocabulary) | k | rank | build | CPU s | RSS before MiB | peak RSS MiB | growth MiB | its shard MiB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for spec in args.models.split(","):
         model, vocab = spec.split(":")
