@@ -113,7 +113,7 @@ def test_slurm_script_runs_torchrun_on_every_node_with_the_readme_command(
         tmp_path, "slurm", "--nodes", "2", "--nproc-per-node", "2", "--time", "24:00:00",
         "--set", "algorithm.rounds=20",
     )  # fmt: skip
-    assert f"submit with: sbatch {path}" in capsys.readouterr().out
+    assert capsys.readouterr().out == f"wrote {path}\nsubmit with: sbatch {path}\n"  # 4 workers: no note
     subprocess.run(["bash", "-n", str(path)], check=True)
     flags = [ln.split()[1] for ln in text.splitlines() if ln.startswith("#SBATCH")]
     directives = dict(f.split("=", 1) for f in flags if "=" in f)
@@ -214,11 +214,16 @@ def test_k8s_trainjob_is_a_kubeflow_trainer_v2_manifest_running_the_readme_comma
     )
 
 
-def test_skypilot_task_runs_the_readme_command_from_its_node_variables(tmp_path: Path) -> None:
+def test_skypilot_task_runs_the_readme_command_from_its_node_variables(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path, text = _launch(
         tmp_path, "skypilot", "--nodes", "2", "--nproc-per-node", "8", "--accelerators", "H100:8",
         "--setup", "export SETUP_RAN=1",
     )  # fmt: skip
+    assert capsys.readouterr().out.startswith(  # the config's 4 workers: the job has 16
+        "note: algorithm.workers = 4 in the config; the job starts 16 workers (2 nodes x 8 processes)"
+    )
     task = yaml.safe_load(text)
     _schema(task, SKYPILOT)
     assert task["num_nodes"] == 2 and task["resources"] == {"accelerators": "H100:8"}

@@ -74,7 +74,9 @@ def add_parser(sub: Any) -> None:
         "--set", "-s", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
         help="override one field of the config (repeatable)",
     )  # fmt: skip
-    p.add_argument("--nodes", type=int, required=True, metavar="N", help="machines (torchrun's --nnodes maximum)")
+    p.add_argument(
+        "--nodes", type=int, required=True, metavar="N", help="machines (torchrun's --nnodes maximum)"
+    )
     p.add_argument(
         "--min-nodes", type=int, metavar="M",
         help="fewest machines the run goes on with after losing some (default: --nodes, a fixed size)",
@@ -84,24 +86,35 @@ def add_parser(sub: Any) -> None:
         "--max-restarts", type=int, default=10, metavar="R",
         help="restarts of a node's processes by its elastic agent (default 10, at least 1)",
     )  # fmt: skip
-    p.add_argument("--port", type=int, default=RDZV_PORT, help=f"rendezvous port (default {RDZV_PORT}; not k8s)")
+    p.add_argument(
+        "--port", type=int, default=RDZV_PORT, help=f"rendezvous port (default {RDZV_PORT}; not k8s)"
+    )
     p.add_argument("--name", help="job name (default: the config file's name)")
     p.add_argument(
         "--runs-dir", metavar="DIR",
         help="logging.out_dir for the run: a folder every node reaches (a shared disk) so that a restart "
         "elsewhere continues from its checkpoints",
     )  # fmt: skip
-    p.add_argument("--setup", metavar="CMD", help="shell command run on each node first (e.g. activate a venv)")
+    p.add_argument(
+        "--setup", metavar="CMD", help="shell command run on each node first (e.g. activate a venv)"
+    )
     p.add_argument("--gpus-per-node", type=int, metavar="G", help="GPUs per machine to ask for")
     p.add_argument("--cpus-per-node", type=int, metavar="C", help="CPU cores per machine to ask for")
     p.add_argument("--partition", help="slurm: the partition")
     p.add_argument("--time", help="slurm: the time limit (e.g. 24:00:00)")
     p.add_argument("--image", help="k8s: the container image (adloco and your data in it)")
     p.add_argument("--namespace", help="k8s: the TrainJob's namespace")
-    p.add_argument("--runtime", default=None, help="k8s: the ClusterTrainingRuntime (default torch-distributed)")
+    p.add_argument(
+        "--runtime", default=None, help="k8s: the ClusterTrainingRuntime (default torch-distributed)"
+    )
     p.add_argument("--memory", help="k8s: memory per machine (e.g. 64Gi)")
     p.add_argument("--accelerators", help="skypilot: accelerators per machine (e.g. H100:8)")
-    p.add_argument("--out", "-o", metavar="FILE", help="where to write it (default: NAME + .sbatch / .trainjob.yaml / .sky.yaml)")
+    p.add_argument(
+        "--out",
+        "-o",
+        metavar="FILE",
+        help="where to write it (default: NAME + .sbatch / .trainjob.yaml / .sky.yaml)",
+    )
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
@@ -124,6 +137,7 @@ class Job:
     cpus: int | None
     options: dict[str, str]  # the scheduler's own (partition, image, ...)
     config_text: str  # the resolved config (k8s carries it)
+    note: str | None = None  # said when the file is written
 
 
 def _name(args: Any) -> str:
@@ -157,12 +171,24 @@ def job_from_args(args: Any) -> Job:
             f"--port {args.port}: Kubeflow Trainer's torch runtime sets the rendezvous port ({RDZV_PORT}); leave it out"
         )
     if s == "skypilot" and args.gpus_per_node:
-        raise UserError("--gpus-per-node: SkyPilot asks for GPUs by name: give --accelerators NAME:COUNT (e.g. H100:8)")
+        raise UserError(
+            "--gpus-per-node: SkyPilot asks for GPUs by name: give --accelerators NAME:COUNT (e.g. H100:8)"
+        )
     if s == "slurm" and any(c.isspace() for c in str(Path.cwd())):
-        raise UserError(f"the current folder {str(Path.cwd())!r} has a space, which #SBATCH --chdir cannot hold")
+        raise UserError(
+            f"the current folder {str(Path.cwd())!r} has a space, which #SBATCH --chdir cannot hold"
+        )
     if s == "k8s" and not args.image:
-        raise UserError("--image: `adloco launch k8s` needs the container image to run (adloco installed in it)")
-    for opt, low in (("nodes", 1), ("nproc_per_node", 1), ("max_restarts", 1), ("gpus_per_node", 0), ("cpus_per_node", 1)):
+        raise UserError(
+            "--image: `adloco launch k8s` needs the container image to run (adloco installed in it)"
+        )
+    for opt, low in (
+        ("nodes", 1),
+        ("nproc_per_node", 1),
+        ("max_restarts", 1),
+        ("gpus_per_node", 0),
+        ("cpus_per_node", 1),
+    ):
         value = getattr(args, opt)
         if value is not None and value < low:
             why = (
@@ -204,28 +230,24 @@ def job_from_args(args: Any) -> Job:
             f"config: runtime.shards = {rt.shards}: must divide --nproc-per-node ({args.nproc_per_node}): a "
             "worker's processes talk every step and share one machine"
         )
-    check_layout(cfg.algorithm.workers, args.nodes * args.nproc_per_node, rt.workers_per_process, rt.shards, True)
+    check_layout(
+        cfg.algorithm.workers, args.nodes * args.nproc_per_node, rt.workers_per_process, rt.shards, True
+    )
     options = {k: str(getattr(args, k)) for k in ONLY if getattr(args, k) is not None}
+    workers = (
+        args.nodes * args.nproc_per_node * (rt.workers_per_process if rt.shards == 1 else 1) // rt.shards
+    )
+    note = None
+    if cfg.algorithm.workers != workers:  # an elastic run's workers follow its processes
+        note = (
+            f"note: algorithm.workers = {cfg.algorithm.workers} in the config; the job starts {workers} workers "
+            f"({args.nodes} nodes x {args.nproc_per_node} processes): an elastic run's workers follow its processes"
+        )
     return Job(
         s, name, config.resolve(), tuple(overrides), args.nodes, min_nodes, args.nproc_per_node,
         args.max_restarts, args.port, args.setup, args.gpus_per_node, args.cpus_per_node, options,
-        dump_yaml(cfg),
+        dump_yaml(cfg), note,
     )  # fmt: skip
-
-
-def workers_note(job: Job) -> str | None:
-    """A line when the config's algorithm.workers is not what the job gives (workers follow processes)."""
-    from adloco.config import resolve
-
-    cfg = resolve(str(job.config), list(job.overrides))
-    rt = cfg.runtime
-    n = job.nodes * job.nproc * (rt.workers_per_process if rt.shards == 1 else 1) // rt.shards
-    if cfg.algorithm.workers == n:
-        return None
-    return (
-        f"note: algorithm.workers = {cfg.algorithm.workers} in the config; the job starts {n} workers "
-        f"({job.nodes} nodes x {job.nproc} processes): an elastic run's workers follow its processes"
-    )
 
 
 def torchrun(job: Job, endpoint: str, run_id: str, nnodes: str, config: str, overrides: bool) -> str:
@@ -253,7 +275,9 @@ def render_slurm(job: Job) -> str:
         f"# its time limit, submit again with {RUN_ID_ENV}=<the first job's id>: sbatch --export=ALL,{RUN_ID_ENV}=...",
         "# The run directory (logging.out_dir) must be on a disk every node shares for that.",
         f"#SBATCH --job-name={job.name}",
-        f"#SBATCH --nodes={job.min_nodes}-{job.nodes}" if job.min_nodes < job.nodes else f"#SBATCH --nodes={job.nodes}",
+        f"#SBATCH --nodes={job.min_nodes}-{job.nodes}"
+        if job.min_nodes < job.nodes
+        else f"#SBATCH --nodes={job.nodes}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --chdir={Path.cwd()}",
         f"#SBATCH --output={job.name}-%j.out",
@@ -279,7 +303,9 @@ def render_slurm(job: Job) -> str:
         f'RUN_ID="${{{RUN_ID_ENV}:-$SLURM_JOB_ID}}"',
         "# one torchrun per node; a node that fails does not stop the others (its agent restarts it)",
         "srun --ntasks-per-node=1 --kill-on-bad-exit=0 "
-        + torchrun(job, f'"$HEAD:{job.port}"', '"$RUN_ID"', f"{job.min_nodes}:{job.nodes}", q(str(job.config)), True),
+        + torchrun(
+            job, f'"$HEAD:{job.port}"', '"$RUN_ID"', f"{job.min_nodes}:{job.nodes}", q(str(job.config)), True
+        ),
         "",
     ]
     return "\n".join(head + body)
@@ -290,7 +316,9 @@ def render_k8s(job: Job) -> dict[str, Any]:
     script = [f'printf "%s\\n" "${CONFIG_ENV}" > {K8S_CONFIG_PATH}']
     if job.setup:
         script.insert(0, job.setup)
-    script.append("exec " + torchrun(job, endpoint, job.name, f"{job.min_nodes}:{job.nodes}", K8S_CONFIG_PATH, False))
+    script.append(
+        "exec " + torchrun(job, endpoint, job.name, f"{job.min_nodes}:{job.nodes}", K8S_CONFIG_PATH, False)
+    )
     trainer: dict[str, Any] = {
         "image": job.options["image"],
         "command": ["bash", "-c", "\n".join(script) + "\n"],
@@ -404,8 +432,7 @@ def command(args: Any) -> int:
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise UserError(f"--out {str(out)!r}: cannot be written ({exc.strerror})") from None
-    note = workers_note(job)
-    if note:
-        print(note)
+    if job.note:
+        print(job.note)
     print(f"wrote {out}\nsubmit with: {SUBMIT[job.scheduler].format(shlex.quote(str(out)))}")
     return 0
