@@ -45,6 +45,7 @@ def _pair(tmp_path: Path, corpus: Path, extra: list[str]) -> tuple[dict, dict]:
         f"logging.out_dir={tmp_path / 'sharded'}",
     )
     assert p.returncode == 0, p.stderr[-3000:]
+    assert "builds the whole model" not in p.stdout  # each rank started from its own shards only
     return load_run(tmp_path / "unsharded"), load_run(tmp_path / "sharded")
 
 

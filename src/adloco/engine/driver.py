@@ -44,29 +44,76 @@ class TooManyBadRounds(RuntimeError):
     """``faults.max_bad_rounds`` consecutive rounds had a non-finite worker (θ itself stayed finite)."""
 
 
-def build_algorithm(
-    cfg: Config, comm: Comm, factory: ModelFactory, device: torch.device, b_max: int
-) -> AdLoCo:
-    """The algorithm object of a config: replicas built per trainer (one seed, or one per trainer, with
-    the output layer redrawn if asked), inner optimizers on the flat parameter groups."""
+def build_replicas(
+    cfg: Config,
+    comm: Comm,
+    factory: ModelFactory,
+    device: torch.device,
+    log: Callable[[str], None] = lambda _: None,
+) -> list[torch.nn.Module]:
+    """The replicas of this process's workers (``comm.local_workers``), each built as its starting trainer's
+    model: one seed for every trainer (``model.init: same``) or one per trainer, with the output layer
+    redrawn from the trainer's seed if asked. Sharded workers (``runtime.shards > 1``, ALGORITHM.md §12)
+    start sharded: each rank holds only its rows of the values an unsharded run starts from
+    (``ModelFactory.build_sharded``); a model whose initialization cannot be replayed (a checkpoint) is
+    built whole, then sharded, said once through ``log``."""
     a, b, m = cfg.algorithm, cfg.batch, cfg.merge
     from adloco.algorithms import allocation
 
     trainers = min(a.trainers, a.workers)  # a run continuing on fewer workers merges down to them
     start = allocation.allocate(dict.fromkeys(range(trainers), b.initial), a.workers, mode=m.allocation)
+
+    def seeds(t: int) -> tuple[int, int]:
+        """Trainer t's build seed and its own seed (the output layer's, with model.reinit_output)."""
+        seed_t = a.seed if cfg.model.init == "same" else a.seed + 7919 * (t + 1)
+        return (a.seed if cfg.model.init == "same" else seed_t), seed_t
+
+    replicas: list[torch.nn.Module] = []
+    if comm.shards.size > 1:  # this rank's shards of the worker's replica (ALGORITHM.md §12)
+        from adloco.models.meta import NotReplayable
+
+        try:
+            for w in comm.local_workers:
+                seed, seed_t = seeds(start[w])
+                output_seed = seed_t if cfg.model.reinit_output else None
+                replicas.append(factory.build_sharded(seed, comm.mesh["shard"], device, output_seed))
+        except NotReplayable as exc:
+            log(
+                f"runtime.shards = {comm.shards.size}: every rank builds the whole model, then shards it ({exc})"
+            )
+            replicas = []
+        if replicas:
+            return replicas
     proto = factory.build(a.seed)
     inits: dict[int, torch.nn.Module] = {}
     for t in sorted({start[w] for w in comm.local_workers}):
-        seed_t = a.seed if cfg.model.init == "same" else a.seed + 7919 * (t + 1)
-        model = copy.deepcopy(proto) if cfg.model.init == "same" else factory.build(seed_t)
+        seed, seed_t = seeds(t)
+        model = copy.deepcopy(proto) if cfg.model.init == "same" else factory.build(seed)
         if cfg.model.reinit_output:
             factory.reinit_output(model, seed_t)
         inits[t] = model
-    models, optimizers = [], []
     for w in comm.local_workers:
         model = copy.deepcopy(inits[start[w]]).to(device)
-        if comm.shards.size > 1:  # this rank's shards of the worker's replica (ALGORITHM.md §12)
+        if comm.shards.size > 1:
             shard(model, comm.mesh["shard"])
+        replicas.append(model)
+    return replicas
+
+
+def build_algorithm(
+    cfg: Config,
+    comm: Comm,
+    factory: ModelFactory,
+    device: torch.device,
+    b_max: int,
+    log: Callable[[str], None] = lambda _: None,
+) -> AdLoCo:
+    """The algorithm object of a config: the replicas of :func:`build_replicas`, inner optimizers on their
+    flat parameter groups."""
+    a, b, m = cfg.algorithm, cfg.batch, cfg.merge
+    trainers = min(a.trainers, a.workers)  # a run continuing on fewer workers merges down to them
+    models, optimizers = [], []
+    for model in build_replicas(cfg, comm, factory, device, log):
         model.train()
         flat = flatten(model)
         if cfg.runtime.compile:  # in place: the module, its parameters and its state dict's names stay
@@ -136,7 +183,7 @@ class Driver:
                 f"switch.b_max lowered to {smallest_shard}: with every worker on one trainer, a worker's shard "
                 "holds no more blocks"
             )
-        self.algo = build_algorithm(cfg, comm, factory, device, min(configured, smallest_shard))
+        self.algo = build_algorithm(cfg, comm, factory, device, min(configured, smallest_shard), log)
         if device.type == "cuda" and cfg.switch.b_max is None:
             self._search_b_max(min(smallest_shard, cfg.batch.max))
         # the whole model's parameters (sharded: the worker's, not this rank's P/k)
