@@ -3,7 +3,7 @@ with each rank materializing its own rows (`ModelFactory.build_sharded`), agains
 on every rank and sharding it (what every sharded run did before, and still does for a checkpoint).
 
 Each row is one rank of a worker of k, in a fresh process: torch's fake process group stands in for the
-other k - 1 ranks (building a replica needs no collective), and `adloco.engine.driver.build_replicas`
+other k - 1 ranks (building a replica needs no collective), and `adloco.engine.build.build_replicas`
 builds that rank's replica exactly as `adloco train` does. Measured per process: the CPU seconds of
 `build_replicas` (user + system, robust when other jobs share the cores; wall time is not), the resident
 set before it (imports, the tokenizer-free factory), and the peak resident set of the whole process

@@ -23,6 +23,7 @@ from adloco import events, hooked, state
 from adloco.algorithms import allocation
 from adloco.algorithms.outer import OuterOptimizer, model_shapes
 from adloco.batch_tests import BatchTests
+from adloco.comm import default_comm
 from adloco.comm.base import Comm, reduce_local
 from adloco.comm.quantize import ErrorFeedback
 from adloco.regroup import Regroup
@@ -158,7 +159,7 @@ class AdLoCo:
         self.switch = dial("switch", switch, Switch)
         self.wire = dial("wire", wire, Wire)
         self.wire.check_streaming(inner_steps, self.ddp)
-        self.comm = comm if comm is not None else _default_comm(len(models))
+        self.comm = comm if comm is not None else default_comm(len(models))
         n = self.comm.n_workers
         b_max = self.switch.b_max_or_default
         if cuda_graphs and self.ddp:
@@ -582,28 +583,3 @@ class AdLoCo:
 
     def _average_grads(self, w: int) -> None:
         hooked.average_grads(self.replicas[w], self.members()[self.allocation[w]], self._reduce, self.scratch)
-
-
-def _default_comm(n_local: int) -> Comm:
-    """torch.distributed's default group when it is initialized, else every worker in this process. A
-    launcher that asks for several processes (``WORLD_SIZE`` > 1, as torchrun sets it) with no process
-    group is refused: falling back to this process alone would train each process on its own, silently."""
-    import os
-
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        from adloco.comm.torchdist import TorchDistComm
-
-        return TorchDistComm(n_local)
-    world = os.environ.get("WORLD_SIZE", "1")
-    if world.strip() != "1":
-        raise ValueError(
-            f"comm: WORLD_SIZE = {world!r} (a launcher such as torchrun started several processes) but "
-            "torch.distributed's process group is not initialized: call "
-            "torch.distributed.init_process_group() before building the algorithm, or pass comm= "
-            "(adloco.InProcessComm(n) for workers in this process only)"
-        )
-    from adloco.comm.inprocess import InProcessComm
-
-    return InProcessComm(n_local)

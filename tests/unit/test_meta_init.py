@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from adloco.comm.inprocess import InProcessComm
-from adloco.engine.driver import build_replicas
+from adloco.engine.build import build_replicas
 from adloco.models import ModelFactory
 from adloco.models.meta import InitPlan, NotReplayable
 from tests.helpers import synthetic_data, tiny_config
