@@ -540,6 +540,15 @@ class Wire(Dial):
             "float32, bfloat16, float16, int8 or int4: θ is not sparse (a top-k of θ would send a few "
             "weights and zero the rest); topk is for comm.dtype",
         )
+        if self.dtype != "topk":  # a topk key set for another dtype would be ignored: the run not what was meant
+            for f in dataclasses.fields(self):
+                if f.name.startswith("topk_") and getattr(self, f.name) != f.default:
+                    self.need(
+                        False,
+                        f.name,
+                        f"{f.default!r} (its default) unless comm.dtype is topk, the only dtype it applies to "
+                        f"(comm.dtype is {self.dtype!r})",
+                    )
 
     def check_codec(self, batch: AdaptiveBatch, ddp: bool) -> None:
         """The rules across the codec and the round: a sparse Δ needs its error feedback, which the

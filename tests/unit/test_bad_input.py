@@ -429,6 +429,38 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: comm.topk_bits = 9: must be in [1, 8]",
     ),
     (
+        "topk-fraction-above-one",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "comm.topk_fraction=1.5")],
+        "config: comm.topk_fraction = 1.5: must be in (0, 1]",
+    ),
+    (
+        "topk-fraction-word",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "comm.topk_fraction=abc")],
+        "config: comm.topk_fraction = 'abc': must be a number",
+    ),
+    (
+        "topk-block-fractional",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "comm.topk_block=64.5")],
+        "config: comm.topk_block = 64.5: must be an integer",
+    ),
+    (
+        "topk-bits-zero",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "comm.topk_bits=0")],
+        "config: comm.topk_bits = 0: must be in [1, 8]",
+    ),
+    (
+        "topk-key-without-topk",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.topk_fraction=0.03")],
+        "config: comm.topk_fraction = 0.03: must be 0.015625 (its default) unless comm.dtype is topk, the only "
+        "dtype it applies to (comm.dtype is 'float32')",
+    ),
+    (
+        "topk-key-with-int4",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=int4", "comm.topk_block=1024")],
+        "config: comm.topk_block = 1024: must be 4096 (its default) unless comm.dtype is topk, the only dtype "
+        "it applies to (comm.dtype is 'int4')",
+    ),
+    (
         "error-feedback-word",
         ["train", *S("logging.out_dir={tmp}/runs", "comm.error_feedback=maybe")],
         "config: comm.error_feedback = 'maybe': must be true or false or null",
