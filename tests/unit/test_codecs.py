@@ -331,3 +331,47 @@ def test_topk_on_cuda_sends_the_cpu_bytes() -> None:
         cpu, gpu = c.encode(x), c.encode(x.cuda())
         assert torch.equal(cpu, gpu.cpu())
         assert torch.equal(c.decode(cpu, x.numel()), c.decode(gpu, x.numel()).cpu())
+
+
+@pytest.mark.parametrize("overlap", ["none", "delayed"])
+def test_topk_resumes_its_error_feedback_bit_for_bit(overlap: str) -> None:
+    """A state dict holds each worker's topk error (most of its Δ, unsent): the resumed run sends what
+    the uninterrupted one sends, round after round, with Δ in flight or not."""
+    import copy
+
+    from adloco import DiLoCo, Outer, Wire
+    from tests.unit.test_library import Data, loss_fn, models, run_round
+
+    def build() -> DiLoCo:
+        ms = models(2)
+        return DiLoCo(
+            ms,
+            [torch.optim.AdamW(m.parameters(), lr=0.02) for m in ms],
+            inner_steps=3,
+            batch_size=2,
+            loss_fn=loss_fn,
+            outer=Outer.sgd(0.7),
+            wire=Wire("topk", topk_block=8, topk_fraction=0.25, overlap=overlap),
+            sync_initial=False,
+        )
+
+    data = Data()
+    a = build()
+    for _ in range(2):
+        run_round(a, data)
+    state = copy.deepcopy(a.full_state_dict())
+    assert state is not None
+    errors = [r["inner"]["feedback_error"] for r in state["replicas"].values()]
+    assert len(errors) == 2 and all(e.abs().sum() > 0 for e in errors)
+    b = build()
+    b.load_state_dict(state)
+    for _ in range(3):
+        run_round(a, data)
+        run_round(b, data)
+        assert torch.equal(a.theta(0), b.theta(0))
+    a.settle()  # delayed: the last Δ (and its error) is in flight until now
+    b.settle()
+    assert torch.equal(a.theta(0), b.theta(0)) and a.totals == b.totals
+    assert a.feedback is not None and b.feedback is not None
+    for w in (0, 1):
+        assert torch.equal(a.feedback[w].error, b.feedback[w].error)
