@@ -540,7 +540,8 @@ class Wire(Dial):
             "float32, bfloat16, float16, int8 or int4: θ is not sparse (a top-k of θ would send a few "
             "weights and zero the rest); topk is for comm.dtype",
         )
-        if self.dtype != "topk":  # a topk key set for another dtype would be ignored: the run not what was meant
+        # a topk key set for another dtype would be ignored: the run would not be the one meant
+        if self.dtype != "topk":
             for f in dataclasses.fields(self):
                 if f.name.startswith("topk_") and getattr(self, f.name) != f.default:
                     self.need(
