@@ -10,10 +10,9 @@ cores. Usage:  python benchmarks/compression.py [--out benchmarks/out/compressio
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 from pathlib import Path
+
+from adloco.bench.runner import Train
 
 VARIANTS: list[tuple[str, list[str]]] = [
     ("float32", []),
@@ -33,14 +32,8 @@ def main() -> None:
     rows, base = [], None
     for label, sets in VARIANTS:
         name = label.replace(" + ", "-").replace(" ", "-")
-        argv = ["train", "--set", f"logging.out_dir={args.out}", "--set", f"logging.name={name}"]
-        for s in ["logging.progress=off", "logging.save_model=false", *args.extra, *sets]:
-            argv += ["--set", s]
-        p = subprocess.run([sys.executable, "-m", "adloco", *argv], capture_output=True, text=True)
-        if p.returncode != 0:
-            raise SystemExit(f"{label}: failed\n{p.stderr}")
-        run = sorted(Path(args.out).glob(f"{name}-*"))[-1]
-        s = json.loads((run / "summary.json").read_text())
+        run = ["logging.progress=off", "logging.save_model=false", *args.extra, *sets]
+        s = Train(run, Path(args.out), name).run().summary
         delta = s["bytes_by_kind"].get("delta", 0)
         base = base or s
         ratio = delta / base["bytes_by_kind"]["delta"]

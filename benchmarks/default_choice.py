@@ -8,10 +8,9 @@ Usage:  python benchmarks/default_choice.py [--out benchmarks/out/default-choice
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 from pathlib import Path
+
+from adloco.bench.runner import Train
 
 VARIANTS: list[tuple[str, list[str]]] = [
     ("the default", []),
@@ -30,24 +29,8 @@ def main() -> None:
     rows = []
     for label, sets in VARIANTS:
         name = label.split(" (")[0].replace(" ", "-").replace(",", "")
-        argv = [
-            "train",
-            "--set",
-            f"logging.out_dir={args.out}",
-            "--set",
-            f"logging.name={name}",
-            "--set",
-            "logging.progress=off",
-            "--set",
-            "logging.save_model=false",
-        ]
-        for s in sets:
-            argv += ["--set", s]
-        p = subprocess.run([sys.executable, "-m", "adloco", *argv], capture_output=True, text=True)
-        if p.returncode != 0:
-            raise SystemExit(f"{label}: failed\n{p.stderr}")
-        run = sorted(Path(args.out).glob(f"{name}-*"))[-1]
-        s = json.loads((run / "summary.json").read_text())
+        run = ["logging.progress=off", "logging.save_model=false", *sets]
+        s = Train(run, Path(args.out), name).run().summary
         cmd = "adloco train" + "".join(f" --set {x}" for x in sets)
         rows.append(
             f"| {label} | {s['final_val_ppl']:.1f} | {s['trainers_final']} | "

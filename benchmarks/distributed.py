@@ -10,13 +10,12 @@ medians are reported. Usage:  python benchmarks/distributed.py [--rounds 6] [--r
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from adloco.bench.runner import Train
 
 LAYOUTS = [
     ("in-process, 4 workers", None, 4),
@@ -38,21 +37,12 @@ def run(nproc: int | None, wpp: int, rounds: int, H: int, b: int, out: Path) -> 
         "logging.progress=off",
         "logging.plots=false",
         "logging.save_model=false",
-        f"logging.out_dir={out}",
         f"eval.every={rounds + 1}",
+        *([f"runtime.workers_per_process={wpp}"] if nproc is not None else []),
     ]
-    cmd = [sys.executable, "-m", "adloco", "train"]
-    if nproc is not None:
-        cmd += ["--nproc", str(nproc)]
-        sets.append(f"runtime.workers_per_process={wpp}")
-    for s in sets:
-        cmd += ["--set", s]
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)}\n{p.stderr[-3000:]}")
-    (run_dir,) = list(out.iterdir())
-    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rounds_ev = [e for e in events if e["event"] == "round"][1:-1]  # no warm-up, no final evaluation
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    rounds_ev = Train(sets, out, "layout", nproc=nproc, env=env).run().events("round")
+    rounds_ev = rounds_ev[1:-1]  # no warm-up, no final evaluation
     train_s = sum(e["train_s"] for e in rounds_ev)
     return {
         "examples_per_s": sum(e["examples"] for e in rounds_ev) / train_s,

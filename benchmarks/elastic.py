@@ -14,12 +14,11 @@ Usage:  python benchmarks/elastic.py [--out benchmarks/out/elastic] [--rounds 4]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
+
+from adloco.bench.runner import Train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -37,23 +36,6 @@ TINY = [
 ]
 
 
-def run(args: list[str], sets: list[str], env: dict[str, str] | None = None) -> None:
-    cmd = [sys.executable, "-m", "adloco", "train", *args]
-    for s in sets:
-        cmd += ["--set", s]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env or os.environ.copy())
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)}: exit {p.returncode}\n{p.stderr[-2000:]}")
-
-
-def events(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def newest(out: Path) -> Path:
-    return max((p for p in out.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/out/elastic")
@@ -64,7 +46,6 @@ def main() -> None:
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ADLOCO_TEST_FAULT": "kill@1:3"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "faultinject"), env.get("PYTHONPATH", "")])
-    restart = out / "restart"
     sets = [
         *TINY,
         "algorithm.rounds=5",
@@ -72,8 +53,8 @@ def main() -> None:
         "algorithm.trainers=2",
         f"data.source={corpus}",
     ]
-    run(["--nproc", "4", "--max-restarts", "1"], [*sets, f"logging.out_dir={restart}"], env)
-    member = next(e for e in events(newest(restart)) if e["event"] == "membership")
+    restart = Train(sets, out / "restart", "restart", nproc=4, max_restarts=1, env=env).run()
+    member = next(iter(restart.events("membership")))
     print(
         f"restart: rank 1 killed at round 3 of `adloco train --nproc 4 --max-restarts 1`; training again "
         f"{member['restart_s']:.1f} s after the last progress, from round {member['round']}",
@@ -82,19 +63,14 @@ def main() -> None:
 
     rows = {}
     for name, every in (("none", 0), ("every round", 1)):
-        d = out / f"checkpoint-{every}"
-        run(
-            [],
-            [
-                f"algorithm.rounds={args.rounds}",
-                f"checkpoint.every={every}",
-                "logging.progress=off",
-                "logging.plots=false",
-                "logging.save_model=false",
-                f"logging.out_dir={d}",
-            ],
-        )
-        evs = events(newest(d))
+        sets = [
+            f"algorithm.rounds={args.rounds}",
+            f"checkpoint.every={every}",
+            "logging.progress=off",
+            "logging.plots=false",
+            "logging.save_model=false",
+        ]
+        evs = Train(sets, out / f"checkpoint-{every}", f"checkpoint-{every}").run().events()
         train = [e["train_s"] for e in evs if e["event"] == "round"]
         ck = [e for e in evs if e["event"] == "checkpoint"]
         rows[name] = (statistics.median(train), [c["stall_s"] for c in ck], [c["seconds"] for c in ck], ck)

@@ -19,10 +19,9 @@ Usage:  python benchmarks/heterogeneous.py [--budget 3072] [--methods adloco,dil
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 from pathlib import Path
+
+from adloco.bench.runner import Train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,28 +53,10 @@ def main() -> None:
                 "algorithm.rounds=64",
                 "logging.progress=off",
                 "logging.plots=false",
-                f"logging.out_dir={args.out}",
-                f"logging.name={name}",
             ]
-            cmd = [
-                sys.executable,
-                "-m",
-                "adloco",
-                "train",
-                "--nproc",
-                "4",
-                "--config",
-                str(ROOT / "configs/bench-cpu.yaml"),
-            ]
-            for s in sets:
-                cmd += ["--set", s]
-            p = subprocess.run(cmd, capture_output=True, text=True)
-            if p.returncode != 0:
-                raise SystemExit(f"{name}: failed\n{p.stderr[-2000:]}")
-            run = sorted(Path(args.out).glob(f"{name}-*"))[-1]
-            s = json.loads((run / "summary.json").read_text())
-            evs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-            shares = [e for e in evs if e["event"] == "worker" and e["round"] == s["rounds"]]
+            run = Train(sets, Path(args.out), name, config=ROOT / "configs/bench-cpu.yaml", nproc=4).run()
+            s = run.summary
+            shares = [e for e in run.events("worker") if e["round"] == s["rounds"]]
             per_step = {e["worker"]: e["effective"] for e in shares}
             line = (
                 f"| {method} | {balance} | {s['wall_s']:.0f} s | {100 * s['idle_share']:.0f}% | "

@@ -57,7 +57,7 @@ def ratios(
 ) -> list[float]:
     """Per seed (those where both variants reached the target): first variant's simulated time to the
     target over the second's, every run priced at ``bandwidth`` bytes/s and the bench's compute price (or
-    ``profile``, a :class:`adloco.engine.profile.StepProfile`)."""
+    ``profile``, a :class:`adloco.profile.StepProfile`)."""
     spe, latency, target = doc["compute"]["seconds_per_example"], doc["network"]["latency"], doc["target"]
     reached: dict[str, dict[int, float]] = {}
     for name in variants:
@@ -82,7 +82,7 @@ def bench_profile(runs: dict[str, dict[int, Any]], profile: str | None, fixed_sh
     None (its seconds per example); at ``fixed_share`` when given."""
     if profile is None:
         return None
-    from adloco.engine.profile import StepProfile
+    from adloco.profile import StepProfile
 
     everyone = [run for by_seed in runs.values() for run in by_seed.values()]
     prof = results.fit_profile(everyone) if profile == "auto" else StepProfile.load(profile)

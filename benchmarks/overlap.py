@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from adloco import netmodel  # noqa: E402
+from adloco.bench.runner import Train  # noqa: E402
 
 DILOCO = [
     "algorithm.method=diloco",
@@ -104,24 +105,12 @@ def run(out: Path, name: str, mbit: int, seed: int, budget: int) -> Path:
         "network.latency=0.01",
         "logging.progress=off",
         "logging.plots=false",
-        f"logging.out_dir={folder.parent}",
-        f"logging.name={folder.name}",
     ]
-    cmd = [
-        sys.executable,
-        "-m",
-        "adloco",
-        "train",
-        "--nproc",
-        "2",
-        "--config",
-        str(ROOT / "configs/bench-cpu-lr.yaml"),
-    ]
-    cmd += [a for s in sets for a in ("--set", s)]
-    print(" ".join(cmd[2:]), flush=True)
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    (made,) = [p for p in folder.parent.iterdir() if p.name.startswith(folder.name) and p != folder]
-    made.rename(folder)
+    train = Train(
+        sets, folder.parent, folder.name, config=ROOT / "configs/bench-cpu-lr.yaml", nproc=2, cwd=ROOT
+    )
+    print(" ".join(train.argv[2:]), flush=True)
+    train.run(stdout=subprocess.DEVNULL, stderr=None).folder.rename(folder)
     return folder
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
+import functools
 import math
 import os
 import statistics
@@ -37,8 +37,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from adloco.bench.runner import Train
+
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
+BARE = "import torch, adloco.engine.train; import time; time.sleep(1)"  # the library's base RSS
 
 
 def children(pid: int) -> list[int]:
@@ -73,31 +76,36 @@ def rank_of(pid: int) -> int | None:
     return None
 
 
-def rounds_logged(out: Path, name: str, since: float) -> int:
-    """Round events rank 0 has written so far to the newest run directory of this name (metrics.jsonl
-    is flushed line by line)."""
-    runs = [d for d in out.glob(f"{name}-*") if d.stat().st_mtime >= since]
-    if not runs:
+def rounds_logged(train: Train) -> int:
+    """Round events rank 0 has written so far to the run's directory (metrics.jsonl is flushed line by
+    line)."""
+    run = train.run_dir()
+    if run is None:
         return 0
     try:
-        text = max(runs, key=lambda d: d.stat().st_mtime).joinpath("metrics.jsonl").read_text()
+        text = run.joinpath("metrics.jsonl").read_text()
     except OSError:
         return 0
     return text.count('"event":"round"')
 
 
 def watch(
-    cmd: list[str], log: Path, poll: float, ranks: bool, trained: Callable[[], bool] = lambda: False
+    start: Callable[..., subprocess.Popen[str]],
+    log: Path,
+    poll: float,
+    ranks: bool,
+    trained: Callable[[], bool] = lambda: False,
 ) -> tuple[int, dict[str, int], dict[str, int], float]:
-    """Run cmd, polling its processes' VmHWM; returns its exit code, the last VmHWM seen per process
-    ("launcher", "rank R", or "child PID" without a RANK) over the whole run and as of the first poll
-    at which ``trained()`` held (before the final checkpoint), and the wall time."""
+    """Run ``start(stdout=..., stderr=...)``, polling its processes' VmHWM; returns its exit code, the
+    last VmHWM seen per process ("launcher", "rank R", or "child PID" without a RANK) over the whole run
+    and as of the first poll at which ``trained()`` held (before the final checkpoint), and the wall
+    time."""
     peaks: dict[str, int] = {}
     before: dict[str, int] = {}
     names: dict[int, str] = {}
     t0 = time.perf_counter()
     with log.open("w") as f:
-        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+        p = start(stdout=f, stderr=subprocess.STDOUT)
         names[p.pid] = "launcher" if ranks else "process"
         while True:
             done = p.poll() is not None
@@ -130,7 +138,7 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     t_all = time.perf_counter()
 
-    bare = [sys.executable, "-c", "import torch, adloco.engine.train; import time; time.sleep(1)"]
+    bare = functools.partial(subprocess.Popen, [sys.executable, "-c", BARE], cwd=ROOT, text=True)
     code, peaks, _, _ = watch(bare, out / "bare.log", args.poll, ranks=False)
     if code != 0:
         raise SystemExit(f"bare import: failed\n{(out / 'bare.log').read_text()[-2000:]}")
@@ -153,24 +161,18 @@ def main() -> None:
             "logging.save_model=false",
             "logging.plots=false",
             "logging.progress=off",
-            f"logging.out_dir={out}",
-            f"logging.name={name}",
         ]
-        cmd = [sys.executable, "-m", "adloco", "train", "--nproc", str(k)]
-        cmd += ["--config", str(ROOT / "configs/bench-cpu-10m.yaml")]
-        for s in sets:
-            cmd += ["--set", s]
-        since = time.time() - 1
+        train = Train(sets, out, name, config=ROOT / "configs/bench-cpu-10m.yaml", nproc=k, cwd=ROOT)
 
-        def trained(name: str = name, since: float = since) -> bool:
-            return rounds_logged(out, name, since) >= args.rounds
+        def trained(train: Train = train) -> bool:
+            return rounds_logged(train) >= args.rounds
 
-        code, peaks, before, wall = watch(cmd, out / f"{name}.log", args.poll, True, trained)
+        code, peaks, before, wall = watch(train.start, out / f"{name}.log", args.poll, True, trained)
         if code != 0:
             raise SystemExit(f"{name}: failed (exit {code})\n{(out / f'{name}.log').read_text()[-3000:]}")
-        run = sorted(out.glob(f"{name}-*"))[-1]
-        s = json.loads((run / "summary.json").read_text())
-        evs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        run = train.result(code)
+        s = run.summary
+        evs = run.events()
         start = next(e for e in evs if e["event"] == "start")
         rounds = [e for e in evs if e["event"] == "round"]
         later = [e for e in rounds if e["round"] > 1] or rounds

@@ -80,10 +80,12 @@ def text_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # The longest tests start first, so that tests run side by side (pytest -n 2) end together.
 LONGEST = (
     "test_default_run.py",
-    "test_elastic.py",
     "test_faults.py",
-    "test_gpu_dryrun.py",
+    "test_clean_exit.py",
     "test_bench_runs.py",
+    "test_shards.py",
+    "test_elastic.py",
+    "test_gpu_dryrun.py",
 )
 
 

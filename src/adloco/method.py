@@ -23,6 +23,7 @@ from adloco import events, hooked, state
 from adloco.algorithms import allocation
 from adloco.algorithms.outer import OuterOptimizer, model_shapes
 from adloco.batch_tests import BatchTests
+from adloco.comm import default_comm
 from adloco.comm.base import Comm, reduce_local
 from adloco.comm.quantize import ErrorFeedback
 from adloco.regroup import Regroup
@@ -158,7 +159,7 @@ class AdLoCo:
         self.switch = dial("switch", switch, Switch)
         self.wire = dial("wire", wire, Wire)
         self.wire.check_streaming(inner_steps, self.ddp)
-        self.comm = comm if comm is not None else _default_comm(len(models))
+        self.comm = comm if comm is not None else default_comm(len(models))
         n = self.comm.n_workers
         b_max = self.switch.b_max_or_default
         if cuda_graphs and self.ddp:
@@ -582,15 +583,3 @@ class AdLoCo:
 
     def _average_grads(self, w: int) -> None:
         hooked.average_grads(self.replicas[w], self.members()[self.allocation[w]], self._reduce, self.scratch)
-
-
-def _default_comm(n_local: int) -> Comm:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        from adloco.comm.torchdist import TorchDistComm
-
-        return TorchDistComm(n_local)
-    from adloco.comm.inprocess import InProcessComm
-
-    return InProcessComm(n_local)

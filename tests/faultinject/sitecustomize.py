@@ -6,7 +6,11 @@
   ``stop@R:N``   SIGSTOP it there (a hung process that neither answers nor dies);
   ``term@R:N``   send it SIGTERM there (as a scheduler would), to stop it cleanly;
   ``term@R:N:S`` send it SIGTERM after inner step S of round N (mid-round; ``int@R:N:S``: SIGINT).
-They strike the first attempt only, not the processes an elastic agent restarts. Faults that need no
+They strike the first attempt only, not the processes an elastic agent restarts. And one gate:
+  ``hold@N:FILE`` every rank of every attempt waits at the start of round N until FILE exists (a test
+                 paces a run by the events it has seen, not by the clock); a SIGTERM while it waits (the
+                 agent stopping its workers to restart them) ends the process at once.
+Faults that need no
 lost process (non-finite workers, out of memory, a full disk) are injected in the test's own process
 (``tests/helpers.py``).
 """
@@ -38,11 +42,24 @@ def _install() -> None:
             return -1
         return int(os.environ.get("RANK", "0"))
 
+    def hold(path: str) -> None:
+        import time
+
+        old = signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))
+        try:
+            while not os.path.exists(path):
+                time.sleep(0.1)
+        finally:
+            signal.signal(signal.SIGTERM, old)
+
     step_all = method.AdLoCo.step_all
 
     def faulty_step_all(self, batches, *, stop=False):  # type: ignore[no-untyped-def]
         round_, h = self.round + 1, self.step_in_round
         if h == 0:  # the start of a round
+            for n, *path in _faults("hold"):
+                if int(n) == round_:
+                    hold(":".join(path))
             for action, sig in (("kill", signal.SIGKILL), ("stop", signal.SIGSTOP), ("term", signal.SIGTERM)):
                 for r, n, *at in _faults(action):
                     if int(r) == rank() and int(n) == round_ and not at:

@@ -1,7 +1,8 @@
 """Nothing lost when a process is: a SIGKILLed run, a SIGTERMed or Ctrl-C'd one, and a killed rank of a
-distributed run resume bit for bit from their checkpoints. Real processes, faults injected by
-``tests/faultinject/sitecustomize.py`` (``with_faults``); the same resumes without a lost process are
-tests/unit/test_resume.py."""
+distributed run resume bit for bit from their checkpoints. The runs that lose a process are real
+processes, faults injected by ``tests/faultinject/sitecustomize.py`` (``with_faults``); the uninterrupted
+runs and the resumes of one-process runs run in this process (``adloco train`` is the same code there,
+without a start-up to pay for); the same resumes without a lost process are tests/unit/test_resume.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from adloco.engine import checkpoint
-from tests.helpers import RESUME_RUN, only_run, rounds_logged, weights, with_faults
+from tests.helpers import RESUME_RUN, only_run, rounds_logged, run_main, weights, with_faults
 
 TINY = RESUME_RUN
 
@@ -36,9 +37,11 @@ def train(
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> Path:
-    """The uninterrupted run every resumed run must reproduce bit for bit."""
+    """The uninterrupted run every resumed run must reproduce bit for bit (in this process: the same
+    bits as in a process of its own, one thread each)."""
     out = tmp_path_factory.mktemp("reference")
-    p = train(out, text_corpus)
+    sets = {**TINY, "data.source": str(text_corpus), "logging.out_dir": str(out)}
+    p = run_main("train", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")])
     assert p.returncode == 0, p.stderr
     return only_run(out)
 
@@ -50,7 +53,7 @@ def test_a_killed_run_resumes_bit_for_bit(tmp_path: Path, text_corpus: Path, ref
     run = only_run(out)
     assert [c.name for c in checkpoint.complete(run)] == ["round-000002"]
     assert rounds_logged(run) == [1, 2, 3]
-    p = adloco("train", "--resume", str(run))
+    p = run_main("train", "--resume", str(run))
     assert p.returncode == 0, p.stderr
     assert f"resuming {run} from round-000002 (round 2 of 5)" in p.stdout
     assert rounds_logged(run) == [1, 2, 3, 4, 5]  # round 3 replayed once, nothing repeated
@@ -73,7 +76,7 @@ def test_sigterm_mid_round_stops_with_a_checkpoint(
         f"resume with: adloco train --resume {run}",
     ]
     assert rounds_logged(run) == [1, 2, 3]
-    p = adloco("train", "--resume", str(run))
+    p = run_main("train", "--resume", str(run))
     assert p.returncode == 0, p.stderr
     assert weights(run) == weights(reference)  # the stopped round was undone, then replayed exactly
 
@@ -91,6 +94,9 @@ def test_ctrl_c_stops_with_130(tmp_path: Path, text_corpus: Path) -> None:
 
 
 def test_a_killed_rank_resumes_bit_for_bit(tmp_path: Path, text_corpus: Path) -> None:
+    """2 processes: rank 1 SIGKILLed at round 4 (rank 0 names it and stops); the resume is then stopped by
+    SIGTERM to rank 0 alone, mid-round 5 (rank 1 learns it from the round's gather, both stop and
+    checkpoint); resumed again, the run ends with the uninterrupted run's model, bit for bit."""
     extra = {"runtime__workers_per_process": "2", "runtime__timeout": "20"}
     full, cut = tmp_path / "full", tmp_path / "cut"
     p = train(full, text_corpus, "--nproc", "2", **extra)
@@ -98,17 +104,13 @@ def test_a_killed_rank_resumes_bit_for_bit(tmp_path: Path, text_corpus: Path) ->
     p = train(cut, text_corpus, "--nproc", "2", fault="kill@1:4", **extra)
     assert p.returncode != 0 and "rank 1 stopped answering" in p.stderr
     run = only_run(cut)
+    assert rounds_logged(run) == [1, 2, 3]
+    p = adloco("train", "--nproc", "2", "--resume", str(run), fault="term@0:5:2")
+    assert p.returncode == 143, p.stderr
+    assert "adloco: stopped by SIGTERM in round 5: checkpoint round-000004 written" in p.stderr
+    assert f"resume with: adloco train --nproc 2 --resume {run}" in p.stderr
+    assert rounds_logged(run) == [1, 2, 3, 4]
     p = adloco("train", "--nproc", "2", "--resume", str(run))
     assert p.returncode == 0, p.stderr
     assert rounds_logged(run) == [1, 2, 3, 4, 5]
-    assert weights(run) == weights(only_run(full))
-    # SIGTERM to rank 0 alone, mid-round: rank 1 learns it from the round's gather, both stop and checkpoint
-    stopped = tmp_path / "stopped"
-    p = train(stopped, text_corpus, "--nproc", "2", fault="term@0:4:2", **extra)
-    assert p.returncode == 143, p.stderr
-    run = only_run(stopped)
-    assert "adloco: stopped by SIGTERM in round 4: checkpoint round-000003 written" in p.stderr
-    assert f"resume with: adloco train --nproc 2 --resume {run}" in p.stderr
-    p = adloco("train", "--nproc", "2", "--resume", str(run))
-    assert p.returncode == 0, p.stderr
     assert weights(run) == weights(only_run(full))

@@ -101,10 +101,21 @@ def world(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> dict[s
 
 @pytest.fixture(autouse=True)
 def sixteen_gib(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sizes are judged against a fixed machine: 16 GiB of memory, no GPU."""
+    """Every line is judged against a fixed machine, whatever this one is: 16 GiB of memory, no GPU, and
+    no tensorboard package."""
+    import torch
+
+    from adloco.telemetry import metrics
+
     monkeypatch.setattr(sizing, "physical_memory", lambda: 16 * 2**30)
     monkeypatch.setattr(sizing, "cuda_memory", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    installed = metrics.available
+    monkeypatch.setattr(metrics, "available", lambda sink: sink != "tensorboard" and installed(sink))
 
+
+# `adloco launch`'s options around a valid config (the finished run's)
+LAUNCH = ["--config", "{run}/config.yaml", "--nodes", "2", "--nproc-per-node", "2"]
 
 # (case, arguments after `adloco`, the exact line) with {tmp}, {ckpt}, {run}, {nock}, {corpus} filled in.
 CASES: list[tuple[str, list[str], str]] = [
@@ -423,6 +434,26 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: runtime.backend = 'inprocess': must be torchdist or auto with runtime.shards > 1 (shards are processes: adloco train --nproc N)",
     ),
     (
+        "device-cuda-without-one",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.device=cuda")],
+        "config: runtime.device = 'cuda': no CUDA device is available (use 'auto' or 'cpu')",
+    ),
+    (
+        "mixed-precision-without-cuda",
+        ["train", *S("logging.out_dir={tmp}/runs", "model.precision=fp16")],
+        "config: model.precision = 'fp16': mixed precision needs CUDA (this run is on cpu); use fp32",
+    ),
+    (
+        "tensorboard-on-without-the-package",
+        ["train", *S("logging.out_dir={tmp}/runs", "logging.tensorboard=on")],
+        "config: logging.tensorboard = 'on': the tensorboard package is not installed (pip install 'adloco[tensorboard]', or 'auto' to log there only when installed)",
+    ),
+    (
+        "torchdist-without-a-launcher",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.backend=torchdist")],
+        "config: runtime.backend = 'torchdist': start with `torchrun --nproc-per-node N -m adloco train ...` or `adloco train --nproc N ...`",
+    ),
+    (
         "shards-in-one-process",
         ["train", *S("logging.out_dir={tmp}/runs", "runtime.shards=2")],
         "config: runtime.shards = 2: a sharded worker is several processes: start with adloco train --nproc N (or torchrun), N = algorithm.workers x runtime.shards",
@@ -667,7 +698,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "argparse-unknown-command",
         ["trian"],
-        "unknown command 'trian' (commands: train, bench, analyze-gradients, profile, report, config)",
+        "unknown command 'trian' (commands: train, bench, analyze-gradients, profile, launch, report, config)",
     ),
     (
         "config-unknown-section",
@@ -713,6 +744,106 @@ CASES: list[tuple[str, list[str], str]] = [
         "resume-fewer-rounds",
         ["train", "--resume", "{run}", *S("algorithm.rounds=1")],
         "config: algorithm.rounds = 1: the checkpoint is at round 2 already",
+    ),
+    (
+        "launch-k8s-without-image",
+        ["launch", "k8s", *LAUNCH],
+        "--image: `adloco launch k8s` needs the container image to run (adloco installed in it)",
+    ),
+    (
+        "launch-option-of-another-scheduler",
+        ["launch", "slurm", *LAUNCH, "--image", "reg/adloco:1"],
+        "--image: only for `adloco launch k8s` (this is slurm)",
+    ),
+    (
+        "launch-k8s-port",
+        ["launch", "k8s", *LAUNCH, "--image", "reg/adloco:1", "--port", "1234"],
+        "--port 1234: Kubeflow Trainer's torch runtime sets the rendezvous port (29500); leave it out",
+    ),
+    (
+        "launch-skypilot-gpus-without-a-name",
+        ["launch", "skypilot", *LAUNCH, "--gpus-per-node", "8"],
+        "--gpus-per-node: SkyPilot asks for GPUs by name: give --accelerators NAME:COUNT (e.g. H100:8)",
+    ),
+    (
+        "launch-no-nodes",
+        ["launch", "slurm", *LAUNCH[:2], "--nodes", "0", *LAUNCH[4:]],
+        "--nodes 0: must be >= 1",
+    ),
+    (
+        "launch-min-nodes-above-nodes",
+        ["launch", "slurm", *LAUNCH, "--min-nodes", "3"],
+        "--min-nodes 3: must be between 1 and --nodes (2)",
+    ),
+    (
+        "launch-no-restarts",
+        ["launch", "slurm", *LAUNCH, "--max-restarts", "0"],
+        "--max-restarts 0: must be >= 1: a restarted or requeued job continues its run only under the elastic agent",
+    ),
+    (
+        "launch-port",
+        ["launch", "slurm", *LAUNCH, "--port", "70000"],
+        "--port 70000: must be a TCP port, 1 to 65535",
+    ),
+    (
+        "launch-k8s-name",
+        ["launch", "k8s", *LAUNCH, "--image", "reg/adloco:1", "--name", "My_Job"],
+        "--name 'My_Job': a TrainJob's name is at most 63 lowercase letters, digits and '-', starting with a letter and ending with a letter or digit",
+    ),
+    (
+        "launch-slurm-time",
+        ["launch", "slurm", *LAUNCH, "--time", "1h"],
+        "--time '1h': a Slurm time limit, e.g. 24:00:00, 90 or 2-00:00:00",
+    ),
+    (
+        "launch-k8s-memory",
+        ["launch", "k8s", *LAUNCH, "--image", "reg/adloco:1", "--memory", "64GB"],
+        "--memory '64GB': a Kubernetes quantity, e.g. 64Gi or 500M",
+    ),
+    (
+        "launch-skypilot-accelerators",
+        ["launch", "skypilot", *LAUNCH, "--accelerators", "H100 8"],
+        "--accelerators 'H100 8': NAME or NAME:COUNT, e.g. H100:8",
+    ),
+    (
+        "launch-partition-with-a-space",
+        ["launch", "slurm", *LAUNCH, "--partition", "a b"],
+        "--partition 'a b': must be non-empty, without spaces, quotes, '$', '`' or '\\'",
+    ),
+    (
+        "launch-config-missing",
+        ["launch", "slurm", "--config", "{tmp}/nope.yaml", *LAUNCH[2:]],
+        "--config '{tmp}/nope.yaml': no such file",
+    ),
+    (
+        "launch-config-field",
+        ["launch", "slurm", *LAUNCH, *S("batch.eta=-1")],
+        "config: batch.eta = -1.0: must be > 0",
+    ),
+    (
+        "launch-in-one-process",
+        ["launch", "slurm", *LAUNCH, *S("runtime.backend=inprocess")],
+        "config: runtime.backend = 'inprocess': a cluster job runs one process per worker; set torchdist or auto",
+    ),
+    (
+        "launch-shards-across-machines",
+        ["launch", "slurm", *LAUNCH[:4], "--nproc-per-node", "3", *S("runtime.shards=2")],
+        "config: runtime.shards = 2: must divide --nproc-per-node (3): a worker's processes talk every step and share one machine",
+    ),
+    (
+        "launch-out-exists",
+        ["launch", "slurm", *LAUNCH, "--out", "{tmp}/afile"],
+        "--out '{tmp}/afile': already exists; pass --force to replace it",
+    ),
+    (
+        "launch-out-no-folder",
+        ["launch", "slurm", *LAUNCH, "--out", "{tmp}/nodir/job.sbatch"],
+        "--out '{tmp}/nodir/job.sbatch': no such folder '{tmp}/nodir'",
+    ),
+    (
+        "launch-unknown-scheduler",
+        ["launch", "pbs", *LAUNCH],
+        "argument SCHEDULER: invalid choice: 'pbs' (choose from 'slurm', 'k8s', 'skypilot') (see adloco launch --help)",
     ),
 ]
 

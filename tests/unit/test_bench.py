@@ -566,6 +566,84 @@ def test_a_bench_resumes_keeping_the_runs_that_finished(
     assert "not a folder adloco bench made" in capsys.readouterr().err
 
 
+# -- one run as a benchmark script starts it (adloco.bench.runner.Train) --------------------------------
+
+# `adloco train` made up: prints its arguments, writes a run directory named as the engine names them
+# (``--set runner.dir=elastic`` as under the elastic agent), or fails as $FAKE_TRAIN says.
+FAKE_TRAIN = """
+import json, os, sys
+from pathlib import Path
+argv = sys.argv[1:]
+sets = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--set")
+print(" ".join(argv))
+how = os.environ.get("FAKE_TRAIN", "")
+if how == "fail":
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print("RuntimeError: the data went away", file=sys.stderr)
+    sys.exit(3)
+if how == "nothing":
+    sys.exit(0)
+suffix = "rdzv-1" if sets.get("runner.dir") == "elastic" else "20260101-000000"
+run = Path(sets["logging.out_dir"]) / (sets["logging.name"] + "-" + suffix)
+run.mkdir(parents=True, exist_ok=True)
+evs = [{"event": "start", "round": 0}, {"event": "round", "round": 1}, {"event": "round", "round": 2}]
+(run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\\n" for e in evs))
+(run / "summary.json").write_text(json.dumps({"rounds": 2, "sets": sets}))
+"""
+
+
+@pytest.fixture
+def fake_train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    script = tmp_path / "fake_adloco_train.py"
+    script.write_text(FAKE_TRAIN)
+    monkeypatch.delenv("FAKE_TRAIN", raising=False)
+    return [sys.executable, str(script)]
+
+
+def test_a_benchmark_run_returns_its_own_run_directory_summary_and_events(
+    fake_train: list[str], tmp_path: Path
+) -> None:
+    """Train: the command line a script gets (--nproc, --max-restarts, --config, its sets, then where
+    and under which name), the run directory the run made (not an older one of the same name, also
+    one named as the elastic agent names it), its summary and its events."""
+    from adloco.bench.runner import Train, train_command
+
+    out = tmp_path / "runs"
+    (out / "a-20250101-000000").mkdir(parents=True)  # an older run of the same name: not this one
+    train = Train(
+        ["x.y=1"], out, "a", config=tmp_path / "c.yaml", nproc=2, max_restarts=1, command=fake_train
+    )
+    assert train.argv == [
+        *fake_train,
+        *["--nproc", "2", "--max-restarts", "1", "--config", str(tmp_path / "c.yaml")],
+        *["--set", "x.y=1", "--set", f"logging.out_dir={out}", "--set", "logging.name=a"],
+    ]
+    done = train.run()
+    assert done.folder == out / "a-20260101-000000" and done.summary["sets"]["x.y"] == "1"
+    assert done.stdout.startswith("--nproc 2 --max-restarts 1 --config")
+    assert [e["round"] for e in done.events("round")] == [1, 2] and len(done.events()) == 3
+    elastic = Train(["runner.dir=elastic"], out, "b", command=fake_train).run()
+    assert elastic.folder == out / "b-rdzv-1"
+    assert Train([], out, "c").argv[:4] == train_command() == [sys.executable, "-m", "adloco", "train"]
+
+
+def test_a_benchmark_run_that_fails_is_one_message_with_its_command_and_stderr(
+    fake_train: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from adloco.bench.runner import RunFailed, Train
+
+    monkeypatch.setenv("FAKE_TRAIN", "fail")
+    with pytest.raises(RunFailed) as failed:
+        Train(["x.y=1"], tmp_path / "runs", "a", command=fake_train).run()
+    text = str(failed.value.code)
+    assert text.startswith("a: failed (exit code 3): ") and "--set x.y=1" in text
+    assert text.endswith("\n  Traceback (most recent call last):\n  RuntimeError: the data went away")
+    assert isinstance(failed.value, SystemExit)  # a script that does not catch it ends with this message
+    monkeypatch.setenv("FAKE_TRAIN", "nothing")
+    with pytest.raises(RunFailed, match="a: failed \\(it wrote no run directory\\)"):
+        Train([], tmp_path / "runs", "a", command=fake_train).run()
+
+
 def test_claims_give_per_seed_ratios_and_a_replaced_adloco_drops_its_ablations() -> None:
     import importlib.util
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from adloco import AdaptiveBatch, AdLoCo, DiLoCo, LocalSGD, Merging, Outer, Switch, Wire
+from adloco import DDP, AdaptiveBatch, AdLoCo, DiLoCo, LocalSGD, Merging, Outer, Switch, Wire
 from adloco.comm.base import Comm, wire_bytes
 from adloco.comm.inprocess import InProcessComm
 
@@ -417,6 +417,73 @@ def test_bad_arguments_name_the_argument(kwargs: dict[str, Any], message: str) -
 def test_bad_settings_name_the_field(make: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_a_launch_of_several_processes_without_a_process_group_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under torchrun (WORLD_SIZE 2) with no init_process_group, the default communicator would train
+    each process alone and exit 0: refused in one line that says what to do. One process (WORLD_SIZE 1)
+    is every worker in this process, as without a launcher."""
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ms = models(1)
+    with pytest.raises(ValueError) as exc:
+        DiLoCo(ms, sgd(ms), inner_steps=2, loss_fn=loss_fn)
+    assert str(exc.value) == (
+        "comm: WORLD_SIZE = '2' (a launcher such as torchrun started several processes) but "
+        "torch.distributed's process group is not initialized: call torch.distributed.init_process_group() "
+        "before building the algorithm, or pass comm= (adloco.InProcessComm(n) for workers in this process "
+        "only)"
+    )
+    algo = DiLoCo(ms, sgd(ms), inner_steps=2, loss_fn=loss_fn, comm=InProcessComm(1))  # said explicitly
+    assert algo.comm.n_workers == 1
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert isinstance(DiLoCo(ms, sgd(ms), inner_steps=2, loss_fn=loss_fn).comm, InProcessComm)
+
+
+@pytest.mark.parametrize("cls", [DiLoCo, LocalSGD, DDP])
+def test_the_presets_show_every_argument_with_its_default(cls: type[AdLoCo]) -> None:
+    """``help(DiLoCo)`` and the API reference show AdLoCo's arguments, keyword-only, with AdLoCo's
+    defaults, except what the method's preset sets (its trainers; None dials: the preset); batch_size is
+    the presets' own. A keyword that is none of them is Python's TypeError, before anything is built."""
+    import inspect
+    import pydoc
+
+    from adloco.settings import PRESETS
+
+    mine = inspect.signature(cls).parameters
+    base = inspect.signature(AdLoCo).parameters
+    assert [n for n in mine if n != "batch_size"] == list(base)
+    for name, p in mine.items():
+        if name in ("model", "inner_optimizer"):
+            continue
+        assert p.kind is inspect.Parameter.KEYWORD_ONLY, name
+        if name == "trainers":
+            assert p.default == PRESETS[cls.METHOD]["algorithm"]["trainers"]
+        elif name != "batch_size":
+            assert p.default == base[name].default, name
+        assert f"{name}:" in (DiLoCo.__doc__ or ""), name  # each argument has its line under Args
+    shown = pydoc.render_doc(cls, renderer=pydoc.plaintext)  # what help() prints
+    assert (
+        "inner_steps: 'int' = 12" in shown and "wire: 'Wire | None' = None" in shown and "**kw" not in shown
+    )
+    ms = models(1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'inner_step'"):
+        cls(ms, sgd(ms), inner_step=2, loss_fn=loss_fn)  # type: ignore[call-arg]
+
+
+def test_a_preset_takes_batch_size_or_a_batch_not_both() -> None:
+    ms = models(1)
+    algo = DiLoCo(ms, sgd(ms), inner_steps=2, loss_fn=loss_fn, batch_size=3)
+    assert (algo.batch.initial, algo.batch.test, algo.stated_batch) == (3, "none", 3)
+    with pytest.raises(ValueError, match="batch_size: give batch_size or batch=AdaptiveBatch"):
+        DiLoCo(ms, sgd(ms), batch_size=3, batch=AdaptiveBatch("norm"), loss_fn=loss_fn)
+    with pytest.raises(ValueError, match="batch_size = 0: must be an integer >= 1"):
+        DiLoCo(ms, sgd(ms), batch_size=0, loss_fn=loss_fn)
 
 
 def test_an_optimizer_of_other_tensors_is_refused() -> None:

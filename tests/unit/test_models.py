@@ -241,7 +241,12 @@ def test_hub_names_offline_fail_at_once(
     )
 
 
-def test_mixed_precision_needs_cuda(tmp_path: Path, text_corpus: Path) -> None:
+def test_mixed_precision_needs_cuda(
+    tmp_path: Path, text_corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a machine without CUDA (made one here: on a GPU the same run is legal) bf16 is refused before
+    anything is built."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     p = adloco(
         "train",
         *TINY,
@@ -261,6 +266,36 @@ def test_mixed_precision_needs_cuda(tmp_path: Path, text_corpus: Path) -> None:
         "adloco: error: config: model.precision = 'bf16': mixed precision needs CUDA "
         "(this run is on cpu); use fp32"
     )
+    assert not (tmp_path / "runs").exists()
+
+
+def test_what_a_run_asks_of_the_machine_is_checked_once_where_it_trains(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """check_placement judges the config against this machine and launch, not resolve(): a config for a
+    GPU is still printed and read back on a machine without one. CUDA is mocked both ways."""
+    from adloco.config import resolve
+    from adloco.config.checks import check_placement
+
+    gpu = resolve(None, ["model.precision=bf16", "runtime.device=cuda"])  # resolves without a GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    check_placement(gpu, None)  # legal where there is CUDA
+    check_placement(resolve(None, ["model.precision=fp16"]), None)  # auto picks CUDA there
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match="runtime.device = 'cuda': no CUDA device is available"):
+        check_placement(gpu, None)
+    with pytest.raises(UserError, match="model.precision = 'fp16': mixed precision needs CUDA"):
+        check_placement(resolve(None, ["model.precision=fp16"]), None)
+    # the layout of workers over the processes torchrun started; flexible (resume, elastic): any number
+    four = resolve(None, ["algorithm.workers=4", "runtime.shards=2"])
+    with pytest.raises(
+        UserError, match=r"algorithm.workers = 4: must equal processes \(4\) / runtime.shards"
+    ):
+        check_placement(four, 4)
+    check_placement(four, 8)
+    check_placement(four, 4, flexible=True)
+    with pytest.raises(UserError, match="runtime.shards = 2: a sharded worker is several processes"):
+        check_placement(four, None)
 
 
 def test_reinit_output_per_trainer(checkpoint: Path) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from adloco.engine.profile import StepProfile, fit, fit_runs
 from adloco.errors import UserError
+from adloco.profile import StepProfile, fit, fit_runs
 from adloco.report import results
 from tests.helpers import driver, run_main, tiny_config
 from tests.unit.test_reporting import recorded_run

@@ -88,6 +88,8 @@ def trackers_here(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_wandb_and_mlflow_get_the_scalars_and_the_config(
     tmp_path: Path, text_corpus: Path, trackers_here: None
 ) -> None:
+    pytest.importorskip("wandb", reason="the wandb extra (installed with dev; CI has it)")
+    pytest.importorskip("mlflow", reason="the mlflow extra (installed with dev; CI has it)")
     # `true` is `on` (YAML's booleans spell the choice)
     sets = S(
         f"data.source={text_corpus}",
@@ -117,6 +119,7 @@ def test_wandb_and_mlflow_get_the_scalars_and_the_config(
 def test_auto_follows_the_package_and_off_is_off(
     tmp_path: Path, text_corpus: Path, trackers_here: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    pytest.importorskip("mlflow", reason="the mlflow extra (installed with dev; CI has it)")
     monkeypatch.setattr(metrics, "available", lambda sink: sink == "mlflow")  # as if wandb were not installed
     sets = S(f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", *TINY)
     assert main(["train", *sets, *S("logging.tensorboard=off")]) == 0

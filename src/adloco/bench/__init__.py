@@ -59,7 +59,7 @@ from adloco.bench.grid import (
     select,
     variants,
 )
-from adloco.bench.runner import TAIL, Bench, Terminated, eta
+from adloco.bench.runner import TAIL, Bench, Terminated, eta, train_command
 from adloco.bench.writer import _finish, _plan, read_results, report_only
 from adloco.config import dump_yaml, resolve
 from adloco.errors import UserError
@@ -169,11 +169,6 @@ def add_parser(sub: Any) -> None:
         help="with --report-only: simulated network, seconds per hop (default: the runs')",
     )
     b.add_argument("--debug", action="store_true", help="show tracebacks")
-
-
-def train_command() -> list[str]:
-    """How a run is started (tests put a stand-in here)."""
-    return [sys.executable, "-m", "adloco", "train"]
 
 
 def prepare_data(cfg: Any) -> None:

@@ -1,12 +1,15 @@
-"""How ``adloco bench`` runs its tasks: each in its own ``adloco train`` process (its output logged
-under ``<out>/logs`` and, one job at a time, shown), up to ``--jobs`` at a time, a method's grid
+"""How runs are started: ``adloco bench``'s tasks, each in its own ``adloco train`` process (its output
+logged under ``<out>/logs`` and, one job at a time, shown), up to ``--jobs`` at a time, a method's grid
 selected as soon as its settings have finished, a failure noted in ``bench-failure.txt``, every run
-stopped resumably on SIGINT or SIGTERM (:class:`Bench`); and the estimate of the time left
-(:func:`eta`)."""
+stopped resumably on SIGINT or SIGTERM (:class:`Bench`); the estimate of the time left (:func:`eta`);
+and one run as a script under ``benchmarks/`` starts it (:class:`Train`: the command line, the process,
+the run directory it made, its summary and events as :class:`Finished`), so that a script holds only its
+grid and its table."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -15,7 +18,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -404,3 +408,114 @@ class Bench:
 
 class Terminated(Exception):
     """The bench got SIGTERM."""
+
+
+# -- one run, as a benchmark script starts it ------------------------------------------------------------
+
+
+def train_command() -> list[str]:
+    """How a run is started: ``adloco train`` in this Python (tests put a stand-in here)."""
+    return [sys.executable, "-m", "adloco", "train"]
+
+
+class RunFailed(SystemExit):
+    """A run of :class:`Train` that ended with an exit code other than 0, or wrote no run directory: one
+    message naming it, its command and the last lines of its stderr (a script that does not catch it
+    ends with that message and exit code 1)."""
+
+
+@dataclass
+class Finished:
+    """A run that finished: its directory, its ``summary.json``, and what it printed (when captured)."""
+
+    folder: Path
+    summary: dict[str, Any]
+    stdout: str = ""
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """The events of ``metrics.jsonl`` as dicts, in order; only those of ``kind`` when given."""
+        lines = (self.folder / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        evs = [json.loads(line) for line in lines if line.strip()]
+        return evs if kind is None else [e for e in evs if e.get("event") == kind]
+
+
+class Train:
+    """One ``adloco train`` run as a benchmark starts it: ``--config config`` (if any), then every
+    ``section.key=value`` of ``sets`` as ``--set``, then ``logging.out_dir=out`` and ``logging.name=name``;
+    in this process's Python, or as ``nproc`` local processes (``--nproc``, with ``--max-restarts``).
+    ``env`` replaces the environment (default: this process's), ``command`` the ``adloco train`` part.
+
+    :meth:`run` starts it and waits; or :meth:`start` it, watch it (:meth:`run_dir` is the directory it
+    made, once there is one) and :meth:`result` it."""
+
+    def __init__(
+        self,
+        sets: Sequence[str],
+        out: Path,
+        name: str,
+        *,
+        config: Path | None = None,
+        nproc: int | None = None,
+        max_restarts: int = 0,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        command: Sequence[str] | None = None,
+    ) -> None:
+        self.out, self.name, self.cwd = Path(out), name, cwd
+        self.env = dict(os.environ if env is None else env)
+        argv = list(command if command is not None else train_command())
+        if nproc is not None:
+            argv += ["--nproc", str(nproc)] + (["--max-restarts", str(max_restarts)] if max_restarts else [])
+        if config is not None:
+            argv += ["--config", str(config)]
+        for s in [*sets, f"logging.out_dir={self.out}", f"logging.name={name}"]:
+            argv += ["--set", s]
+        self.argv = argv
+        self._before: set[str] = set()
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self, **popen: Any) -> subprocess.Popen[str]:
+        """Start the run (``popen``: :class:`subprocess.Popen`'s stdout, stderr, ...), noting the run
+        directories already in ``out``: the one it makes is the new one."""
+        self._before = {d.name for d in self.out.iterdir()} if self.out.is_dir() else set()
+        self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, text=True, **popen)
+        return self.proc
+
+    def run_dir(self) -> Path | None:
+        """The run directory this run made in ``out`` (``name-<timestamp>``, or ``name-<rdzv id>`` under
+        the elastic agent), the newest if several; None before it exists."""
+        if not self.out.is_dir():
+            return None
+        made = [
+            d
+            for d in self.out.iterdir()
+            if d.is_dir() and d.name not in self._before and d.name.startswith(f"{self.name}-")
+        ]
+        return max(made, key=lambda d: (d.stat().st_mtime, d.name)) if made else None
+
+    def run(self, stdout: Any = subprocess.PIPE, stderr: Any = subprocess.PIPE) -> Finished:
+        """Start the run, wait for it, and return what it wrote (output captured unless told otherwise:
+        ``subprocess.DEVNULL``, a file, or None for this process's own)."""
+        proc = self.start(stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
+        out, err = proc.communicate()
+        return self.result(proc.returncode, out or "", err or "")
+
+    def result(self, code: int, stdout: str = "", stderr: str = "") -> Finished:
+        """What the run wrote, once it exited with ``code``; :class:`RunFailed` when it failed or left no
+        finished run directory."""
+        folder = self.run_dir()
+        why = (
+            f"exit code {code}"
+            if code != 0
+            else "it wrote no run directory"
+            if folder is None
+            else "no summary.json in its run directory"
+            if not (folder / "summary.json").is_file()
+            else ""
+        )
+        if why:
+            tail = "".join(f"\n  {x}" for x in stderr.splitlines()[-TAIL:])
+            raise RunFailed(f"{self.name}: failed ({why}): {shlex.join(self.argv)}{tail}")
+        assert folder is not None
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+        return Finished(folder, summary, stdout)

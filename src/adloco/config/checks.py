@@ -1,5 +1,8 @@
 """Rules across sections, checked once the sections are built: every trainer has a worker, the layout of
-workers over processes, one emulated speed per worker, and that a preset model fits where it will run.
+workers over processes, one emulated speed per worker, and that a preset model fits where it will run;
+and, once, by the process that trains (:func:`check_placement`), what the config asks of this machine: a
+backend of several processes for sharded workers, a CUDA device, mixed precision and CUDA graphs on it,
+the metrics sinks' packages.
 Each is one :class:`~adloco.errors.UserError` naming the field, the value and what is allowed."""
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from typing import Any
 from adloco.config.schema import Config
 from adloco.errors import UserError
 from adloco.models import sizing
+from adloco.profile import StepProfile
 from adloco.settings import check_speeds
 
 
@@ -67,8 +71,6 @@ def check(cfg: Config, resuming: bool = False) -> None:
     except ValueError as exc:
         raise UserError(f"config: {exc}") from None
     if rt.profile is not None and rt.profile != "auto":  # read now: a run must not fail at its first round
-        from adloco.engine.profile import StepProfile
-
         StepProfile.load(rt.profile, where=f"config: runtime.profile = {rt.profile!r}")
     check_memory(cfg)
 
@@ -228,4 +230,47 @@ def check_layout(workers: int, processes: int, workers_per_process: int, shards:
         raise UserError(
             f"config: algorithm.workers = {workers}: must equal processes ({processes}) x "
             f"runtime.workers_per_process ({workers_per_process})"
+        )
+
+
+def uses_cuda(device: str) -> bool:
+    """Whether ``runtime.device`` puts this process on CUDA (``auto``: when a CUDA device is available)."""
+    import torch
+
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+
+
+def check_placement(cfg: Config, world: int | None, flexible: bool = False) -> None:
+    """What the config asks of the processes and the machine a run trains on, checked by ``adloco train``
+    once, before it builds anything: ``world`` is the number of processes torchrun (or ``--nproc``)
+    started, None without a launcher; ``flexible``: a resumed or elastic run, whose workers follow its
+    processes. Not part of :func:`check`: a config for a GPU may still be printed (``adloco config``) or
+    read back (``adloco analyze-gradients``) where there is none."""
+    rt = cfg.runtime
+    backend = rt.backend if rt.backend != "auto" else ("torchdist" if world is not None else "inprocess")
+    if rt.shards > 1 and backend != "torchdist":
+        raise UserError(
+            f"config: runtime.shards = {rt.shards}: a sharded worker is several processes: start with "
+            "adloco train --nproc N (or torchrun), N = algorithm.workers x runtime.shards"
+        )
+    if backend == "torchdist":
+        if world is None:
+            raise UserError(
+                "config: runtime.backend = 'torchdist': start with `torchrun --nproc-per-node N -m adloco "
+                "train ...` or `adloco train --nproc N ...`"
+            )
+        check_layout(cfg.algorithm.workers, world, rt.workers_per_process, rt.shards, flexible)
+    if rt.device == "cuda" and not uses_cuda("auto"):
+        raise UserError("config: runtime.device = 'cuda': no CUDA device is available (use 'auto' or 'cpu')")
+    from adloco.telemetry.metrics import check_sinks
+
+    check_sinks(cfg.logging)  # a metrics sink set on whose package is missing
+    if rt.cuda_graphs and not uses_cuda(rt.device):
+        raise UserError(
+            "config: runtime.cuda_graphs = True: CUDA graphs need CUDA (this run is on cpu); leave it off"
+        )
+    if cfg.model.precision != "fp32" and not uses_cuda(rt.device):
+        raise UserError(
+            f"config: model.precision = {cfg.model.precision!r}: mixed precision needs CUDA (this run is on "
+            "cpu); use fp32"
         )

@@ -9,7 +9,6 @@ itself is the library's: there is no second copy of it here.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import hashlib
 import math
@@ -22,18 +21,17 @@ import numpy as np
 import torch
 
 from adloco import events, netmodel
-from adloco.baselines import METHOD_CLASSES
 from adloco.comm.base import Comm
 from adloco.config import Config
 from adloco.data.sampling import ShardStream, trainer_subset
 from adloco.data.tokens import Data
+from adloco.engine.build import build_algorithm, fixed_rows
 from adloco.engine.evaluation import evaluate, perplexity, spread
-from adloco.engine.inner import lr_at, make_optimizer
-from adloco.engine.profile import AUTO, RoundSums, StepProfile
+from adloco.engine.inner import lr_at
 from adloco.errors import UserError
-from adloco.flat import flatten
-from adloco.method import AdLoCo, RoundAborted
-from adloco.models import ModelFactory, shard
+from adloco.method import RoundAborted
+from adloco.models import ModelFactory
+from adloco.profile import AUTO, RoundSums, StepProfile
 from adloco.round import RoundReport, Traffic
 from adloco.telemetry import trace
 from adloco.telemetry.metrics import MetricsSink
@@ -42,72 +40,6 @@ from adloco.telemetry.progress import Progress
 
 class TooManyBadRounds(RuntimeError):
     """``faults.max_bad_rounds`` consecutive rounds had a non-finite worker (θ itself stayed finite)."""
-
-
-def build_algorithm(
-    cfg: Config, comm: Comm, factory: ModelFactory, device: torch.device, b_max: int
-) -> AdLoCo:
-    """The algorithm object of a config: replicas built per trainer (one seed, or one per trainer, with
-    the output layer redrawn if asked), inner optimizers on the flat parameter groups."""
-    a, b, m = cfg.algorithm, cfg.batch, cfg.merge
-    from adloco.algorithms import allocation
-
-    trainers = min(a.trainers, a.workers)  # a run continuing on fewer workers merges down to them
-    start = allocation.allocate(dict.fromkeys(range(trainers), b.initial), a.workers, mode=m.allocation)
-    proto = factory.build(a.seed)
-    inits: dict[int, torch.nn.Module] = {}
-    for t in sorted({start[w] for w in comm.local_workers}):
-        seed_t = a.seed if cfg.model.init == "same" else a.seed + 7919 * (t + 1)
-        model = copy.deepcopy(proto) if cfg.model.init == "same" else factory.build(seed_t)
-        if cfg.model.reinit_output:
-            factory.reinit_output(model, seed_t)
-        inits[t] = model
-    models, optimizers = [], []
-    for w in comm.local_workers:
-        model = copy.deepcopy(inits[start[w]]).to(device)
-        if comm.shards.size > 1:  # this rank's shards of the worker's replica (ALGORITHM.md §12)
-            shard(model, comm.mesh["shard"])
-        model.train()
-        flat = flatten(model)
-        if cfg.runtime.compile:  # in place: the module, its parameters and its state dict's names stay
-            mode = cfg.runtime.compile_mode
-            model.compile(backend=cfg.runtime.compile_backend, mode=None if mode == "default" else mode)
-        models.append(model)
-        optimizers.append(make_optimizer(flat, cfg.inner, capturable=cfg.runtime.cuda_graphs))
-    return METHOD_CLASSES[a.method](
-        models,
-        optimizers,
-        inner_steps=a.inner_steps,
-        trainers=trainers,
-        comm=comm,
-        outer=cfg.outer,
-        batch=b,
-        merge=m,
-        switch=dataclasses.replace(cfg.switch, b_max=b_max),
-        wire=cfg.comm,
-        clip=cfg.inner.clip,
-        precision=cfg.model.precision,
-        inner_state=cfg.inner.state,
-        balance=cfg.runtime.balance,
-        fixed_rows=fixed_rows(cfg.runtime.profile),
-        # one speed per worker id; a run that continues on more workers than listed runs the rest at 1
-        emulate_speed=(list(cfg.runtime.emulate_speed) + [1.0] * a.workers)[: a.workers]
-        if cfg.runtime.emulate_speed
-        else None,
-        on_resize=cfg.elastic.batch,
-        snapshot=True,  # a signal stops a round part-way: undo it in place
-        sync_initial=False,  # every process built its replicas from the same seeds
-        cuda_graphs=cfg.runtime.cuda_graphs,
-    )
-
-
-def fixed_rows(profile: str | StepProfile | None) -> float:
-    """A pass's fixed cost in rows, α/β of ``runtime.profile`` (0 without one, with ``auto`` before the run
-    has fitted its own, or with β = 0)."""
-    if not profile or profile == AUTO:
-        return 0.0
-    p = profile if isinstance(profile, StepProfile) else StepProfile.load(profile)
-    return p.alpha / p.beta if p.beta > 0 else 0.0
 
 
 class Driver:
@@ -136,7 +68,7 @@ class Driver:
                 f"switch.b_max lowered to {smallest_shard}: with every worker on one trainer, a worker's shard "
                 "holds no more blocks"
             )
-        self.algo = build_algorithm(cfg, comm, factory, device, min(configured, smallest_shard))
+        self.algo = build_algorithm(cfg, comm, factory, device, min(configured, smallest_shard), log)
         if device.type == "cuda" and cfg.switch.b_max is None:
             self._search_b_max(min(smallest_shard, cfg.batch.max))
         # the whole model's parameters (sharded: the worker's, not this rank's P/k)

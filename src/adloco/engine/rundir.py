@@ -1,4 +1,4 @@
-"""The run directory: where a run starts, and where it continues from.
+"""The run directory: where a run starts, where it continues from, and how rank 0 opens it.
 
 A run started by hand gets ``<out_dir>/<name>-<timestamp>``. A run under torchrun's elastic agent (with
 ``--max-restarts`` ≥ 1) gets ``<out_dir>/<name>-<rdzv id>`` instead, so that when the agent restarts the
@@ -11,13 +11,19 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from adloco.config import RESUMABLE, RESUMABLE_TEXT, Config
+from adloco import events
+from adloco.config import RESUMABLE, RESUMABLE_TEXT, Config, dump_yaml
 from adloco.engine import checkpoint
 from adloco.errors import UserError
+from adloco.telemetry.metrics import MetricsSink, make_sink, truncate_after
+
+if TYPE_CHECKING:
+    from adloco.engine.driver import Driver
 
 # RESUMABLE (what --resume may change) and RESUMABLE_TEXT (the same in words) live in adloco.config, beside
 # the fields they name; they are imported here, where a checkpoint's config is checked against them.
@@ -147,3 +153,52 @@ def _progress(run_dir: Path) -> dict[str, Any]:
         if e.get("event") == "round":
             last = max(last, int(e.get("round", 0)))
     return {"last_round": last, "last_progress": path.stat().st_mtime}
+
+
+def open_run(
+    cfg: Config, start: Start | None, driver: Driver, say: Callable[[str], None]
+) -> tuple[Path, MetricsSink]:
+    """Rank 0: the run directory (new, or the one continued), its config.yaml and metrics sink, and the
+    events that say how this process started (a resume, a membership change)."""
+    ck = start.ck if start is not None else None
+    run_dir = start.run_dir if start is not None and start.run_dir is not None else create(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(run_dir / "config.yaml", dump_yaml(cfg))
+    if ck is not None:
+        truncate_after(run_dir / "metrics.jsonl", ck.round)
+        say(f"resuming {run_dir} from {ck.path.name} (round {ck.round} of {cfg.algorithm.rounds})")
+    elif start is not None and start.restarted:  # restarted before its first checkpoint: start over here
+        truncate_after(run_dir / "metrics.jsonl", -1)
+        say(f"run directory {run_dir} (restarted before its first checkpoint: from the start)")
+    else:
+        say(f"run directory {run_dir}")
+    sink = make_sink(run_dir, cfg.logging, cfg.to_dict())
+    if ck is not None:
+        sink.log(events.Resume(round=ck.round, checkpoint=ck.path.name).to_dict())
+    restarted = start is not None and start.restarted
+    change = driver.algo.membership
+    if restarted or change is not None:
+        lost = max(0, start.last_round - (ck.round if ck is not None else 0)) if start is not None else 0
+        driver.restarts += 1
+        driver.rounds_lost += lost
+        restart_s = time.time() - start.last_progress if start is not None and start.last_progress else None
+        n = cfg.algorithm.workers
+        ev = events.Membership(
+            round=driver.round,
+            workers=n,
+            workers_before=change["workers_before"] if change else n,
+            left=change["left"] if change else [],
+            joined=change["joined"] if change else [],
+            merged=change["merged"] if change else [],
+            restart_s=restart_s,
+            restarts=driver.restarts,
+        )
+        sink.log(ev.to_dict())
+        what = (
+            f"workers {ev.workers_before} -> {n}" + (f", trainers merged {ev.merged}" if ev.merged else "")
+            if change
+            else f"{n} workers"
+        )
+        took = f", {restart_s:.1f} s after the last progress" if restart_s is not None else ""
+        say(f"membership: {what} (restart {driver.restarts}{took}; {lost} round(s) lost)")
+    return run_dir, sink

@@ -49,6 +49,7 @@ class ModelFactory:
         self.vocab_size = vocab_size
         self.checkpoint: nn.Module | None = None
         self.config: Any
+        self._plan: Any = None  # the preset's recorded initialization (build_sharded), recorded once
         labels: dict[str, Any] = {"num_labels": num_labels} if cfg.task == "classification" else {}
         if label_names and cfg.task == "classification":
             labels["id2label"] = dict(enumerate(label_names))
@@ -154,32 +155,82 @@ class ModelFactory:
             return None
         return len(tok)
 
+    def _model_class(self) -> Any:
+        from transformers import LlamaForCausalLM, LlamaForSequenceClassification
+
+        return LlamaForSequenceClassification if self.task == "classification" else LlamaForCausalLM
+
     def build(self, seed: int) -> nn.Module:
         if self.checkpoint is not None:
             return copy.deepcopy(self.checkpoint)
-        from transformers import LlamaForCausalLM, LlamaForSequenceClassification
-
-        cls = LlamaForSequenceClassification if self.task == "classification" else LlamaForCausalLM
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return cls(self.config)
+            return self._model_class()(self.config)
 
-    def reinit_output(self, model: Any, seed: int) -> None:
-        """Redraw the output layer (LM head or classification head) from ``seed``, as the reference
-        implementation does per trainer on top of a pretrained checkpoint."""
+    def build_sharded(
+        self, seed: int, mesh: Any, device: torch.device, output_seed: int | None = None
+    ) -> nn.Module:
+        """A replica sharded with :func:`shard` over ``mesh`` that never exists whole (ALGORITHM.md §12): built
+        on the meta device, then given storage on ``device`` for this rank's rows only, holding exactly the
+        values of ``build(seed)`` (with ``reinit_output(model, output_seed)`` when ``output_seed`` is given)
+        at those rows. The values come from replaying the whole build's writes one parameter at a time
+        (:mod:`adloco.models.meta`): host memory of about the largest parameter, not the model.
+
+        Raises :class:`~adloco.models.meta.NotReplayable` where that does not apply (a checkpoint's weights
+        are loaded whole; a model whose initialization cannot be replayed): build whole, then shard."""
+        from adloco.models.meta import InitPlan, NotReplayable, materialize
+
+        if self.checkpoint is not None:
+            raise NotReplayable(f"model.name = {self.cfg.name!r} is a checkpoint, loaded whole")
+        if self._plan is None:
+            self._plan = InitPlan.record(lambda: self._model_class()(self.config))
+        with torch.device("meta"):
+            model = self._model_class()(self.config)
+        after = None
+        if output_seed is not None:
+            layer = self._check_reinit(model)
+            prefix = next(name for name, m in model.named_modules() if m is layer)
+            std = self._output_std(model)
+
+            def after(name: str, full: torch.Tensor) -> torch.Tensor:
+                if name == f"{prefix}.weight":
+                    return _output_draw(full.shape, output_seed, std)
+                if name == f"{prefix}.bias":
+                    return torch.zeros_like(full)
+                return full
+
+        shard(model, mesh)
+        materialize(model, self._plan, seed, device, after)
+        return model
+
+    def _check_reinit(self, model: Any) -> Any:
         layer = output_layer(model)
         if self.task == "causal_lm" and getattr(model.config, "tie_word_embeddings", False):
             raise UserError(
                 f"config: model.reinit_output = true: model.name = {self.cfg.name!r} ties its output layer to the "
                 "input embeddings, which would be redrawn too"
             )
-        std = float(getattr(model.config, "initializer_range", 0.02))
-        gen = torch.Generator().manual_seed(seed)
+        return layer
+
+    @staticmethod
+    def _output_std(model: Any) -> float:
+        return float(getattr(model.config, "initializer_range", 0.02))
+
+    def reinit_output(self, model: Any, seed: int) -> None:
+        """Redraw the output layer (LM head or classification head) from ``seed``, as the reference
+        implementation does per trainer on top of a pretrained checkpoint."""
+        layer = self._check_reinit(model)
         with torch.no_grad():
             w = layer.weight
-            w.copy_(torch.randn(w.shape, generator=gen) * std)
+            w.copy_(_output_draw(w.shape, seed, self._output_std(model)))
             if getattr(layer, "bias", None) is not None:
                 layer.bias.zero_()
+
+
+def _output_draw(shape: Any, seed: int, std: float) -> torch.Tensor:
+    """The output layer's redrawn weight (:meth:`ModelFactory.reinit_output`): N(0, std²) from ``seed``'s
+    own generator."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * std
 
 
 def output_layer(model: Any) -> Any:

@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 import yaml
 
 from adloco import events, netmodel
-from adloco.engine.profile import StepProfile
 from adloco.errors import UserError
+from adloco.profile import StepProfile
 
 E = TypeVar("E", bound=events.Event)
 
@@ -202,7 +202,7 @@ def price(
     ``compute_s``; ``examples``: its examples in the round x one constant, by default the median of
     :func:`median_seconds_per_example` over all of ``runs``; ``profile``, implied by ``profile``: each
     worker's steps priced by a step-time profile, a file, ``auto`` (:func:`fit_profile`) or a
-    :class:`~adloco.engine.profile.StepProfile`, optionally at another fixed-cost share), on each run's
+    :class:`~adloco.profile.StepProfile`, optionally at another fixed-cost share), on each run's
     network."""
     if fixed_share is not None and profile is None:
         raise UserError("--fixed-share: needs --profile (the step time it re-splits)")
@@ -244,7 +244,7 @@ def first_request(runs: Sequence[Run]) -> int:
 
 def fit_profile(runs: Sequence[Run]) -> StepProfile:
     """``--profile auto``: α, β, δ fitted from every worker round of ``runs`` (their measured compute)."""
-    from adloco.engine.profile import fit_runs
+    from adloco.profile import fit_runs
 
     rows = []
     for r in runs:

@@ -3,9 +3,11 @@ pipe), with a line at least every 10 s within a round there too."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -163,3 +165,27 @@ def make_progress(mode: str) -> Progress:
     if mode == "rich" or (mode == "auto" and sys.stdout.isatty()):
         return RichProgress()
     return PlainProgress()
+
+
+class _LogToProgress(logging.Handler):
+    def __init__(self, say: Callable[[str], None]) -> None:
+        super().__init__(logging.INFO)
+        self.say = say
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.say(record.getMessage())
+
+
+@contextlib.contextmanager
+def library_log_to(say: Callable[[str], None]) -> Iterator[None]:
+    """The library's log lines (``logging.getLogger("adloco")``: its warnings, what it decided) as
+    progress messages while the block runs, and not on the root logger as well."""
+    log = logging.getLogger("adloco")
+    handler, propagate = _LogToProgress(say), log.propagate
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.propagate = propagate

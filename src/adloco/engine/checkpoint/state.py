@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from adloco.engine.checkpoint.files import Checkpoint, load
 from adloco.engine.driver import rng_state, set_rng_state
+from adloco.errors import UserError
 
 if TYPE_CHECKING:
     from adloco.comm.base import Comm
@@ -206,3 +208,23 @@ def _tensors(state: dict[str, Any] | None) -> list[tuple[tuple[str, ...], torch.
         out += [(("replicas", str(w), k), v) for k, v in sorted(r["inner"].items())]
     out += [(("rng", k), v) for k, v in sorted(state["rng"].items())]
     return out
+
+
+def restore(driver: Driver, ck: Checkpoint | None) -> bool:
+    """Continue from the checkpoint the root rank found (``ck``; None on the other ranks and in a new
+    run): one of another model is refused in one line; every process learns from the root whether the
+    run continues, and gets its state over the group (:meth:`RunState.share`). Returns whether it does."""
+    if ck is not None and (
+        ck.meta["driver"].get("model") != driver.fingerprint()
+        or ck.meta["algorithm"].get("parameters") != driver.n_params
+    ):
+        raise UserError(
+            f"checkpoint {str(ck.path)!r}: holds a model of {ck.meta['algorithm'].get('parameters', 0):,} "
+            f"parameters with other shapes or names; this run builds {driver.n_params:,} "
+            f"({driver.cfg.model.name!r}): a run resumes with its own model"
+        )
+    continues = bool(driver.comm.all_gather_json(ck is not None)[driver.comm.root])
+    if continues:
+        state = RunState(driver)
+        state.load(state.share(load(ck) if ck is not None else None))
+    return continues

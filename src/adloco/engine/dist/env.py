@@ -14,6 +14,11 @@ def launched_by_torchrun() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
+def world_size() -> int | None:
+    """How many processes torchrun (or ``adloco train --nproc``) started; None without a launcher."""
+    return int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else None
+
+
 def elastic_launch() -> dict[str, Any] | None:
     """torchrun's elastic agent with restarts (``--max-restarts`` ≥ 1): its run id (``--rdzv-id``) and how
     many times it restarted these processes; None otherwise."""

@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from adloco.comm.base import CommFailure
 from adloco.comm.torchdist import TorchDistComm, first_sentence
-from adloco.engine.dist.env import LOOPBACK_ENV, STORE_ENV, launched_by_torchrun
-from adloco.config.checks import check_layout
+from adloco.engine.dist.env import LOOPBACK_ENV, STORE_ENV
+from adloco.config.checks import uses_cuda
 from adloco.errors import UserError
 
 T = TypeVar("T")
@@ -156,31 +156,20 @@ def pick_backend(choice: str, use_cuda: bool, local_processes: int, devices: int
 
 
 def start(
-    n_workers: int,
     workers_per_process: int,
     device_kind: str,
     threads: int,
     timeout: float,
     dist_backend: str = "auto",
-    flexible: bool = False,
     shards: int = 1,
 ) -> DistContext:
-    """Join the process group (env:// from torchrun), pin threads, pick the device, check the layout.
-
-    ``flexible``: the number of workers follows the processes (an elastic run, a resume), whatever
-    ``algorithm.workers`` says; otherwise they must agree."""
-    if not launched_by_torchrun():
-        raise UserError(
-            "config: runtime.backend = 'torchdist': start with `torchrun --nproc-per-node N -m adloco train ...` "
-            "or `adloco train --nproc N ...`"
-        )
+    """Join the process group (env:// from torchrun), pin threads, pick the device. The launch and the
+    layout of workers over its processes were checked before
+    (:func:`adloco.config.checks.check_placement`)."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     world = int(os.environ["WORLD_SIZE"])
-    check_layout(n_workers, world, workers_per_process, shards, flexible)
-    use_cuda = device_kind == "cuda" or (device_kind == "auto" and torch.cuda.is_available())
-    if use_cuda and not torch.cuda.is_available():
-        raise UserError("config: runtime.device = 'cuda': no CUDA device is available (use 'auto' or 'cpu')")
+    use_cuda = uses_cuda(device_kind)
     if use_cuda:
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
@@ -271,6 +260,19 @@ def elect_root(ctx: DistContext, newest: int) -> int:
     root = rounds.index(best) if best >= 0 else 0
     ctx.comm.root = root
     return root
+
+
+def check_same_data(comm: TorchDistComm, arrays: tuple[Any, ...]) -> None:
+    """Every process must train on the same tokens (machines may differ in their corpus or cache):
+    ``arrays`` are this process's token arrays; a rank whose differ from another's is one line."""
+    fp = float(fingerprint_tokens(*arrays))
+    got = comm.all_gather_rows({w: [fp] for w in comm.local_workers}, 1, "check", counted=0)
+    odd = sorted({comm.owner(w) for w, (v,) in got.items() if v != fp})
+    if odd:
+        raise UserError(
+            f"data: rank {comm.rank}'s tokens differ from rank(s) {', '.join(map(str, odd))}'s: every machine "
+            "needs the same corpus; share data.cache_dir between machines or copy it from rank 0's"
+        )
 
 
 def fingerprint_tokens(*arrays: Any) -> int:
