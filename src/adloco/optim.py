@@ -81,6 +81,8 @@ class CombinedOptimizer(torch.optim.Optimizer):
     object, not through one of its optimizers (that one's groups would no longer be the ones seen here).
     """
 
+    optimizers: list[torch.optim.Optimizer]  # the parts, in the order given (a combined one's flattened)
+
     def __init__(self, *optimizers: torch.optim.Optimizer) -> None:
         if len(optimizers) == 1 and isinstance(optimizers[0], (list, tuple)):
             optimizers = tuple(optimizers[0])
