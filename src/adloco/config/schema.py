@@ -30,6 +30,7 @@ from adloco.settings import (
     setting,
 )
 from adloco.settings import PRESETS as DIAL_PRESETS
+from adloco.settings import preset_values as dial_preset_values
 
 
 @dataclass(frozen=True)
@@ -460,6 +461,13 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     }.items()
 }
 assert tuple(PRESETS) == METHODS
+
+
+def preset_values(method: str, section: str, overlap: str = "none") -> dict[str, Any]:
+    """What ``method`` fixes in ``section`` under ``comm.overlap`` = ``overlap``: :data:`PRESETS`, with the
+    library's rule for the outer step under ``delayed`` (:func:`adloco.settings.preset_values`)."""
+    return dial_preset_values(method, section, overlap, PRESETS)
+
 
 # What ``adloco train --resume`` may change with ``--set``: how long the run goes, learning rates and
 # clipping, the number of workers (ALGORITHM.md §9.2), the token cache, and whole sections that leave the
