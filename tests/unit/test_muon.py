@@ -280,3 +280,29 @@ def test_muon_is_not_captured_in_a_cuda_graph() -> None:
     m = TinyLM()
     why = capturable(muon_adamw(m, 1e-3))
     assert why is not None and "Muon" in why and "cuda_graphs off" in why
+
+
+def test_adloco_train_with_inner_optimizer_muon() -> None:
+    """``inner.optimizer: muon`` through ``adloco train``'s driver (in process): every worker steps Muon on
+    the model's hidden matrices at the schedule's lr × ``inner.muon_lr_ratio`` and AdamW on the rest at
+    the schedule's lr; the norm test's probe gives statistics, trainers merge, and the loss falls."""
+    from tests.helpers import driver, run_round, tiny_config
+
+    c = driver(tiny_config(inner={"optimizer": "muon", "muon_lr_ratio": 0.5}, algorithm={"rounds": 3}))
+    steps: list[str] = []
+    for rep in c.algo.replicas.values():
+        for o in rep.optimizer.optimizers:  # type: ignore[attr-defined]
+            o.register_step_pre_hook(lambda opt, *_: steps.append(type(opt).__name__))
+    summaries = [run_round(c)["summary"] for _ in range(3)]
+    assert steps.count("Muon") == steps.count("AdamW") > 0
+    for rep in c.algo.replicas.values():
+        adamw, muon = rep.optimizer.optimizers  # type: ignore[attr-defined]
+        assert isinstance(adamw, torch.optim.AdamW) and isinstance(muon, torch.optim.Muon)
+        lr = adamw.param_groups[0]["lr"]
+        assert lr > 0 and all(g["lr"] == 0.5 * lr for g in muon.param_groups)
+        hidden = muon_split(rep.model)[0]
+        assert hidden and {id(p) for g in muon.param_groups for p in g["params"]} == {id(p) for p in hidden}
+    report = c.algo.last_report
+    assert report is not None and any(t.sigma2 is not None and t.sigma2 > 0 for t in report.trainers)
+    assert len(c.algo.trainers) < 4  # merged
+    assert summaries[-1]["val_loss"] < summaries[0]["val_loss"]

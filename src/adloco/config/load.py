@@ -211,7 +211,7 @@ def resolve(
     given = {s: _read_section(s, v) for s, v in user.items()}
     # The method decides the preset (read like any other key).
     method = given.get("algorithm", {}).get("method", "adloco")
-    overlap = given.get("comm", {}).get("overlap", "none")  # DiLoCo's outer step under delayed: §13
+    overlap = given.get("comm", {}).get("overlap", "none")  # the outer step under delayed: ALGORITHM.md §13
     values: dict[str, dict[str, Any]] = {}
     for section in SECTIONS:
         values[section] = {**preset_values(method, section, overlap), **given.get(section, {})}
