@@ -210,7 +210,8 @@ class Replica:
         if covered != flat.numel:
             raise ValueError(
                 f"inner_optimizer: updates {covered:,} of the model's {flat.numel:,} parameter values; "
-                "build it on all of model.parameters()"
+                "build it on all of model.parameters(), or give several that share them (a list per model: "
+                "Muon on the matrices, AdamW on the rest)"
             )
         return out
 

@@ -306,3 +306,14 @@ def test_adloco_train_with_inner_optimizer_muon() -> None:
     assert report is not None and any(t.sigma2 is not None and t.sigma2 > 0 for t in report.trainers)
     assert len(c.algo.trainers) < 4  # merged
     assert summaries[-1]["val_loss"] < summaries[0]["val_loss"]
+
+
+def test_a_muon_alone_that_leaves_parameters_out_is_refused_naming_the_list() -> None:
+    ms = tiny(2)
+    muons = [torch.optim.Muon(muon_split(m)[0], lr=1e-3) for m in ms]
+    with pytest.raises(
+        ValueError,
+        match=r"^inner_optimizer: updates [\d,]+ of the model's [\d,]+ parameter values; .*"
+        r"a list per model: Muon on the matrices, AdamW on the rest\)$",
+    ):
+        diloco(ms, muons)
