@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -71,6 +72,8 @@ from adloco.workers import (
 )
 
 __all__ = ["AdLoCo", "DecisionMismatch", "RoundAborted"]
+
+log = logging.getLogger("adloco")
 
 Members = Mapping[int, list[int]]  # trainer -> its workers
 Sizes = Mapping[int, int]  # worker -> examples or rows
@@ -159,6 +162,8 @@ class AdLoCo:
         self.switch = dial("switch", switch, Switch)
         self.wire = dial("wire", wire, Wire)
         self.wire.check_streaming(inner_steps, self.ddp)
+        if not self.ddp and (why := self.outer_spec.stale_momentum(self.wire.overlap)) is not None:
+            log.warning(why)
         self.comm = comm if comm is not None else default_comm(len(models))
         n = self.comm.n_workers
         b_max = self.switch.b_max_or_default

@@ -25,12 +25,14 @@ from adloco.algorithms.batching import WorkerStats
 from adloco.comm.base import Shards
 from adloco.flat import FlatModule, ShardedFlat, flatten, like
 from adloco.graphs import GraphedStep, capturable, state_pointers, to_device
+from adloco.optim import CombinedOptimizer, is_muon
 from adloco.settings import Precision, choice
 from adloco.snapshot import InnerSnapshot
 
 Batch = Any  # a tensor, or a dict / list / tuple of tensors, rows along dimension 0
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 AMP: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+HELD = ".held"  # an inner state entry's companion: which optimized tensors hold it (Replica.inner_state)
 
 
 def hf_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -86,7 +88,8 @@ class Replica:
     """One worker: a model whose parameters live in a flat buffer, and an inner optimizer over them.
 
     ``optimizer`` must optimize the model's parameters (or the engine's flat groups of them); its state
-    persists across rounds. ``loss_fn(model, batch)`` returns the mean loss over the batch's rows.
+    persists across rounds. Several optimizers of one model (Muon for its matrices, AdamW for the rest) are
+    one :class:`adloco.optim.CombinedOptimizer` (a list of them is combined). ``loss_fn(model, batch)`` returns the mean loss over the batch's rows.
     """
 
     def __init__(
@@ -104,6 +107,8 @@ class Replica:
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+        if isinstance(optimizer, (list, tuple)):  # several optimizers of one model (Muon and AdamW)
+            optimizer = CombinedOptimizer(*optimizer)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError(
                 f"inner_optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}"
@@ -119,6 +124,11 @@ class Replica:
             raise ValueError(
                 "model: a model sharded with fully_shard needs a communicator over its mesh, and a "
                 "communicator over a mesh a sharded model (TorchDistComm(mesh=...))"
+            )
+        if self.shards.size > 1 and is_muon(optimizer):
+            raise ValueError(
+                "inner_optimizer: torch.optim.Muon orthogonalizes whole matrices, and a worker sharded with "
+                "fully_shard holds pieces of them; use AdamW with sharded workers (runtime.shards 1 for Muon)"
             )
         self.optimizer = optimizer
         self.loss_fn: LossFn = loss_fn or hf_loss
@@ -200,7 +210,8 @@ class Replica:
         if covered != flat.numel:
             raise ValueError(
                 f"inner_optimizer: updates {covered:,} of the model's {flat.numel:,} parameter values; "
-                "build it on all of model.parameters()"
+                "build it on all of model.parameters(), or give several that share them (a list per model: "
+                "Muon on the matrices, AdamW on the rest)"
             )
         return out
 
@@ -218,32 +229,51 @@ class Replica:
     def inner_state(self) -> dict[str, torch.Tensor]:
         """The inner optimizer's state as flat tensors: every per-parameter buffer as one (P,) tensor in
         the flat layout, scalar entries (``step``) as one value per optimized tensor; empty before the
-        first step or after a reset."""
+        first step or after a reset. An entry that only some optimized tensors hold (Muon's momentum beside
+        AdamW's moments, :mod:`adloco.optim`) is zero where the others lie, and ``<entry>.held`` (one 0/1 value
+        per optimized tensor) says which hold it."""
         states = [self.optimizer.state.get(p, {}) for p, _, _ in self._offsets]
         if not all(states):
             return {}
+        keys = list(dict.fromkeys(k for s in states for k, v in s.items() if isinstance(v, torch.Tensor)))
         out: dict[str, torch.Tensor] = {}
-        for key, v0 in states[0].items():
-            if not isinstance(v0, torch.Tensor):
+        for key in keys:
+            held = [isinstance(s.get(key), torch.Tensor) for s in states]
+            if sum(held) == 0:
                 continue
+            v0 = next(s[key] for s, h in zip(states, held, strict=True) if h)
             if v0.dim() == 0:
-                out[key] = torch.stack([s[key].detach().to("cpu", torch.float32).reshape(()) for s in states])
-                continue
-            flat = torch.empty(self.flat.numel, device=self.device, dtype=torch.float32)
-            for (_, off, n), s in zip(self._offsets, states, strict=True):
-                flat[off : off + n].copy_(_local(s[key]).reshape(-1))
-            out[key] = flat
+                zero = torch.zeros((), dtype=torch.float32)
+                out[key] = torch.stack(
+                    [
+                        s[key].detach().to("cpu", torch.float32).reshape(()) if h else zero
+                        for s, h in zip(states, held, strict=True)
+                    ]
+                )
+            else:
+                make = torch.empty if all(held) else torch.zeros
+                flat = make(self.flat.numel, device=self.device, dtype=torch.float32)
+                for (_, off, n), s, h in zip(self._offsets, states, held, strict=True):
+                    if h:
+                        flat[off : off + n].copy_(_local(s[key]).reshape(-1))
+                out[key] = flat
+            if not all(held):
+                out[f"{key}{HELD}"] = torch.tensor(held, dtype=torch.float32)
         return out
 
     def load_inner_state(self, state: Mapping[str, torch.Tensor]) -> None:
         self.reset_optimizer()
         if not state:
             return
+        held = {k.removesuffix(HELD): v for k, v in state.items() if k.endswith(HELD)}
+        values = {k: v for k, v in state.items() if not k.endswith(HELD)}
         # step counts live on the host, except for fused or capturable optimizers (on the parameter's device)
         on_device = any(g.get("fused") or g.get("capturable") for g in self.optimizer.param_groups)
         for i, (p, off, n) in enumerate(self._offsets):
             entry: dict[str, torch.Tensor] = {}
-            for key, v in state.items():
+            for key, v in values.items():
+                if key in held and not bool(held[key][i]):
+                    continue
                 if v.dim() == 1 and v.numel() == len(self._offsets) and v.numel() != self.flat.numel:
                     entry[key] = v[i].detach().to(p.device if on_device else "cpu", copy=True)
                 else:

@@ -21,7 +21,7 @@ import math
 import numbers
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -299,6 +299,8 @@ OuterFactory = Callable[[Any], Any]
 class Outer(Dial):
     """The outer step on the pseudo-gradient Δ (ALGORITHM.md §1, step 4): ``average`` (θ ← the workers'
     mean), ``sgd`` (θ ← θ − lr·Δ) or ``nesterov`` (PyTorch SGD semantics; DiLoCo's lr 0.7, momentum 0.9).
+    Under ``comm.overlap: delayed`` a ``nesterov`` step with a momentum is warned of (:meth:`stale_momentum`)
+    and DiLoCo's preset takes ``sgd`` at its lr (:func:`preset_values`; ALGORITHM.md §13).
 
     In the library ``optimizer`` may also be any callable that takes a trainer's parameters
     (:class:`adloco.algorithms.outer.OuterParams`: the flat θ, or ``params.shaped()`` for the model's
@@ -324,6 +326,19 @@ class Outer(Dial):
     def sgd(cls, lr: float | None = None) -> Outer:
         """Plain SGD on Δ; lr defaults to the field's (0.7)."""
         return cls("sgd", cls().lr if lr is None else lr)
+
+    def stale_momentum(self, overlap: str) -> str | None:
+        """Why this step is unstable under ``comm.overlap`` = ``overlap``, or None: with ``delayed`` a Nesterov
+        momentum is fed a Δ measured from a θ one outer step stale, oscillates and may diverge (DiLoCo's lr
+        0.7 and momentum 0.9: validation perplexity 1.9M where ``none`` ends at 1116; ALGORITHM.md §13).
+        ``eager`` corrects each worker's start and keeps the momentum."""
+        if overlap == "delayed" and self.optimizer == "nesterov" and self.momentum > 0:
+            return (
+                f"outer.optimizer nesterov with outer.momentum {self.momentum:g} under comm.overlap delayed: a "
+                "momentum fed Δ one round stale oscillates and may diverge (ALGORITHM.md §13); outer.optimizer "
+                "sgd (DiLoCo's preset under delayed), outer.momentum 0 or comm.overlap eager are stable"
+            )
+        return None
 
 
 @dataclass(frozen=True)
@@ -576,6 +591,19 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 assert set(PRESETS) == set(METHODS)
 
 
-def preset(method: str, cls: type[D], **changes: Any) -> D:
-    """The dial ``cls`` as ``method`` sets it (its preset over the field defaults), with ``changes``."""
-    return cls(**{**PRESETS[method].get(cls.SECTION, {}), **changes})
+def preset_values(
+    method: str, section: str, overlap: str = "none", table: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """What ``method`` fixes in ``section`` (``table``: default :data:`PRESETS`) under ``comm.overlap`` =
+    ``overlap``: a preset Nesterov outer step becomes ``sgd`` at the same lr under ``delayed``, where a
+    momentum fed Δ one round stale diverges (:meth:`Outer.stale_momentum`; ALGORITHM.md §13)."""
+    values = dict((PRESETS if table is None else table)[method].get(section, {}))
+    if section == Outer.SECTION and overlap == "delayed" and values.get("optimizer") == "nesterov":
+        values["optimizer"] = "sgd"
+    return values
+
+
+def preset(method: str, cls: type[D], overlap: str = "none", **changes: Any) -> D:
+    """The dial ``cls`` as ``method`` sets it (its preset over the field defaults, :func:`preset_values`
+    under ``comm.overlap`` = ``overlap``), with ``changes``."""
+    return cls(**{**preset_values(method, cls.SECTION, overlap), **changes})

@@ -64,6 +64,7 @@ def check(cfg: Config, resuming: bool = False) -> None:
             "adloco, diloco or localsgd with runtime.shards > 1",
         )
     check_compute(cfg)
+    check_muon(cfg)
     try:
         cfg.comm.check_streaming(a.inner_steps, a.method == "ddp")
         check_speeds(rt.emulate_speed, a.workers)
@@ -72,6 +73,27 @@ def check(cfg: Config, resuming: bool = False) -> None:
     if rt.profile is not None and rt.profile != "auto":  # read now: a run must not fail at its first round
         StepProfile.load(rt.profile, where=f"config: runtime.profile = {rt.profile!r}")
     check_memory(cfg)
+
+
+def check_muon(cfg: Config) -> None:
+    """inner.optimizer muon: what Muon cannot do (ALGORITHM.md §1): be captured in a CUDA graph (it reads
+    its learning rate on the host), or step a worker sharded over processes (it orthogonalizes whole
+    matrices)."""
+    if cfg.inner.optimizer != "muon":
+        return
+    rt = cfg.runtime
+    _need(
+        not rt.cuda_graphs,
+        "runtime.cuda_graphs",
+        rt.cuda_graphs,
+        "false with inner.optimizer muon (torch.optim.Muon reads its learning rate on the host at every step)",
+    )
+    _need(
+        rt.shards == 1,
+        "runtime.shards",
+        rt.shards,
+        "1 with inner.optimizer muon (Muon orthogonalizes whole matrices; a sharded worker holds pieces)",
+    )
 
 
 def check_compute(cfg: Config) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from adloco.config import checks
-from adloco.config.schema import BENCH, PRESETS, SECTION_TYPES, SECTIONS, Config
+from adloco.config.schema import BENCH, SECTION_TYPES, SECTIONS, Config, preset_values
 from adloco.errors import UserError
 from adloco.models.sizing import SHAPES
 from adloco.settings import conform, describe
@@ -211,9 +211,10 @@ def resolve(
     given = {s: _read_section(s, v) for s, v in user.items()}
     # The method decides the preset (read like any other key).
     method = given.get("algorithm", {}).get("method", "adloco")
+    overlap = given.get("comm", {}).get("overlap", "none")  # the outer step under delayed: ALGORITHM.md §13
     values: dict[str, dict[str, Any]] = {}
     for section in SECTIONS:
-        values[section] = {**PRESETS[method].get(section, {}), **given.get(section, {})}
+        values[section] = {**preset_values(method, section, overlap), **given.get(section, {})}
     model = values["model"].get("name", SECTION_TYPES["model"]().name)  # type: ignore[attr-defined]
     if "tokenizer" not in given.get("data", {}) and model not in SHAPES:
         values["data"]["tokenizer"] = model  # a checkpoint: its own tokenizer, not one trained anew
