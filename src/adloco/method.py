@@ -27,6 +27,7 @@ from adloco.batch_tests import BatchTests
 from adloco.comm import default_comm
 from adloco.comm.base import Comm, reduce_local
 from adloco.comm.quantize import ErrorFeedback
+from adloco.fields import check_round, check_speeds, check_trainers, choice, dial
 from adloco.regroup import Regroup
 from adloco.replica import Batch, LossFn, n_rows
 from adloco.round import (
@@ -52,11 +53,6 @@ from adloco.settings import (
     Precision,
     Switch,
     Wire,
-    check_round,
-    check_speeds,
-    check_trainers,
-    choice,
-    dial,
 )
 from adloco.streaming import Schedule, fragments, in_flight
 from adloco.trainer import Flight, Trainer, initial_thetas

@@ -21,18 +21,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from adloco import inner_state
 from adloco.algorithms.batching import WorkerStats
 from adloco.comm.base import Shards
-from adloco.flat import FlatModule, ShardedFlat, flatten, like
+from adloco.fields import choice
+from adloco.flat import FlatModule, flatten, like
 from adloco.graphs import GraphedStep, capturable, state_pointers, to_device
 from adloco.optim import CombinedOptimizer, is_muon
-from adloco.settings import Precision, choice
+from adloco.settings import Precision
 from adloco.snapshot import InnerSnapshot
 
 Batch = Any  # a tensor, or a dict / list / tuple of tensors, rows along dimension 0
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 AMP: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-HELD = ".held"  # an inner state entry's companion: which optimized tensors hold it (Replica.inner_state)
 
 
 def hf_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -135,7 +136,7 @@ class Replica:
         self.clip = clip
         self.b_max = b_max
         self.device = self.flat.param.device
-        self._offsets = self._optimizer_offsets()
+        self._offsets = inner_state.offsets(self.optimizer, self.flat)
         self.sample_sum: torch.Tensor | None = None  # Σ_j g_j of the last probe, when kept
         self.chunks: torch.Tensor | None = None  # (k, P) chunk gradients of the last probe, when kept
         self._clip_coef: torch.Tensor = torch.ones((), device=self.device)
@@ -178,43 +179,6 @@ class Replica:
         if why is not None:
             raise ValueError(f"inner_optimizer: a step inside a CUDA graph (cuda_graphs): {why}")
 
-    def _optimizer_offsets(self) -> list[tuple[torch.Tensor, int, int]]:
-        """(tensor, offset in the flat buffer, values in the buffer) of every tensor the optimizer updates.
-
-        A sharded model's (ALGORITHM.md §12) optimizer may be the engine's, on the buffer's groups, or the
-        user's, on the model's own DTensor parameters: then those hold θ and the buffer follows them."""
-        flat = self.flat
-        if isinstance(flat, ShardedFlat):
-            where = {
-                id(p): (off, n) for p, (off, _, n) in zip(flat.params, flat.pieces(flat.index), strict=True)
-            }
-            mine = [p for g in self.optimizer.param_groups for p in g["params"]]
-            if mine and all(id(p) in where for p in mine):
-                flat.user_steps = True
-                out = [(p, *where[id(p)]) for p in mine]
-                if len({id(p) for p in mine}) != len(flat.params):
-                    raise ValueError("inner_optimizer: build it on all of model.parameters()")
-                return out
-        base, esize = flat.param.data_ptr(), flat.param.element_size()
-        end = base + flat.numel * esize
-        out = []
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                if not (base <= p.data_ptr() < end):
-                    raise ValueError(
-                        "inner_optimizer: updates a tensor that is not one of the model's parameters; build it "
-                        "on model.parameters()"
-                    )
-                out.append((p, (p.data_ptr() - base) // esize, p.numel()))
-        covered = sum(n for _, _, n in out)
-        if covered != flat.numel:
-            raise ValueError(
-                f"inner_optimizer: updates {covered:,} of the model's {flat.numel:,} parameter values; "
-                "build it on all of model.parameters(), or give several that share them (a list per model: "
-                "Muon on the matrices, AdamW on the rest)"
-            )
-        return out
-
     # -- state -------------------------------------------------------------------------------------
     @torch.no_grad()
     def load(self, theta: torch.Tensor) -> None:
@@ -227,58 +191,12 @@ class Replica:
         self.optimizer.state.clear()
 
     def inner_state(self) -> dict[str, torch.Tensor]:
-        """The inner optimizer's state as flat tensors: every per-parameter buffer as one (P,) tensor in
-        the flat layout, scalar entries (``step``) as one value per optimized tensor; empty before the
-        first step or after a reset. An entry that only some optimized tensors hold (Muon's momentum beside
-        AdamW's moments, :mod:`adloco.optim`) is zero where the others lie, and ``<entry>.held`` (one 0/1 value
-        per optimized tensor) says which hold it."""
-        states = [self.optimizer.state.get(p, {}) for p, _, _ in self._offsets]
-        if not all(states):
-            return {}
-        keys = list(dict.fromkeys(k for s in states for k, v in s.items() if isinstance(v, torch.Tensor)))
-        out: dict[str, torch.Tensor] = {}
-        for key in keys:
-            held = [isinstance(s.get(key), torch.Tensor) for s in states]
-            if sum(held) == 0:
-                continue
-            v0 = next(s[key] for s, h in zip(states, held, strict=True) if h)
-            if v0.dim() == 0:
-                zero = torch.zeros((), dtype=torch.float32)
-                out[key] = torch.stack(
-                    [
-                        s[key].detach().to("cpu", torch.float32).reshape(()) if h else zero
-                        for s, h in zip(states, held, strict=True)
-                    ]
-                )
-            else:
-                make = torch.empty if all(held) else torch.zeros
-                flat = make(self.flat.numel, device=self.device, dtype=torch.float32)
-                for (_, off, n), s, h in zip(self._offsets, states, held, strict=True):
-                    if h:
-                        flat[off : off + n].copy_(_local(s[key]).reshape(-1))
-                out[key] = flat
-            if not all(held):
-                out[f"{key}{HELD}"] = torch.tensor(held, dtype=torch.float32)
-        return out
+        """The inner optimizer's state as flat tensors (:func:`adloco.inner_state.flat_state`)."""
+        return inner_state.flat_state(self.optimizer, self._offsets, self.flat.numel, self.device)
 
     def load_inner_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.reset_optimizer()
-        if not state:
-            return
-        held = {k.removesuffix(HELD): v for k, v in state.items() if k.endswith(HELD)}
-        values = {k: v for k, v in state.items() if not k.endswith(HELD)}
-        # step counts live on the host, except for fused or capturable optimizers (on the parameter's device)
-        on_device = any(g.get("fused") or g.get("capturable") for g in self.optimizer.param_groups)
-        for i, (p, off, n) in enumerate(self._offsets):
-            entry: dict[str, torch.Tensor] = {}
-            for key, v in values.items():
-                if key in held and not bool(held[key][i]):
-                    continue
-                if v.dim() == 1 and v.numel() == len(self._offsets) and v.numel() != self.flat.numel:
-                    entry[key] = v[i].detach().to(p.device if on_device else "cpu", copy=True)
-                else:
-                    entry[key] = like(p, v[off : off + n].to(self.device, copy=True))
-            self.optimizer.state[p] = entry
+        """The inner optimizer's state from :meth:`inner_state`'s tensors (empty: reset)."""
+        inner_state.load_flat_state(self.optimizer, self._offsets, self.flat.numel, self.device, state)
 
     def snapshot(self, into: InnerSnapshot | None = None) -> InnerSnapshot:
         """The inner state and scalars now, in host memory (on CUDA: copied behind the next step's forward

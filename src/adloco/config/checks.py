@@ -12,9 +12,9 @@ from typing import Any
 
 from adloco.config.schema import Config
 from adloco.errors import UserError
+from adloco.fields import check_speeds
 from adloco.models import sizing
 from adloco.profile import StepProfile
-from adloco.settings import check_speeds
 
 
 def _need(ok: bool, name: str, value: Any, allowed: str) -> None:

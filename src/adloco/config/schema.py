@@ -2,7 +2,7 @@
 
 The algorithm's sections (``outer``, ``batch``, ``merge``, ``switch``, ``comm``) ARE the library's dials
 (:mod:`adloco.settings`); the rest belong to the application (model, data, runtime, logging ...) and are
-declared here with the same :func:`~adloco.settings.setting`, so every field has one type, default, range
+declared here with the same :func:`~adloco.fields.setting`, so every field has one type, default, range
 and doc, checked when its section is built. Rules across sections live in :mod:`adloco.config.checks`.
 """
 
@@ -13,12 +13,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from adloco.fields import Dial, setting
 from adloco.models.sizing import SHAPES
 from adloco.settings import (
     METHODS,
     AdaptiveBatch,
     Balance,
-    Dial,
     InnerState,
     Merging,
     Method,
@@ -27,7 +27,6 @@ from adloco.settings import (
     Precision,
     Switch,
     Wire,
-    setting,
 )
 from adloco.settings import PRESETS as DIAL_PRESETS
 from adloco.settings import preset_values as dial_preset_values
