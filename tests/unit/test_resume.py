@@ -274,3 +274,52 @@ def test_loading_a_checkpoint_runs_no_code_from_it(
         f"{os.system.__module__}.system)"
     )
     assert not ran.exists()
+
+
+def test_a_checkpoint_written_behind_training_resumes_bit_for_bit(
+    tmp_path: Path, text_corpus: Path, reference: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """checkpoint.async_save: the checkpoints of rounds 2 and 4 go through DCP's async_save (the end's is
+    waited for); the run and a resume from round 4 end with the uninterrupted run's model."""
+    import torch.distributed.checkpoint as dcp
+
+    calls = []
+    real = dcp.async_save
+
+    def spy(*a: object, **k: object) -> object:
+        calls.append(k.get("storage_writer"))
+        return real(*a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dcp, "async_save", spy)
+    out = tmp_path / "async"
+    assert train(out, text_corpus, checkpoint__async_save="true") == 0
+    run = only_run(out)
+    assert len(calls) == 2
+    assert weights(run) == weights(reference)
+    assert [p.name for p in checkpoint.complete(run)] == ["round-000004", "round-000005"]
+    events = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [e["round"] for e in events if e["event"] == "checkpoint"] == [2, 4, 5]
+    assert adloco("train", "--resume", str(run / "checkpoints" / "round-000004")) == 0
+    assert weights(run) == weights(reference)
+
+
+@pytest.mark.parametrize("scheme", ["file", "memory"])
+def test_checkpoints_under_an_fsspec_url_resume_bit_for_bit(
+    tmp_path: Path, text_corpus: Path, reference: Path, scheme: str
+) -> None:
+    """checkpoint.dir as an fsspec URL: each run's checkpoints in <url>/<run name>, none in the run
+    directory; --resume RUN_DIR finds them there and ends with the uninterrupted run's model."""
+    import fsspec
+
+    url = f"file://{tmp_path / 'store'}" if scheme == "file" else f"memory://{tmp_path.name}/store"
+    out = tmp_path / "runs"
+    assert train(out, text_corpus, checkpoint__dir=url) == 0
+    run = only_run(out)
+    assert not (run / "checkpoints").exists()
+    found = checkpoint.complete(run, url)
+    assert [f.url for f in found] == [f"{url}/{run.name}/round-00000{r}" for r in (4, 5)]
+    fs, path = fsspec.core.url_to_fs(found[-1].url)
+    fs.rm(path, recursive=True)  # the newest gone: the run continues from round 4
+    assert adloco("train", "--resume", str(run)) == 0
+    assert weights(run) == weights(reference)
+    assert [f.name for f in checkpoint.complete(run, url)] == ["round-000004", "round-000005"]

@@ -128,7 +128,12 @@ def locate(
     cfg: Config, resume: tuple[Path, checkpoint.Folder | Path] | None, elastic: dict[str, Any] | None
 ) -> Start:
     """Rank 0's decision: ``--resume`` (run directory, checkpoint), an elastic run's own directory and
-    its newest complete checkpoint, or a new run. Checkpoints are verified and checked against the config."""
+    its newest complete checkpoint, or a new run. Checkpoints are verified and checked against the config;
+    a ``checkpoint.dir`` that cannot be written is refused before anything is."""
+    if cfg.checkpoint.dir:
+        why = checkpoint.probe(cfg.checkpoint.dir)
+        if why is not None:
+            raise UserError(f"config: checkpoint.dir = {cfg.checkpoint.dir!r}: cannot be written ({why})")
     if resume is not None:
         ck = checkpoint.Checkpoint(resume[1])
         check_resumable(cfg, ck)

@@ -15,6 +15,7 @@ from adloco.engine.checkpoint.files import (
     locate,
     location,
     name,
+    probe,
 )
 
 __all__ = [
@@ -30,4 +31,5 @@ __all__ = [
     "locate",
     "location",
     "name",
+    "probe",
 ]

@@ -67,6 +67,19 @@ def configured_dir(run_dir: Path) -> str:
     return str(got)
 
 
+def probe(where: str) -> str | None:
+    """Create ``where`` and write and delete a small file there: None when that worked, else why not."""
+    try:
+        fs, path = filesystem(where)
+        fs.makedirs(path, exist_ok=True)
+        mark = _join(path, f".probe-{os.getpid()}")
+        fs.pipe_file(mark, b"")
+        fs.rm(mark)
+    except (OSError, ValueError) as exc:
+        return str(getattr(exc, "strerror", None) or exc)
+    return None
+
+
 @dataclass(frozen=True)
 class Folder:
     """A checkpoint folder: a local path or a URL."""
