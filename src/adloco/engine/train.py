@@ -158,7 +158,8 @@ class Run:
         cfg, a, comm, device = self.cfg, self.cfg.algorithm, self.comm, self.where.device
         factory = models.factory_for(cfg.model, cfg.data.seq_len, data)
         driver = Driver(cfg, comm, data, factory, device, log=self.say)
-        if not restore(driver, start.ck if start is not None else None) and a.trainers > a.workers:
+        wait = cfg.elastic.timeout if self.where.elastic is not None else cfg.runtime.timeout
+        if not restore(driver, start.ck if start is not None else None, wait) and a.trainers > a.workers:
             self.say(
                 f"algorithm.trainers = {a.trainers}: this launch has {a.workers} workers; starting with "
                 f"{a.workers} trainers"

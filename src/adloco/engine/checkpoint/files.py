@@ -218,7 +218,12 @@ def _write_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
+    _fsync_dir(path.parent)
+    _fsync_dir(path.parent.parent)  # the checkpoint folder's own rename into place
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

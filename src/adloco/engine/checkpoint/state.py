@@ -33,17 +33,21 @@ if TYPE_CHECKING:
 _GROUPS: dict[int, Any] = {}
 
 
-def group_for(comm: Comm) -> Any:
+def group_for(comm: Comm, timeout: float | None = None) -> Any:
     """The process group of checkpoint collectives: None in one process, else a gloo group of its own, so
     that a write behind training (``checkpoint.async_save``) never shares a group with the training's
-    collectives. Created once per communicator; every process calls it at the same point."""
+    collectives; its collectives give up after ``timeout`` seconds (a lost peer; None: gloo's default).
+    Created once per communicator; every process calls it at the same point."""
     if comm.world == 1:
         return None
     got = _GROUPS.get(id(comm))
     if got is None:
+        import datetime
+
         import torch.distributed as dist
 
-        got = _GROUPS[id(comm)] = dist.new_group(backend="gloo")
+        limit = None if timeout is None else datetime.timedelta(seconds=timeout)
+        got = _GROUPS[id(comm)] = dist.new_group(backend="gloo", timeout=limit)
     return got
 
 
@@ -160,13 +164,14 @@ class RunState:
             set_rng_state(list(torch.split(mine.to(torch.uint8), sizes)))
 
 
-def restore(driver: Driver, ck: Checkpoint | None) -> bool:
+def restore(driver: Driver, ck: Checkpoint | None, timeout: float | None = None) -> bool:
     """Continue from the checkpoint the root rank found (``ck``; None on the other ranks and in a new
     run): one of another model is refused in one line; every process learns from the root whether the
     run continues and where the checkpoint is, checks the checksums of its share of the files, and reads
-    its own part. Returns whether it continues. Every process calls it."""
+    its own part. Returns whether it continues. Every process calls it; ``timeout``: how long the
+    checkpoints' collectives wait for a silent peer (:func:`group_for`)."""
     comm = driver.comm
-    group = group_for(comm)
+    group = group_for(comm, timeout)
     if ck is not None and (
         ck.meta["driver"].get("model") != driver.fingerprint()
         or ck.meta["algorithm"].get("parameters") != driver.n_params
