@@ -118,7 +118,7 @@ class Checkpointer:
             future = storage.write(tensors, writer.tmp, self.group, background)
         except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP gathers every rank's failure
             raise self._failed(writer, exc) from None
-        stall = time.perf_counter() - t0
+        stall = time.perf_counter() - t0  # behind training: what it waited for (the copy to host memory)
 
         def complete() -> None:
             try:
@@ -132,13 +132,14 @@ class Checkpointer:
                 return
             manifest = {k: v for part in every for k, v in sorted(part.items())}
             path = writer.finish(meta, manifest, self.keep)
+            seconds = time.perf_counter() - t0
             self.sink.log(
                 events.Checkpoint(
                     round=round_,
                     name=path.name,
                     bytes=sum(int(v["bytes"]) for v in manifest.values()),
-                    seconds=time.perf_counter() - t0,
-                    stall_s=stall,
+                    seconds=seconds,
+                    stall_s=stall if future is not None else seconds,  # between rounds: all of it
                 ).to_dict()
             )
             self.last = path.name
