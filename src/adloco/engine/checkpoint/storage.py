@@ -190,11 +190,16 @@ def _reader(location: str) -> dcp.StorageReader:
     return SafeReader(location)
 
 
+# DCP warns that it works in one process when no process group is up (here that is meant), on the
+# caller's thread or, behind training, on its own: a filter for that one message.
+_SINGLE = "torch.distributed is disabled, unavailable or uninitialized"
+warnings.filterwarnings("ignore", message=_SINGLE, category=UserWarning)
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """DCP warns that it works in one process when no process group is up: here that is meant."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with warnings.catch_warnings():  # where the filters were reset since (a test runner)
+        warnings.filterwarnings("ignore", message=_SINGLE, category=UserWarning)
         yield
 
 
