@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from adloco import events
 from adloco.engine.checkpoint import files, storage
-from adloco.engine.checkpoint.state import RunState, gather, group_for
+from adloco.engine.checkpoint.state import RunState, gather, group_for, refuse
 from adloco.engine.driver import Driver
 from adloco.errors import UserError
 from adloco.telemetry.metrics import MetricsSink
@@ -85,7 +85,7 @@ class Checkpointer:
             except (OSError, ValueError):
                 pass
         if info["problem"] is not None:
-            raise UserError(str(info["problem"]))
+            raise refuse(comm, str(info["problem"]))
         return where
 
     def save(self, wait: bool = False) -> str:
@@ -111,7 +111,7 @@ class Checkpointer:
                 problem = str(exc)
         parts = self.comm.all_gather_json({"run": mine, "problem": problem})
         if parts[self.comm.root]["problem"] is not None:  # type: ignore[index]
-            raise files.CheckpointWriteError(str(parts[self.comm.root]["problem"]))  # type: ignore[index]
+            raise refuse(self.comm, str(parts[self.comm.root]["problem"]), files.CheckpointWriteError)  # type: ignore[index]
         meta = state.run_level([p["run"] for p in parts], self.config()) if root else {}  # type: ignore[index]
         background = self.background and not wait
         try:
@@ -151,10 +151,10 @@ class Checkpointer:
             complete()
         return name
 
-    def _failed(self, writer: files.Writer, exc: BaseException) -> files.CheckpointWriteError:
+    def _failed(self, writer: files.Writer, exc: BaseException) -> UserError:
         if self.comm.rank == self.comm.root:
             writer.abort()
-        return files.CheckpointWriteError(writer.message(_cause(exc)))
+        return refuse(self.comm, writer.message(_cause(exc)), files.CheckpointWriteError)
 
     def _run(self, complete: Callable[[], None]) -> None:
         try:

@@ -51,6 +51,15 @@ def group_for(comm: Comm, timeout: float | None = None) -> Any:
     return got
 
 
+def refuse(comm: Comm, message: str, kind: type[UserError] = UserError) -> UserError:
+    """A refusal every rank reached together: said by the root rank, the others exit quietly."""
+    if comm.rank == comm.root or comm.world == 1:
+        return kind(message)
+    from adloco.engine.dist.join import PeerFailed
+
+    return PeerFailed(message)
+
+
 def gather(obj: Any, group: Any) -> list[Any]:
     """Every rank's ``obj`` (small, JSON-like) over the checkpoint group; [obj] in one process."""
     if group is None:
@@ -187,7 +196,7 @@ def restore(driver: Driver, ck: Checkpoint | None, timeout: float | None = None)
     where, meta = str(found["url"]), dict(found["meta"])  # type: ignore[index]
     wrong = [e for e in comm.all_gather_json(verify(where, meta["files"], comm.rank, comm.world)) if e]
     if wrong:
-        raise UserError(str(wrong[0]))
+        raise refuse(comm, str(wrong[0]))
     state = RunState(driver)
     state.load(state.read(where, meta, group))
     return True
