@@ -507,6 +507,36 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: logging.trace = -1: must be >= 0",
     ),
     (
+        "inner-optimizer-unknown",
+        ["train", *S("logging.out_dir={tmp}/runs", "inner.optimizer=lion")],
+        "config: inner.optimizer = 'lion': must be one of 'adamw', 'sgd', 'muon'",
+    ),
+    (
+        "muon-in-a-cuda-graph",
+        ["train", *S("logging.out_dir={tmp}/runs", "inner.optimizer=muon", "runtime.cuda_graphs=true")],
+        "config: runtime.cuda_graphs = True: must be false with inner.optimizer muon (torch.optim.Muon reads its learning rate on the host at every step)",
+    ),
+    (
+        "muon-sharded",
+        ["train", *S("logging.out_dir={tmp}/runs", "inner.optimizer=muon", "runtime.shards=2")],
+        "config: runtime.shards = 2: must be 1 with inner.optimizer muon (Muon orthogonalizes whole matrices; a sharded worker holds pieces)",
+    ),
+    (
+        "muon-lr-ratio-zero",
+        ["train", *S("logging.out_dir={tmp}/runs", "inner.muon_lr_ratio=0")],
+        "config: inner.muon_lr_ratio = 0.0: must be in (0, 1000]",
+    ),
+    (
+        "muon-momentum-one",
+        ["train", *S("logging.out_dir={tmp}/runs", "inner.muon_momentum=1")],
+        "config: inner.muon_momentum = 1.0: must be in [0, 1)",
+    ),
+    (
+        "muon-adjust-lr-unknown",
+        ["train", *S("logging.out_dir={tmp}/runs", "inner.muon_adjust_lr=keller")],
+        "config: inner.muon_adjust_lr = 'keller': must be one of 'match_rms_adamw', 'original'",
+    ),
+    (
         "cuda-graphs-fp16",
         ["train", *S("logging.out_dir={tmp}/runs", "runtime.cuda_graphs=true", "model.precision=fp16")],
         "config: model.precision = 'fp16': must be fp32 or bf16 with runtime.cuda_graphs (fp16's loss scaling decides on the host whether a step is skipped)",
