@@ -220,12 +220,13 @@ def read_run(out_dir: Path, p: dict[str, Any]) -> dict[str, Any]:
         )
         if cks:
             st = json.loads(cks[-1].read_text())
+            algo = st.get("algorithm") or {}
             rec["checkpoint"] = {
                 "round": st.get("round"),
-                "parameters": st.get("parameters"),
-                "b_max": st.get("b_max"),
+                "parameters": algo.get("parameters"),
+                "b_max": algo.get("b_max"),
                 # per worker: [fp16 loss scale, good steps since the last change, skipped steps, b_max]
-                "worker_scalars": {w: m.get("scalars") for w, m in (st.get("workers") or {}).items()},
+                "worker_scalars": dict(algo.get("replicas") or {}),
             }
     m = B_MAX_LINE.search(out)
     if m:

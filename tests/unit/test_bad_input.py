@@ -62,6 +62,12 @@ def world(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> dict[s
     data.tokenizer.save_pretrained(tmp / "ckpt")
     assert main(["train", *S(f"data.source={text_corpus}", f"logging.out_dir={tmp / 'ok'}", *TINY)]) == 0
     (run_ok,) = list((tmp / "ok").iterdir())
+    old = tmp / "old-format"  # a run whose checkpoint an earlier adloco wrote (format 2: safetensors)
+    (old / "checkpoints" / "round-000002").mkdir(parents=True)
+    (old / "config.yaml").write_text((run_ok / "config.yaml").read_text())
+    (old / "checkpoints" / "round-000002" / "state.json").write_text(
+        json.dumps({"format": 2, "round": 2, "files": {"rng.safetensors": {"bytes": 1, "sha256": ""}}})
+    )
     nock = tmp / "nock"
     nock.mkdir()
     (nock / "config.yaml").write_text((run_ok / "config.yaml").read_text())
@@ -178,6 +184,38 @@ CASES: list[tuple[str, list[str], str]] = [
         "checkpoint-every-negative",
         ["train", *S("logging.out_dir={tmp}/runs", "checkpoint.every=-1")],
         "config: checkpoint.every = -1: must be >= 0 (0: only at the end)",
+    ),
+    (
+        "checkpoint-dir-unknown-protocol",
+        ["train", *S("logging.out_dir={tmp}/runs", "checkpoint.dir=nosuch://bucket/runs")],
+        "config: checkpoint.dir = 'nosuch://bucket/runs': no filesystem for 'nosuch' (a path, or a URL fsspec knows: file://, memory://, s3://, gs://, ...)",
+    ),
+    (
+        "checkpoint-dir-package-missing",
+        ["train", *S("logging.out_dir={tmp}/runs", "checkpoint.dir=oci://bucket/runs")],
+        "config: checkpoint.dir = 'oci://bucket/runs': the filesystem for 'oci' needs a package that is not installed (Install ocifs to access OCI Object Storage)",
+    ),
+    (
+        "checkpoint-dir-not-writable",
+        ["train", *S("logging.out_dir={tmp}/runs", "checkpoint.dir={tmp}/afile/ck")],
+        "config: checkpoint.dir = '{tmp}/afile/ck': cannot be written (Not a directory)",
+    ),
+    (
+        "checkpoint-async-not-writable",
+        [
+            "train",
+            *S(
+                "logging.out_dir={tmp}/runs",
+                "checkpoint.async_save=true",
+                "checkpoint.dir=file://{tmp}/afile/ck",
+            ),
+        ],
+        "config: checkpoint.dir = 'file://{tmp}/afile/ck': cannot be written (Not a directory)",
+    ),
+    (
+        "checkpoint-async-not-a-bool",
+        ["train", *S("logging.out_dir={tmp}/runs", "checkpoint.async_save=maybe")],
+        "config: checkpoint.async_save = 'maybe': must be true or false",
     ),
     (
         "max-bad-rounds-zero",
@@ -764,6 +802,11 @@ CASES: list[tuple[str, list[str], str]] = [
         "resume-other-model",
         ["train", "--resume", "{run}", *S("model.name=llama-tiny")],
         "--resume: model.name = 'llama-tiny' differs from the checkpoint's 'llama-micro': a resumed run keeps its model, data and method (only algorithm.rounds, algorithm.budget, algorithm.workers, inner.lr, inner.clip, outer.lr, data.cache_dir and the eval, checkpoint, elastic, faults, network, logging and runtime sections may change)",
+    ),
+    (
+        "resume-format-2",
+        ["train", "--resume", "{tmp}/old-format"],
+        "checkpoint '{tmp}/old-format/checkpoints/round-000002': written in checkpoint format 2 by an older adloco; this adloco reads format 3 (torch.distributed.checkpoint): finish that run with the adloco that started it, or start it again",
     ),
     (
         "resume-with-config",

@@ -63,6 +63,7 @@ def check(cfg: Config, resuming: bool = False) -> None:
             a.method,
             "adloco, diloco or localsgd with runtime.shards > 1",
         )
+    check_checkpoint_dir(cfg.checkpoint.dir)
     check_compute(cfg)
     check_muon(cfg)
     try:
@@ -73,6 +74,27 @@ def check(cfg: Config, resuming: bool = False) -> None:
     if rt.profile is not None and rt.profile != "auto":  # read now: a run must not fail at its first round
         StepProfile.load(rt.profile, where=f"config: runtime.profile = {rt.profile!r}")
     check_memory(cfg)
+
+
+def check_checkpoint_dir(where: str) -> None:
+    """``checkpoint.dir``: a path, or a URL whose filesystem fsspec knows and can load here."""
+    if "://" not in where:
+        return
+    import fsspec
+
+    protocol = where.split("://", 1)[0]
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        raise UserError(
+            f"config: checkpoint.dir = {where!r}: no filesystem for {protocol!r} (a path, or a URL fsspec "
+            f"knows: file://, memory://, s3://, gs://, ...)"
+        ) from None
+    except ImportError as exc:
+        raise UserError(
+            f"config: checkpoint.dir = {where!r}: the filesystem for {protocol!r} needs a package that is not "
+            f"installed ({exc})"
+        ) from None
 
 
 def check_muon(cfg: Config) -> None:

@@ -333,6 +333,18 @@ class CheckpointConfig(Dial):
         at_most=1000,
         allowed="between 1 and 1000",
     )
+    dir: str = setting(
+        "",
+        "where checkpoints go: empty for <run directory>/checkpoints, else a path or an fsspec URL (file://, "
+        "memory://, s3:// with s3fs installed, ...) under which each run gets a folder of its name; every "
+        "rank writes its own part there, so every machine of a run must reach it",
+    )
+    async_save: bool = setting(
+        False,
+        "write checkpoints behind training (torch.distributed.checkpoint's async_save): training waits only "
+        "while the state is copied into host memory; the next checkpoint and the end of the run wait for the "
+        "write",
+    )
 
 
 @dataclass(frozen=True)
