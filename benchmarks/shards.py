@@ -7,8 +7,8 @@ baseline, `--nproc 1` without `runtime.shards` (an unsharded worker in one proce
 this script polls the launcher's child processes (the ranks) every ``--poll`` seconds and keeps the
 last ``VmHWM`` (peak resident set) read from ``/proc/<pid>/status`` before each exits, and also the
 VmHWM as of the poll at which rank 0 has logged the last round: the peak through training and
-evaluation, before the end-of-run checkpoint (written by every run, sharded ones too: the root
-worker's ranks gather whole-model vectors for it). The table gives, per rank: the parameters it holds
+evaluation, before the end-of-run checkpoint (written by every run, sharded ones too: each rank writes
+its own P/k values through torch.distributed.checkpoint). The table gives, per rank: the parameters it holds
 (P/k), the parameter + gradient + AdamW (exp_avg, exp_avg_sq) bytes that come to, computed as
 ceil(P/k) x 4 bytes x 4 (llama-10m's dim-0 sizes, 320, 864 and 4096, are multiples of 4, so FSDP2
 pads nothing at k = 2, 4), its measured peak RSS both ways, and the median round and training time

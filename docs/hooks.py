@@ -42,6 +42,13 @@ PUBLISHED: dict[str, str] = {
     "benchmarks/gpu-h100/README.md": "results/gpu-h100/index.md",
     "benchmarks/gpu-h100/gpu.md": "results/gpu-h100/gpu.md",
     "benchmarks/gpu-h100/gpu.json": "results/gpu-h100/gpu.json",
+    "benchmarks/gpu-h100-2026-11": "results/gpu-h100-2026-11/index.md",
+    "benchmarks/gpu-h100-2026-11/README.md": "results/gpu-h100-2026-11/index.md",
+    **{
+        f"benchmarks/gpu-h100-2026-11/{p.name}": f"results/gpu-h100-2026-11/{p.name}"
+        for p in (ROOT / "benchmarks/gpu-h100-2026-11").glob("*")
+        if p.name != "README.md"
+    },
     "benchmarks/gpu-h200": "results/gpu-h200/index.md",
     "benchmarks/gpu-h200/README.md": "results/gpu-h200/index.md",
     **{

@@ -191,16 +191,18 @@ def disk_full(monkeypatch: Any, round_: int) -> None:
     """The checkpoint of round ``round_`` meets a full disk."""
     import errno
 
+    from torch.distributed.checkpoint import filesystem
+
     from adloco.engine.checkpoint import files
 
-    write = files.Writer._write
+    create = filesystem.FileSystem.create_stream
 
-    def full(self: files.Writer, filename: str, data: bytes) -> None:
-        if self.round == round_:
-            self._fail(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
-        write(self, filename, data)
+    def full(self: Any, path: Any, mode: str) -> Any:
+        if "w" in mode and files.name(round_) in str(path):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return create(self, path, mode)
 
-    monkeypatch.setattr(files.Writer, "_write", full)
+    monkeypatch.setattr(filesystem.FileSystem, "create_stream", full)
 
 
 @dataclass

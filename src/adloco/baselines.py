@@ -2,9 +2,10 @@
 
 Each takes its defaults from the method presets of :data:`adloco.settings.PRESETS`, the table
 ``adloco train``'s ``algorithm.method`` reads: one trainer, a constant batch (never capped to b_max), no
-merging, and its outer step (DiLoCo: Nesterov with the ``outer`` section's lr 0.7 and momentum 0.9;
-LocalSGD and DDP: averaging). As in a config, a preset only fills what you leave unset: any dial passed
-explicitly wins (``DiLoCo(..., batch=AdaptiveBatch("norm"))`` is DiLoCo with the norm test).
+merging, and its outer step (DiLoCo: Nesterov with the ``outer`` section's lr 0.7 and momentum 0.9, SGD
+at lr 0.7 with ``wire=Wire(overlap="delayed")``, ALGORITHM.md §13; LocalSGD and DDP: averaging). As in a
+config, a preset only fills what you leave unset: any dial passed explicitly wins
+(``DiLoCo(..., batch=AdaptiveBatch("norm"))`` is DiLoCo with the norm test).
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ class DiLoCo(AdLoCo):
             ``torch.distributed.init_process_group()`` or pass ``comm``.
         loss_fn: ``loss_fn(model, batch)`` -> the mean loss over the batch's rows; default
             ``model(**batch).loss``.
-        outer: the outer step (None: DiLoCo's Nesterov, lr 0.7, momentum 0.9; LocalSGD's and DDP's
-            average).
+        outer: the outer step (None: DiLoCo's Nesterov, lr 0.7, momentum 0.9, or under ``comm.overlap``
+            delayed SGD at lr 0.7, since a momentum fed Δ one round stale diverges (ALGORITHM.md §13);
+            LocalSGD's and DDP's average).
         batch: the batch dial (None: a constant batch, no test, no statistics).
         merge: merging (None: none).
         switch: switch mode (None: ``accumulate``, so a constant batch is honoured and never capped to
@@ -121,6 +123,7 @@ class DiLoCo(AdLoCo):
             if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
                 raise ValueError(f"batch_size = {batch_size!r}: must be an integer >= 1")
             batch = preset(m, AdaptiveBatch, initial=batch_size, max=max(batch_size, AdaptiveBatch().max))
+        overlap = wire.overlap if wire is not None else "none"  # delayed: a staleness-aware outer step
         super().__init__(
             model,
             inner_optimizer,
@@ -128,7 +131,7 @@ class DiLoCo(AdLoCo):
             trainers=trainers,
             comm=comm,
             loss_fn=loss_fn,
-            outer=outer if outer is not None else preset(m, Outer),
+            outer=outer if outer is not None else preset(m, Outer, overlap),
             batch=batch if batch is not None else preset(m, AdaptiveBatch),
             merge=merge if merge is not None else preset(m, Merging),
             switch=switch if switch is not None else preset(m, Switch),

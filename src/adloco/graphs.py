@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from adloco.optim import CombinedOptimizer
+
 log = logging.getLogger("adloco")
 
 Batch = Any
@@ -209,6 +211,14 @@ def capturable(optimizer: torch.optim.Optimizer) -> str | None:
     """Why ``optimizer`` cannot be stepped inside a CUDA graph, or None when it can: an Adam-family
     optimizer needs ``capturable=True`` (its step counts on the device); a learning rate must reach the
     step as a tensor, which torch allows with ``capturable`` or ``fused``."""
+    if isinstance(optimizer, CombinedOptimizer):  # Muon's reason first: no setting of it is capturable
+        parts = sorted(optimizer.optimizers, key=lambda o: not isinstance(o, torch.optim.Muon))
+        return next((why for o in parts if (why := capturable(o)) is not None), None)
+    if isinstance(optimizer, torch.optim.Muon):
+        return (
+            "torch.optim.Muon reads its learning rate on the host at every step and has no capturable form; "
+            "turn cuda_graphs off to train with Muon"
+        )
     groups = optimizer.param_groups
     if all(g.get("capturable") for g in groups):
         return None

@@ -27,6 +27,7 @@ from adloco.batch_tests import BatchTests
 from adloco.comm import default_comm
 from adloco.comm.base import Comm, reduce_local
 from adloco.comm.quantize import ErrorFeedback
+from adloco.fields import check_round, check_speeds, check_trainers, choice, dial
 from adloco.regroup import Regroup
 from adloco.replica import Batch, LossFn, n_rows
 from adloco.round import (
@@ -52,11 +53,6 @@ from adloco.settings import (
     Precision,
     Switch,
     Wire,
-    check_round,
-    check_speeds,
-    check_trainers,
-    choice,
-    dial,
 )
 from adloco.streaming import Schedule, fragments, in_flight
 from adloco.trainer import Flight, Trainer, initial_thetas
@@ -71,9 +67,9 @@ from adloco.workers import (
     update_speeds,
 )
 
-log = logging.getLogger("adloco")
-
 __all__ = ["AdLoCo", "DecisionMismatch", "RoundAborted"]
+
+log = logging.getLogger("adloco")
 
 Members = Mapping[int, list[int]]  # trainer -> its workers
 Sizes = Mapping[int, int]  # worker -> examples or rows
@@ -171,6 +167,8 @@ class AdLoCo:
                 "outer.momentum 0 (docs/guides/compression.md)",
                 o.momentum,
             )
+        if not self.ddp and (why := self.outer_spec.stale_momentum(self.wire.overlap)) is not None:
+            log.warning(why)
         self.comm = comm if comm is not None else default_comm(len(models))
         n = self.comm.n_workers
         b_max = self.switch.b_max_or_default

@@ -21,11 +21,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from adloco import inner_state
 from adloco.algorithms.batching import WorkerStats
 from adloco.comm.base import Shards
-from adloco.flat import FlatModule, ShardedFlat, flatten, like
+from adloco.fields import choice
+from adloco.flat import FlatModule, flatten, like
 from adloco.graphs import GraphedStep, capturable, state_pointers, to_device
-from adloco.settings import Precision, choice
+from adloco.optim import CombinedOptimizer, is_muon
+from adloco.settings import Precision
 from adloco.snapshot import InnerSnapshot
 
 Batch = Any  # a tensor, or a dict / list / tuple of tensors, rows along dimension 0
@@ -86,7 +89,8 @@ class Replica:
     """One worker: a model whose parameters live in a flat buffer, and an inner optimizer over them.
 
     ``optimizer`` must optimize the model's parameters (or the engine's flat groups of them); its state
-    persists across rounds. ``loss_fn(model, batch)`` returns the mean loss over the batch's rows.
+    persists across rounds. Several optimizers of one model (Muon for its matrices, AdamW for the rest) are
+    one :class:`adloco.optim.CombinedOptimizer` (a list of them is combined). ``loss_fn(model, batch)`` returns the mean loss over the batch's rows.
     """
 
     def __init__(
@@ -104,6 +108,8 @@ class Replica:
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+        if isinstance(optimizer, (list, tuple)):  # several optimizers of one model (Muon and AdamW)
+            optimizer = CombinedOptimizer(*optimizer)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError(
                 f"inner_optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}"
@@ -120,12 +126,17 @@ class Replica:
                 "model: a model sharded with fully_shard needs a communicator over its mesh, and a "
                 "communicator over a mesh a sharded model (TorchDistComm(mesh=...))"
             )
+        if self.shards.size > 1 and is_muon(optimizer):
+            raise ValueError(
+                "inner_optimizer: torch.optim.Muon orthogonalizes whole matrices, and a worker sharded with "
+                "fully_shard holds pieces of them; use AdamW with sharded workers (runtime.shards 1 for Muon)"
+            )
         self.optimizer = optimizer
         self.loss_fn: LossFn = loss_fn or hf_loss
         self.clip = clip
         self.b_max = b_max
         self.device = self.flat.param.device
-        self._offsets = self._optimizer_offsets()
+        self._offsets = inner_state.offsets(self.optimizer, self.flat)
         self.sample_sum: torch.Tensor | None = None  # Σ_j g_j of the last probe, when kept
         self.chunks: torch.Tensor | None = None  # (k, P) chunk gradients of the last probe, when kept
         self._clip_coef: torch.Tensor = torch.ones((), device=self.device)
@@ -168,42 +179,6 @@ class Replica:
         if why is not None:
             raise ValueError(f"inner_optimizer: a step inside a CUDA graph (cuda_graphs): {why}")
 
-    def _optimizer_offsets(self) -> list[tuple[torch.Tensor, int, int]]:
-        """(tensor, offset in the flat buffer, values in the buffer) of every tensor the optimizer updates.
-
-        A sharded model's (ALGORITHM.md §12) optimizer may be the engine's, on the buffer's groups, or the
-        user's, on the model's own DTensor parameters: then those hold θ and the buffer follows them."""
-        flat = self.flat
-        if isinstance(flat, ShardedFlat):
-            where = {
-                id(p): (off, n) for p, (off, _, n) in zip(flat.params, flat.pieces(flat.index), strict=True)
-            }
-            mine = [p for g in self.optimizer.param_groups for p in g["params"]]
-            if mine and all(id(p) in where for p in mine):
-                flat.user_steps = True
-                out = [(p, *where[id(p)]) for p in mine]
-                if len({id(p) for p in mine}) != len(flat.params):
-                    raise ValueError("inner_optimizer: build it on all of model.parameters()")
-                return out
-        base, esize = flat.param.data_ptr(), flat.param.element_size()
-        end = base + flat.numel * esize
-        out = []
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                if not (base <= p.data_ptr() < end):
-                    raise ValueError(
-                        "inner_optimizer: updates a tensor that is not one of the model's parameters; build it "
-                        "on model.parameters()"
-                    )
-                out.append((p, (p.data_ptr() - base) // esize, p.numel()))
-        covered = sum(n for _, _, n in out)
-        if covered != flat.numel:
-            raise ValueError(
-                f"inner_optimizer: updates {covered:,} of the model's {flat.numel:,} parameter values; "
-                "build it on all of model.parameters()"
-            )
-        return out
-
     # -- state -------------------------------------------------------------------------------------
     @torch.no_grad()
     def load(self, theta: torch.Tensor) -> None:
@@ -216,39 +191,12 @@ class Replica:
         self.optimizer.state.clear()
 
     def inner_state(self) -> dict[str, torch.Tensor]:
-        """The inner optimizer's state as flat tensors: every per-parameter buffer as one (P,) tensor in
-        the flat layout, scalar entries (``step``) as one value per optimized tensor; empty before the
-        first step or after a reset."""
-        states = [self.optimizer.state.get(p, {}) for p, _, _ in self._offsets]
-        if not all(states):
-            return {}
-        out: dict[str, torch.Tensor] = {}
-        for key, v0 in states[0].items():
-            if not isinstance(v0, torch.Tensor):
-                continue
-            if v0.dim() == 0:
-                out[key] = torch.stack([s[key].detach().to("cpu", torch.float32).reshape(()) for s in states])
-                continue
-            flat = torch.empty(self.flat.numel, device=self.device, dtype=torch.float32)
-            for (_, off, n), s in zip(self._offsets, states, strict=True):
-                flat[off : off + n].copy_(_local(s[key]).reshape(-1))
-            out[key] = flat
-        return out
+        """The inner optimizer's state as flat tensors (:func:`adloco.inner_state.flat_state`)."""
+        return inner_state.flat_state(self.optimizer, self._offsets, self.flat.numel, self.device)
 
     def load_inner_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.reset_optimizer()
-        if not state:
-            return
-        # step counts live on the host, except for fused or capturable optimizers (on the parameter's device)
-        on_device = any(g.get("fused") or g.get("capturable") for g in self.optimizer.param_groups)
-        for i, (p, off, n) in enumerate(self._offsets):
-            entry: dict[str, torch.Tensor] = {}
-            for key, v in state.items():
-                if v.dim() == 1 and v.numel() == len(self._offsets) and v.numel() != self.flat.numel:
-                    entry[key] = v[i].detach().to(p.device if on_device else "cpu", copy=True)
-                else:
-                    entry[key] = like(p, v[off : off + n].to(self.device, copy=True))
-            self.optimizer.state[p] = entry
+        """The inner optimizer's state from :meth:`inner_state`'s tensors (empty: reset)."""
+        inner_state.load_flat_state(self.optimizer, self._offsets, self.flat.numel, self.device, state)
 
     def snapshot(self, into: InnerSnapshot | None = None) -> InnerSnapshot:
         """The inner state and scalars now, in host memory (on CUDA: copied behind the next step's forward

@@ -1,7 +1,7 @@
 """The dials of the algorithm: small frozen dataclasses, each one section of ``adloco train``'s config.
 
 A field is declared once, here: its type (a ``Literal`` for a choice), default, allowed range and one-line
-doc. The library objects take these dataclasses; ``adloco train`` builds the very same classes from YAML
+doc (:func:`adloco.fields.setting`). The library objects take these dataclasses; ``adloco train`` builds the very same classes from YAML
 and ``--set`` (:mod:`adloco.config` adds the sections that only the application has, with the same
 :func:`setting`); ``adloco config`` prints their docs. A bad value raises ``ValueError`` naming
 ``section.key``, the value and what is allowed, whichever way the dataclass was built.
@@ -15,15 +15,12 @@ and ``--set`` (:mod:`adloco.config` adds the sections that only the application 
 
 from __future__ import annotations
 
-import collections.abc
-import dataclasses
-import math
-import numbers
-import types
 import typing
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
+
+from adloco.fields import D, Dial, setting
 
 # Choices used outside one dial are named once here.
 WireDtype = Literal["float32", "bfloat16", "float16", "int8", "int4", "topk"]
@@ -34,255 +31,6 @@ InnerState = Literal["keep", "reset"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Method = Literal["adloco", "diloco", "localsgd", "ddp"]
 METHODS: tuple[str, ...] = typing.get_args(Method)
-
-
-# --------------------------------------------------------------------------------------------------
-# Declaring a field, and checking one
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Range:
-    """Bounds of a number (each element, for a list); ``allowed`` words them when the default phrasing
-    (``>= 1``, ``> 0``, ``in [0, 1)``) says too little."""
-
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    hi_open: bool = False
-    allowed: str = ""
-
-    def ok(self, x: float) -> bool:
-        if self.lo is not None and (x <= self.lo if self.lo_open else x < self.lo):
-            return False
-        return not (self.hi is not None and (x >= self.hi if self.hi_open else x > self.hi))
-
-    def text(self) -> str:
-        if self.allowed:
-            return self.allowed
-        if self.lo is not None and self.hi is not None:
-            return f"in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
-        if self.lo is not None:
-            return f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
-        assert self.hi is not None
-        return f"{'<' if self.hi_open else '<='} {_num(self.hi)}"
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
-
-
-def setting(
-    default: Any,
-    doc: str,
-    *,
-    at_least: float | None = None,
-    above: float | None = None,
-    at_most: float | None = None,
-    below: float | None = None,
-    allowed: str = "",
-) -> Any:
-    """A dataclass field with its one-line doc and, for a number, its range (``at_least``/``above`` a lower
-    bound, ``at_most``/``below`` an upper one; ``allowed`` words the range for messages)."""
-    rng = None
-    if any(b is not None for b in (at_least, above, at_most, below)) or allowed:
-        rng = Range(
-            lo=above if above is not None else at_least,
-            hi=below if below is not None else at_most,
-            lo_open=above is not None,
-            hi_open=below is not None,
-            allowed=allowed,
-        )
-    meta = {"doc": doc, "range": rng}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def describe(tp: Any) -> str:
-    """What a value of type ``tp`` must be, in words ('an integer', "one of 'a', 'b'")."""
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        null = " or null" if type(None) in typing.get_args(tp) else ""
-        return " or ".join(describe(a) for a in args) + null
-    if origin is collections.abc.Callable:
-        return "a callable (in the library)"
-    if origin is list:
-        (inner,) = typing.get_args(tp)
-        return f"a list of {describe(inner)}s"
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
-
-
-_BOOL_WORDS = {False: {"off", "no", "false"}, True: {"on", "yes", "true"}}
-
-
-def conform(value: Any, tp: Any, lenient: bool = False) -> Any:
-    """``value`` as type ``tp``, or raise ValueError. Strict (a dial built in code): an int is a float,
-    nothing else converts. ``lenient`` (a value read from YAML or ``--set``): also ``2.0`` as the int 2,
-    ``4e-3`` (YAML 1.1 reads it as a string without a dot) as a number, and YAML's off/on/no/yes booleans
-    as the one choice they spell."""
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        if lenient and isinstance(value, bool):
-            spelled = [a for a in typing.get_args(tp) if str(a).lower() in _BOOL_WORDS[value]]
-            if len(spelled) == 1:
-                return spelled[0]
-        if value in typing.get_args(tp) and not isinstance(value, bool):
-            return value
-        raise ValueError
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in typing.get_args(tp):
-            return None
-        for arg in typing.get_args(tp):
-            if arg is type(None):
-                continue
-            try:
-                return conform(value, arg, lenient)
-            except ValueError:
-                continue
-        raise ValueError
-    if origin is list:
-        (inner,) = typing.get_args(tp)
-        if not isinstance(value, (list, tuple)):
-            raise ValueError
-        return [conform(v, inner, lenient) for v in value]
-    if origin is collections.abc.Callable:  # the library's own objects; a config file names choices only
-        if callable(value) and not lenient:
-            return value
-        raise ValueError
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ValueError
-    if tp is int:
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-            return int(value)
-        if lenient and isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ValueError
-    if tp is float:
-        if lenient and isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise ValueError from None
-        if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
-        raise ValueError
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ValueError
-    raise TypeError(f"unsupported setting type {tp}")
-
-
-class Dial:
-    """Base of every dial and config section: ``__post_init__`` checks each field's type and range, then
-    the rules between fields (:meth:`check`). Subclasses are frozen dataclasses with ``SECTION`` set."""
-
-    SECTION: ClassVar[str] = ""
-
-    def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = getattr(self, f.name)
-            where = f"{self.SECTION}.{f.name} = {value!r}"
-            try:
-                value = conform(value, hints[f.name])
-            except ValueError:
-                raise ValueError(f"{where}: must be {describe(hints[f.name])}") from None
-            rng: Range | None = f.metadata.get("range")
-            if rng is not None and value is not None:
-                values = value if isinstance(value, list) else [value]
-                if not all(rng.ok(x) for x in values):
-                    raise ValueError(f"{where}: must be {rng.text()}")
-            object.__setattr__(self, f.name, value)
-        self.check()
-
-    def check(self) -> None:
-        """Rules between this dial's fields (a subclass's); raise ValueError naming the field."""
-
-    def need(self, ok: bool, key: str, allowed: str) -> None:
-        """Raise ValueError ``section.key = value: must be allowed`` unless ``ok``."""
-        if not ok:
-            raise ValueError(f"{self.SECTION}.{key} = {getattr(self, key)!r}: must be {allowed}")
-
-    @classmethod
-    def docs(cls) -> list[tuple[str, Any, str]]:
-        """(key, default, doc) of every field, in declaration order; a choice's doc begins with its allowed
-        values (``(norm | inner_product | ...)``)."""
-        hints = typing.get_type_hints(cls)
-        out = []
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            doc = f.metadata.get("doc", "")
-            choices = _choices(hints[f.name])
-            if choices:
-                doc = f"({' | '.join(map(str, choices))}) {doc}"
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc,operator]
-            out.append((f.name, default, doc))
-        return out
-
-
-D = typing.TypeVar("D", bound=Dial)
-
-
-def _choices(tp: Any) -> tuple[Any, ...]:
-    """The words a field of type ``tp`` takes in a config (its ``Literal``'s, or its union's ``Literal``'s)."""
-    if typing.get_origin(tp) is Literal:
-        return typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return tuple(a for arg in typing.get_args(tp) for a in _choices(arg))
-    return ()
-
-
-def check_speeds(speeds: Sequence[float], workers: int, name: str = "runtime.emulate_speed") -> list[float]:
-    """``runtime.emulate_speed``: empty, or one factor in (0, 1] per worker (worker w takes 1/s_w as long per
-    step). The one check of it, for the library (``name``: its argument) and the config."""
-    values = list(speeds)
-    if values and (
-        len(values) != workers
-        or not all(isinstance(x, numbers.Real) and not isinstance(x, bool) and 0 < x <= 1 for x in values)
-    ):
-        raise ValueError(
-            f"{name} = {values!r}: must be empty or {workers} numbers in (0, 1] "
-            "(one per worker: 0.5 takes twice as long)"
-        )
-    return [float(x) for x in values]
-
-
-def check_round(inner_steps: Any, fixed_rows: Any) -> None:
-    """The plain arguments of an algorithm object that are numbers: H and a pass's fixed cost in rows."""
-    if not isinstance(inner_steps, int) or isinstance(inner_steps, bool) or inner_steps < 1:
-        raise ValueError(f"inner_steps = {inner_steps!r}: must be an integer >= 1 (H counts optimizer steps)")
-    if not (isinstance(fixed_rows, int | float) and math.isfinite(fixed_rows) and fixed_rows >= 0):
-        raise ValueError(f"fixed_rows = {fixed_rows!r}: must be a finite number >= 0 (rows)")
-
-
-def check_trainers(trainers: Any, workers: int) -> None:
-    """K₀ in [1, N]: every trainer needs a worker."""
-    if not isinstance(trainers, int) or not 1 <= trainers <= workers:
-        raise ValueError(
-            f"trainers = {trainers!r}: must be an integer in [1, {workers}]: every trainer needs a worker (pass "
-            "a list of models for several workers in one process, or run one process per worker)"
-        )
-
-
-def dial(name: str, value: Any, cls: type[D]) -> D:
-    """An algorithm object's dial argument: the dataclass itself (None: its defaults)."""
-    if value is None:
-        return cls()
-    if not isinstance(value, cls):
-        raise ValueError(f"{name}: expected an {cls.__name__}(...) from adloco, got {value!r}")
-    return value
-
-
-def choice(name: str, value: Any, tp: Any) -> None:
-    """A plain argument's value among the ``Literal`` ``tp``'s (the same words as the config's)."""
-    if value not in typing.get_args(tp):
-        raise ValueError(f"{name} = {value!r}: must be {describe(tp)}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -299,6 +47,8 @@ OuterFactory = Callable[[Any], Any]
 class Outer(Dial):
     """The outer step on the pseudo-gradient Δ (ALGORITHM.md §1, step 4): ``average`` (θ ← the workers'
     mean), ``sgd`` (θ ← θ − lr·Δ) or ``nesterov`` (PyTorch SGD semantics; DiLoCo's lr 0.7, momentum 0.9).
+    Under ``comm.overlap: delayed`` a ``nesterov`` step with a momentum is warned of (:meth:`stale_momentum`)
+    and DiLoCo's preset takes ``sgd`` at its lr (:func:`preset_values`; ALGORITHM.md §13).
 
     In the library ``optimizer`` may also be any callable that takes a trainer's parameters
     (:class:`adloco.algorithms.outer.OuterParams`: the flat θ, or ``params.shaped()`` for the model's
@@ -324,6 +74,19 @@ class Outer(Dial):
     def sgd(cls, lr: float | None = None) -> Outer:
         """Plain SGD on Δ; lr defaults to the field's (0.7)."""
         return cls("sgd", cls().lr if lr is None else lr)
+
+    def stale_momentum(self, overlap: str) -> str | None:
+        """Why this step is unstable under ``comm.overlap`` = ``overlap``, or None: with ``delayed`` a Nesterov
+        momentum is fed a Δ measured from a θ one outer step stale, oscillates and may diverge (DiLoCo's lr
+        0.7 and momentum 0.9: validation perplexity 1.9M where ``none`` ends at 1116; ALGORITHM.md §13).
+        ``eager`` corrects each worker's start and keeps the momentum."""
+        if overlap == "delayed" and self.optimizer == "nesterov" and self.momentum > 0:
+            return (
+                f"outer.optimizer nesterov with outer.momentum {self.momentum:g} under comm.overlap delayed: a "
+                "momentum fed Δ one round stale oscillates and may diverge (ALGORITHM.md §13); outer.optimizer "
+                "sgd (DiLoCo's preset under delayed), outer.momentum 0 or comm.overlap eager are stable"
+            )
+        return None
 
 
 @dataclass(frozen=True)
@@ -542,7 +305,7 @@ class Wire(Dial):
         )
         # a topk key set for another dtype would be ignored: the run would not be the one meant
         if self.dtype != "topk":
-            for f in dataclasses.fields(self):
+            for f in fields(self):
                 if f.name.startswith("topk_") and getattr(self, f.name) != f.default:
                     self.need(
                         False,
@@ -646,6 +409,19 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 assert set(PRESETS) == set(METHODS)
 
 
-def preset(method: str, cls: type[D], **changes: Any) -> D:
-    """The dial ``cls`` as ``method`` sets it (its preset over the field defaults), with ``changes``."""
-    return cls(**{**PRESETS[method].get(cls.SECTION, {}), **changes})
+def preset_values(
+    method: str, section: str, overlap: str = "none", table: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """What ``method`` fixes in ``section`` (``table``: default :data:`PRESETS`) under ``comm.overlap`` =
+    ``overlap``: a preset Nesterov outer step becomes ``sgd`` at the same lr under ``delayed``, where a
+    momentum fed Δ one round stale diverges (:meth:`Outer.stale_momentum`; ALGORITHM.md §13)."""
+    values = dict((PRESETS if table is None else table)[method].get(section, {}))
+    if section == Outer.SECTION and overlap == "delayed" and values.get("optimizer") == "nesterov":
+        values["optimizer"] = "sgd"
+    return values
+
+
+def preset(method: str, cls: type[D], overlap: str = "none", **changes: Any) -> D:
+    """The dial ``cls`` as ``method`` sets it (its preset over the field defaults, :func:`preset_values`
+    under ``comm.overlap`` = ``overlap``), with ``changes``."""
+    return cls(**{**preset_values(method, cls.SECTION, overlap), **changes})

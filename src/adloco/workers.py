@@ -22,6 +22,7 @@ from adloco import events
 from adloco.algorithms import batching, lr_scaling, switch
 from adloco.comm.base import Comm, Shards
 from adloco.comm.quantize import ErrorFeedback
+from adloco.optim import CombinedOptimizer
 from adloco.replica import LossFn, Replica
 from adloco.round import (
     WIDTH,
@@ -50,8 +51,13 @@ def build_replicas(
     cuda_graphs: bool = False,
 ) -> dict[int, Replica]:
     """One replica per local worker of ``comm`` from the user's model(s) and inner optimizer(s) (one each,
-    or lists of them), all of one size; a mismatch is a ValueError naming the argument."""
+    or lists of them), all of one size; a mismatch is a ValueError naming the argument. A worker's
+    optimizer may be several (a list or tuple: Muon and AdamW), combined into one
+    (:class:`adloco.optim.CombinedOptimizer`); with one model, a list of several optimizers is that."""
     models, optimizers = as_list(model, "model"), as_list(inner_optimizer, "inner_optimizer")
+    if len(models) == 1 and len(optimizers) > 1:
+        optimizers = [optimizers]
+    optimizers = [CombinedOptimizer(*o) if isinstance(o, (list, tuple)) else o for o in optimizers]
     if len(models) != len(optimizers):
         raise ValueError(
             f"inner_optimizer: {len(optimizers)} optimizer(s) for {len(models)} model(s); give one per model"

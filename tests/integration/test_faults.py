@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,51 @@ def test_a_killed_rank_resumes_bit_for_bit(tmp_path: Path, text_corpus: Path) ->
     assert p.returncode == 0, p.stderr
     assert rounds_logged(run) == [1, 2, 3, 4, 5]
     assert weights(run) == weights(only_run(full))
+
+
+def test_two_processes_write_their_own_parts_behind_training(tmp_path: Path, text_corpus: Path) -> None:
+    """checkpoint.async_save with checkpoint.dir a file:// URL, 2 gloo processes of 2 workers: each rank
+    writes its own file of every checkpoint (their sizes and checksums in state.json), behind training; the
+    round-4 checkpoint resumed in this process (1 process, 4 workers: read back across the layout) ends
+    with the 2-process run's model. A location one process cannot see (memory:// is each process's own)
+    is refused in one line, exit 2."""
+    from safetensors.torch import load_file
+
+    url = f"file://{tmp_path / 'store'}"
+    extra = {"runtime__workers_per_process": "2", "checkpoint__async_save": "true", "checkpoint__dir": url}
+    p = train(tmp_path / "runs", text_corpus, "--nproc", "2", **extra)
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = only_run(tmp_path / "runs")
+    found = checkpoint.complete(run, url)
+    assert [f.name for f in found] == ["round-000004", "round-000005"]
+    folder = Path(found[0].url.removeprefix("file://"))
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= {f.name for f in folder.iterdir()}
+    assert set(json.loads((folder / "state.json").read_text())["files"]) == {
+        "__0_0.distcp",
+        "__1_0.distcp",
+        ".metadata",
+    }
+    whole = load_file(run / "model" / "model.safetensors")
+    shutil.rmtree(found[-1].url.removeprefix("file://"))  # the newest gone: continue from round 4 here
+    one = ("runtime.backend=inprocess", "runtime.workers_per_process=4", "runtime.threads=1")
+    ran = run_main("train", "--resume", str(run), *[a for s in one for a in ("--set", s)])
+    assert ran.returncode == 0, ran.stderr
+    got = load_file(run / "model" / "model.safetensors")
+    for name, ref in whole.items():
+        assert (got[name] - ref).abs().max().item() < 1e-5, name
+    p = train(
+        tmp_path / "mem",
+        text_corpus,
+        "--nproc",
+        "2",
+        runtime__workers_per_process="2",
+        checkpoint__dir="memory://ck",
+    )
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines()[-1] == (
+        "adloco: error: checkpoints: memory://ck/"
+        + only_run(tmp_path / "mem").name
+        + " is not reachable from "
+        "rank 1 (every rank writes its own part: put checkpoint.dir, or logging.out_dir, on storage every "
+        "machine shares)"
+    )

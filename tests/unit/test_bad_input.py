@@ -62,6 +62,12 @@ def world(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> dict[s
     data.tokenizer.save_pretrained(tmp / "ckpt")
     assert main(["train", *S(f"data.source={text_corpus}", f"logging.out_dir={tmp / 'ok'}", *TINY)]) == 0
     (run_ok,) = list((tmp / "ok").iterdir())
+    old = tmp / "old-format"  # a run whose checkpoint an earlier adloco wrote (format 2: safetensors)
+    (old / "checkpoints" / "round-000002").mkdir(parents=True)
+    (old / "config.yaml").write_text((run_ok / "config.yaml").read_text())
+    (old / "checkpoints" / "round-000002" / "state.json").write_text(
+        json.dumps({"format": 2, "round": 2, "files": {"rng.safetensors": {"bytes": 1, "sha256": ""}}})
+    )
     nock = tmp / "nock"
     nock.mkdir()
     (nock / "config.yaml").write_text((run_ok / "config.yaml").read_text())
@@ -178,6 +184,38 @@ CASES: list[tuple[str, list[str], str]] = [
         "checkpoint-every-negative",
         ["train", *S("logging.out_dir={tmp}/runs", "checkpoint.every=-1")],
         "config: checkpoint.every = -1: must be >= 0 (0: only at the end)",
+    ),
+    (
+        "checkpoint-dir-unknown-protocol",
+        ["train", *S("logging.out_dir={tmp}/runs", "checkpoint.dir=nosuch://bucket/runs")],
+        "config: checkpoint.dir = 'nosuch://bucket/runs': no filesystem for 'nosuch' (a path, or a URL fsspec knows: file://, memory://, s3://, gs://, ...)",
+    ),
+    (
+        "checkpoint-dir-package-missing",
+        ["train", *S("logging.out_dir={tmp}/runs", "checkpoint.dir=oci://bucket/runs")],
+        "config: checkpoint.dir = 'oci://bucket/runs': the filesystem for 'oci' needs a package that is not installed (Install ocifs to access OCI Object Storage)",
+    ),
+    (
+        "checkpoint-dir-not-writable",
+        ["train", *S("logging.out_dir={tmp}/runs", "checkpoint.dir={tmp}/afile/ck")],
+        "config: checkpoint.dir = '{tmp}/afile/ck': cannot be written (Not a directory)",
+    ),
+    (
+        "checkpoint-async-not-writable",
+        [
+            "train",
+            *S(
+                "logging.out_dir={tmp}/runs",
+                "checkpoint.async_save=true",
+                "checkpoint.dir=file://{tmp}/afile/ck",
+            ),
+        ],
+        "config: checkpoint.dir = 'file://{tmp}/afile/ck': cannot be written (Not a directory)",
+    ),
+    (
+        "checkpoint-async-not-a-bool",
+        ["train", *S("logging.out_dir={tmp}/runs", "checkpoint.async_save=maybe")],
+        "config: checkpoint.async_save = 'maybe': must be true or false",
     ),
     (
         "max-bad-rounds-zero",
@@ -551,6 +589,36 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: logging.trace = -1: must be >= 0",
     ),
     (
+        "inner-optimizer-unknown",
+        ["train", *S("logging.out_dir={tmp}/runs", "inner.optimizer=lion")],
+        "config: inner.optimizer = 'lion': must be one of 'adamw', 'sgd', 'muon'",
+    ),
+    (
+        "muon-in-a-cuda-graph",
+        ["train", *S("logging.out_dir={tmp}/runs", "inner.optimizer=muon", "runtime.cuda_graphs=true")],
+        "config: runtime.cuda_graphs = True: must be false with inner.optimizer muon (torch.optim.Muon reads its learning rate on the host at every step)",
+    ),
+    (
+        "muon-sharded",
+        ["train", *S("logging.out_dir={tmp}/runs", "inner.optimizer=muon", "runtime.shards=2")],
+        "config: runtime.shards = 2: must be 1 with inner.optimizer muon (Muon orthogonalizes whole matrices; a sharded worker holds pieces)",
+    ),
+    (
+        "muon-lr-ratio-zero",
+        ["train", *S("logging.out_dir={tmp}/runs", "inner.muon_lr_ratio=0")],
+        "config: inner.muon_lr_ratio = 0.0: must be in (0, 1000]",
+    ),
+    (
+        "muon-momentum-one",
+        ["train", *S("logging.out_dir={tmp}/runs", "inner.muon_momentum=1")],
+        "config: inner.muon_momentum = 1.0: must be in [0, 1)",
+    ),
+    (
+        "muon-adjust-lr-unknown",
+        ["train", *S("logging.out_dir={tmp}/runs", "inner.muon_adjust_lr=keller")],
+        "config: inner.muon_adjust_lr = 'keller': must be one of 'match_rms_adamw', 'original'",
+    ),
+    (
         "cuda-graphs-fp16",
         ["train", *S("logging.out_dir={tmp}/runs", "runtime.cuda_graphs=true", "model.precision=fp16")],
         "config: model.precision = 'fp16': must be fp32 or bf16 with runtime.cuda_graphs (fp16's loss scaling decides on the host whether a step is skipped)",
@@ -816,6 +884,11 @@ CASES: list[tuple[str, list[str], str]] = [
         "resume-other-model",
         ["train", "--resume", "{run}", *S("model.name=llama-tiny")],
         "--resume: model.name = 'llama-tiny' differs from the checkpoint's 'llama-micro': a resumed run keeps its model, data and method (only algorithm.rounds, algorithm.budget, algorithm.workers, inner.lr, inner.clip, outer.lr, data.cache_dir and the eval, checkpoint, elastic, faults, network, logging and runtime sections may change)",
+    ),
+    (
+        "resume-format-2",
+        ["train", "--resume", "{tmp}/old-format"],
+        "checkpoint '{tmp}/old-format/checkpoints/round-000002': written in checkpoint format 2 by an older adloco; this adloco reads format 3 (torch.distributed.checkpoint): finish that run with the adloco that started it, or start it again",
     ),
     (
         "resume-with-config",

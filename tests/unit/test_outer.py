@@ -37,6 +37,23 @@ def test_sgd() -> None:
     torch.testing.assert_close(theta, before - delta)
 
 
+def test_a_state_with_momentum_is_refused_by_a_preset_that_keeps_none() -> None:
+    """A Nesterov state loaded into `sgd` (DiLoCo's preset under comm.overlap delayed) would lose its momentum
+    without a word: refused, naming what to load it with."""
+    theta = torch.linspace(-1, 1, 6)
+    nesterov = OuterOptimizer("nesterov", lr=0.7, momentum=0.9)
+    nesterov.step(theta, torch.ones(6))
+    saved = nesterov.state_dict()
+    assert saved
+    for kind in ("sgd", "average"):
+        with pytest.raises(ValueError, match="load it with the outer step it was saved with"):
+            OuterOptimizer(kind, lr=0.7).load_state_dict(saved)
+    OuterOptimizer("sgd", lr=0.7).load_state_dict({})  # an empty state is what sgd saves
+    again = OuterOptimizer("nesterov", lr=0.7, momentum=0.9)
+    again.step(theta.clone(), torch.zeros(6))
+    again.load_state_dict(saved)
+
+
 def test_sgd_lr_one_equals_average() -> None:
     theta = torch.linspace(-1, 1, 5)
     thetas = _workers(theta, 1)

@@ -310,6 +310,84 @@ def test_overlap_is_refused_where_nothing_can_overlap() -> None:
         Wire(overlap="later")  # type: ignore[arg-type]
 
 
+# -- the outer step under delayed -----------------------------------------------------------------
+
+
+class Bowl(nn.Module):
+    """A quadratic bowl round 0: each worker's H steps of SGD shrink its distance to 0 by the same factor,
+    so Δ is that share of θ and a stale Δ shows as what it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * ((self.w - x) ** 2).sum(-1).mean()
+
+
+def _bowl(overlap: str, outer: Outer | None = None) -> DiLoCo:
+    ms = [Bowl() for _ in range(2)]
+    return DiLoCo(
+        ms,
+        [torch.optim.SGD(m.parameters(), lr=0.5) for m in ms],
+        inner_steps=4,
+        batch_size=1,
+        loss_fn=_tilt_loss,
+        outer=outer,
+        wire=Wire(overlap=overlap),
+        clip=0.0,
+    )
+
+
+def _bowl_distance(algo: DiLoCo, rounds: int = 20) -> float:
+    x = torch.zeros(1, 4)
+    for _ in range(rounds):
+        for _ in range(algo.H):
+            algo.step_all({w: x for w in algo.local_workers})
+    algo.settle()
+    return float(algo.theta(0).abs().max())
+
+
+def test_diloco_under_delayed_takes_sgd_at_its_lr_and_converges(caplog: pytest.LogCaptureFixture) -> None:
+    """DiLoCo's preset Nesterov (lr 0.7, μ 0.9) fed a Δ one round stale diverges, on this bowl as on the
+    language model of ALGORITHM.md §13; under delayed the preset is SGD at lr 0.7, which converges. Eager
+    and none keep Nesterov; a Nesterov step asked for under delayed is taken, with one warning line."""
+    with caplog.at_level("WARNING", logger="adloco"):
+        delayed = _bowl("delayed")
+    assert delayed.outer_spec == Outer.sgd(0.7) and not caplog.records
+    assert _bowl("eager").outer_spec == _bowl("none").outer_spec == Outer.nesterov(0.7, 0.9)
+    assert _bowl_distance(delayed) < 0.05  # from 1
+    with caplog.at_level("WARNING", logger="adloco"):
+        stale = _bowl("delayed", Outer.nesterov())
+    assert stale.outer_spec == Outer.nesterov()
+    (record,) = caplog.records
+    assert record.getMessage().startswith(
+        "outer.optimizer nesterov with outer.momentum 0.9 under comm.overlap delayed: a momentum fed Δ one "
+        "round stale oscillates and may diverge (ALGORITHM.md §13); outer.optimizer sgd"
+    )
+    assert _bowl_distance(stale) > 10  # what the preset no longer does: 1 at the start, growing
+    assert _bowl_distance(_bowl("none")) < 1e-3
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="adloco"):
+        _bowl("delayed", Outer.nesterov(momentum=0.0))
+        _bowl("eager", Outer.nesterov())
+    assert not caplog.records
+
+
+def test_the_config_under_delayed_takes_sgd_unless_told() -> None:
+    from adloco.config.load import resolve
+
+    diloco = ["algorithm.method=diloco"]
+    assert resolve(None, diloco).outer.optimizer == "nesterov"
+    cfg = resolve(None, [*diloco, "comm.overlap=delayed"])
+    assert (cfg.outer.optimizer, cfg.outer.lr, cfg.outer.momentum) == ("sgd", 0.7, 0.9)
+    assert resolve(None, [*diloco, "comm.overlap=eager"]).outer.optimizer == "nesterov"
+    told = resolve(None, [*diloco, "comm.overlap=delayed", "outer.optimizer=nesterov", "outer.lr=0.5"])
+    assert (told.outer.optimizer, told.outer.lr) == ("nesterov", 0.5)
+    assert resolve(None, ["algorithm.method=localsgd", "comm.overlap=delayed"]).outer.optimizer == "average"
+    assert resolve(None, ["comm.overlap=delayed"]).outer.optimizer == "average"  # adloco's own
+
+
 # -- streaming fragments ---------------------------------------------------------------------------
 
 

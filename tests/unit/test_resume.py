@@ -37,25 +37,29 @@ def reference(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> Pa
 
 
 def test_checkpoints_hold_the_full_state(reference: Path) -> None:
+    """Format 3: one torch.distributed.checkpoint (this process's file and DCP's table) beside state.json,
+    the run-level state with the size and SHA-256 of every file."""
     kept = checkpoint.complete(reference)
     assert [p.name for p in kept] == ["round-000004", "round-000005"]  # every 2 rounds and the end; keep 2
-    meta = json.loads((kept[-1] / "state.json").read_text())
+    folder = Path(kept[-1].url)
+    meta = json.loads((folder / "state.json").read_text())
     algo = meta["algorithm"]
-    assert meta["format"] == 2
+    assert meta["format"] == checkpoint.FORMAT == 3
     assert meta["round"] == algo["round"] == 5 and len(algo["requests"]) == 2  # merged 4 -> 3 -> 2
-    files = sorted(f.name for f in kept[-1].iterdir())
-    assert files == sorted(
-        ["state.json", "rng.safetensors"]
-        + [f"worker-{w}.safetensors" for w in range(4)]
-        + [f"trainer-{t}.safetensors" for t in algo["requests"]]
-    )
+    files = sorted(f.name for f in folder.iterdir())
+    assert files == sorted(["state.json", ".metadata", "__0_0.distcp"])  # one process: one file of tensors
     assert set(meta["files"]) == set(files) - {"state.json"}
-    assert all(algo["replicas"][str(w)]["inner"] for w in range(4))
-    from safetensors.torch import load_file
+    assert sorted(algo["replicas"]) == ["0", "1", "2", "3"]  # every worker's scalars
+    ck = checkpoint.Checkpoint(kept[-1])
+    from adloco.engine.checkpoint import storage
 
-    w0 = load_file(kept[-1] / "worker-0.safetensors")
-    assert set(w0) == {"exp_avg", "exp_avg_sq", "step"} and w0["exp_avg"].numel() == algo["parameters"]
-    assert w0["step"].tolist() == [15.0, 15.0]  # 5 rounds x H = 3, in each of the two parameter groups
+    saved = storage.tensors(storage.metadata(ck.url))
+    # θ of the trainers alive (this outer optimizer keeps no state), each worker's AdamW state, the generators
+    assert {k for k in saved if k.startswith("trainer/")} == {f"trainer/{t}/theta" for t in algo["requests"]}
+    assert {k.split("/")[2] for k in saved if k.startswith("worker/0/")} == {"exp_avg", "exp_avg_sq", "step"}
+    assert saved["worker/0/exp_avg"][0] == (algo["parameters"],) and "rng/rank-0" in saved
+    assert ck.tensor("worker/0/step").tolist() == [15.0, 15.0]  # 5 rounds x H = 3, in each parameter group
+    assert ck.verify() is None
     assert not list((reference / "checkpoints").glob(".tmp-*"))
 
 
@@ -64,13 +68,24 @@ def test_a_corrupt_checkpoint_is_refused_and_the_previous_one_used(
 ) -> None:
     run = tmp_path / "run"
     shutil.copytree(reference, run)
-    last = run / "checkpoints" / "round-000005" / "worker-1.safetensors"
+    last = run / "checkpoints" / "round-000005" / "__0_0.distcp"
     last.write_bytes(last.read_bytes()[:-100])
     capsys.readouterr()
     assert adloco("train", "--resume", str(run)) == 2
     assert capsys.readouterr().err.strip() == (
-        f"adloco: error: checkpoint '{run / 'checkpoints' / 'round-000005'}': worker-1.safetensors is truncated "
+        f"adloco: error: checkpoint '{run / 'checkpoints' / 'round-000005'}': __0_0.distcp is truncated "
         "(its size or checksum does not match)"
+    )
+    altered = bytearray(last.read_bytes())
+    shutil.copy(reference / "checkpoints" / "round-000005" / "__0_0.distcp", last)
+    altered = bytearray(last.read_bytes())
+    altered[-50] ^= 1  # the same size, one bit changed: the checksum catches it when the state is read
+    last.write_bytes(bytes(altered))
+    assert adloco("train", "--resume", str(run)) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith("__0_0.distcp is corrupt (its size or checksum does not match)")
     )
     assert adloco("train", "--resume", str(run / "checkpoints" / "round-000004")) == 0
     assert weights(run) == weights(reference)
@@ -226,19 +241,84 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(
     assert adloco("train", "--resume", str(run)) == 0
 
 
-def test_loading_a_checkpoint_never_unpickles(
-    tmp_path: Path, reference: Path, monkeypatch: pytest.MonkeyPatch
+def test_loading_a_checkpoint_runs_no_code_from_it(
+    tmp_path: Path, reference: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """DCP's table (.metadata) is a pickle: it is read by an unpickler that builds DCP's metadata classes
+    alone. A table altered to run code (and its manifest entry to match) is refused in one line, and the
+    code does not run."""
+    import hashlib
+    import os
     import pickle
 
-    import torch
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    folder = run / "checkpoints" / "round-000005"
+    ran = tmp_path / "RAN"
 
-    def refuse(*a: object, **k: object) -> None:
-        raise AssertionError("something was unpickled")
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, (f"touch {ran}",))
 
-    monkeypatch.setattr(pickle, "load", refuse)
-    monkeypatch.setattr(pickle, "loads", refuse)
-    monkeypatch.setattr(torch, "load", refuse)
-    ck = checkpoint.Checkpoint(checkpoint.complete(reference)[-1])
-    assert ck.round == 5 and ck.tensors("trainer-0.safetensors")["theta"].dtype == torch.float32
-    assert {f.suffix for f in ck.path.iterdir()} == {".json", ".safetensors"}
+    data = pickle.dumps(Evil())
+    (folder / ".metadata").write_bytes(data)
+    meta = json.loads((folder / "state.json").read_text())
+    meta["files"][".metadata"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (folder / "state.json").write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert adloco("train", "--resume", str(run)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"adloco: error: checkpoint '{folder}': .metadata is not DCP's metadata (refused to build "
+        f"{os.system.__module__}.system)"
+    )
+    assert not ran.exists()
+
+
+def test_a_checkpoint_written_behind_training_resumes_bit_for_bit(
+    tmp_path: Path, text_corpus: Path, reference: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """checkpoint.async_save: the checkpoints of rounds 2 and 4 go through DCP's async_save (the end's is
+    waited for); the run and a resume from round 4 end with the uninterrupted run's model."""
+    import torch.distributed.checkpoint as dcp
+
+    calls = []
+    real = dcp.async_save
+
+    def spy(*a: object, **k: object) -> object:
+        calls.append(k.get("storage_writer"))
+        return real(*a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dcp, "async_save", spy)
+    out = tmp_path / "async"
+    assert train(out, text_corpus, checkpoint__async_save="true") == 0
+    run = only_run(out)
+    assert len(calls) == 2
+    assert weights(run) == weights(reference)
+    assert [p.name for p in checkpoint.complete(run)] == ["round-000004", "round-000005"]
+    events = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [e["round"] for e in events if e["event"] == "checkpoint"] == [2, 4, 5]
+    assert adloco("train", "--resume", str(run / "checkpoints" / "round-000004")) == 0
+    assert weights(run) == weights(reference)
+
+
+@pytest.mark.parametrize("scheme", ["file", "memory"])
+def test_checkpoints_under_an_fsspec_url_resume_bit_for_bit(
+    tmp_path: Path, text_corpus: Path, reference: Path, scheme: str
+) -> None:
+    """checkpoint.dir as an fsspec URL: each run's checkpoints in <url>/<run name>, none in the run
+    directory; --resume RUN_DIR finds them there and ends with the uninterrupted run's model."""
+    import fsspec
+
+    url = f"file://{tmp_path / 'store'}" if scheme == "file" else f"memory://{tmp_path.name}/store"
+    out = tmp_path / "runs"
+    assert train(out, text_corpus, checkpoint__dir=url) == 0
+    run = only_run(out)
+    assert not (run / "checkpoints").exists()
+    found = checkpoint.complete(run, url)
+    assert [f.url for f in found] == [f"{url}/{run.name}/round-00000{r}" for r in (4, 5)]
+    fs, path = fsspec.core.url_to_fs(found[-1].url)
+    fs.rm(path, recursive=True)  # the newest gone: the run continues from round 4
+    assert adloco("train", "--resume", str(run)) == 0
+    assert weights(run) == weights(reference)
+    assert [f.name for f in checkpoint.complete(run, url)] == ["round-000004", "round-000005"]

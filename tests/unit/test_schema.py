@@ -13,7 +13,8 @@ from torch import nn
 from adloco import AdaptiveBatch, Merging, Outer, Switch, Wire
 from adloco.baselines import METHOD_CLASSES
 from adloco.config import SECTION_TYPES, Config, resolve
-from adloco.settings import METHODS, Dial
+from adloco.fields import Dial
+from adloco.settings import METHODS
 
 
 def _algo(method: str, workers: int):  # type: ignore[no-untyped-def]

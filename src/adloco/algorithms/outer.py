@@ -283,7 +283,15 @@ class OuterOptimizer:
         return dict(sorted(out.items()))
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        """The optimizer's state from :meth:`state_dict` (copied; an empty one clears it)."""
+        """The optimizer's state from :meth:`state_dict` (copied; an empty one clears it). A state for a
+        preset that keeps none (``average``, ``sgd``) is refused rather than dropped: it was saved with
+        another outer step, whose momentum would silently be lost."""
+        if self.kind in ("average", "sgd") and state:
+            raise ValueError(
+                f"outer state: holds {', '.join(sorted(state))}, but outer.optimizer is {self.kind!r}, which "
+                "keeps none (DiLoCo's preset is 'sgd' under comm.overlap delayed); load it with the outer "
+                "step it was saved with (for example outer.optimizer='nesterov')"
+            )
         if self._theta is None:
             self._held = {k: v.detach().clone() for k, v in state.items()}
             return

@@ -12,9 +12,9 @@ from typing import Any
 
 from adloco.config.schema import Config
 from adloco.errors import UserError
+from adloco.fields import check_speeds
 from adloco.models import sizing
 from adloco.profile import StepProfile
-from adloco.settings import check_speeds
 
 
 def _need(ok: bool, name: str, value: Any, allowed: str) -> None:
@@ -63,7 +63,9 @@ def check(cfg: Config, resuming: bool = False) -> None:
             a.method,
             "adloco, diloco or localsgd with runtime.shards > 1",
         )
+    check_checkpoint_dir(cfg.checkpoint.dir)
     check_compute(cfg)
+    check_muon(cfg)
     try:
         cfg.comm.check_streaming(a.inner_steps, a.method == "ddp")
         cfg.comm.check_codec(cfg.batch, a.method == "ddp")
@@ -73,6 +75,48 @@ def check(cfg: Config, resuming: bool = False) -> None:
     if rt.profile is not None and rt.profile != "auto":  # read now: a run must not fail at its first round
         StepProfile.load(rt.profile, where=f"config: runtime.profile = {rt.profile!r}")
     check_memory(cfg)
+
+
+def check_checkpoint_dir(where: str) -> None:
+    """``checkpoint.dir``: a path, or a URL whose filesystem fsspec knows and can load here."""
+    if "://" not in where:
+        return
+    import fsspec
+
+    protocol = where.split("://", 1)[0]
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        raise UserError(
+            f"config: checkpoint.dir = {where!r}: no filesystem for {protocol!r} (a path, or a URL fsspec "
+            f"knows: file://, memory://, s3://, gs://, ...)"
+        ) from None
+    except ImportError as exc:
+        raise UserError(
+            f"config: checkpoint.dir = {where!r}: the filesystem for {protocol!r} needs a package that is not "
+            f"installed ({exc})"
+        ) from None
+
+
+def check_muon(cfg: Config) -> None:
+    """inner.optimizer muon: what Muon cannot do (ALGORITHM.md §1): be captured in a CUDA graph (it reads
+    its learning rate on the host), or step a worker sharded over processes (it orthogonalizes whole
+    matrices)."""
+    if cfg.inner.optimizer != "muon":
+        return
+    rt = cfg.runtime
+    _need(
+        not rt.cuda_graphs,
+        "runtime.cuda_graphs",
+        rt.cuda_graphs,
+        "false with inner.optimizer muon (torch.optim.Muon reads its learning rate on the host at every step)",
+    )
+    _need(
+        rt.shards == 1,
+        "runtime.shards",
+        rt.shards,
+        "1 with inner.optimizer muon (Muon orthogonalizes whole matrices; a sharded worker holds pieces)",
+    )
 
 
 def check_compute(cfg: Config) -> None:

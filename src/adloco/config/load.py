@@ -19,10 +19,10 @@ from typing import Any, Literal
 import yaml
 
 from adloco.config import checks
-from adloco.config.schema import BENCH, PRESETS, SECTION_TYPES, SECTIONS, Config
+from adloco.config.schema import BENCH, SECTION_TYPES, SECTIONS, Config, preset_values
 from adloco.errors import UserError
+from adloco.fields import conform, describe
 from adloco.models.sizing import SHAPES
-from adloco.settings import conform, describe
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class RawText:
 
 
 def read_value(value: Any, tp: Any) -> Any:
-    """A YAML or ``--set`` value as type ``tp`` (leniently, :func:`adloco.settings.conform`), or ValueError.
+    """A YAML or ``--set`` value as type ``tp`` (leniently, :func:`adloco.fields.conform`), or ValueError.
     A ``--set`` value is its text for a string field (or a choice of strings), else its YAML reading."""
     if isinstance(value, RawText):
         origin = typing.get_origin(tp)
@@ -211,9 +211,10 @@ def resolve(
     given = {s: _read_section(s, v) for s, v in user.items()}
     # The method decides the preset (read like any other key).
     method = given.get("algorithm", {}).get("method", "adloco")
+    overlap = given.get("comm", {}).get("overlap", "none")  # the outer step under delayed: ALGORITHM.md §13
     values: dict[str, dict[str, Any]] = {}
     for section in SECTIONS:
-        values[section] = {**PRESETS[method].get(section, {}), **given.get(section, {})}
+        values[section] = {**preset_values(method, section, overlap), **given.get(section, {})}
     model = values["model"].get("name", SECTION_TYPES["model"]().name)  # type: ignore[attr-defined]
     if "tokenizer" not in given.get("data", {}) and model not in SHAPES:
         values["data"]["tokenizer"] = model  # a checkpoint: its own tokenizer, not one trained anew

@@ -2,7 +2,7 @@
 
 The algorithm's sections (``outer``, ``batch``, ``merge``, ``switch``, ``comm``) ARE the library's dials
 (:mod:`adloco.settings`); the rest belong to the application (model, data, runtime, logging ...) and are
-declared here with the same :func:`~adloco.settings.setting`, so every field has one type, default, range
+declared here with the same :func:`~adloco.fields.setting`, so every field has one type, default, range
 and doc, checked when its section is built. Rules across sections live in :mod:`adloco.config.checks`.
 """
 
@@ -13,12 +13,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from adloco.fields import Dial, setting
 from adloco.models.sizing import SHAPES
 from adloco.settings import (
     METHODS,
     AdaptiveBatch,
     Balance,
-    Dial,
     InnerState,
     Merging,
     Method,
@@ -27,9 +27,9 @@ from adloco.settings import (
     Precision,
     Switch,
     Wire,
-    setting,
 )
 from adloco.settings import PRESETS as DIAL_PRESETS
+from adloco.settings import preset_values as dial_preset_values
 
 
 @dataclass(frozen=True)
@@ -147,13 +147,30 @@ class AlgorithmConfig(Dial):
 @dataclass(frozen=True)
 class InnerConfig(Dial):
     SECTION: ClassVar[str] = "inner"
-    optimizer: Literal["adamw", "sgd"] = setting("adamw", "inner optimizer of every worker")
+    optimizer: Literal["adamw", "sgd", "muon"] = setting(
+        "adamw",
+        "inner optimizer of every worker; muon: torch.optim.Muon on the hidden 2-D matrices, AdamW (lr, betas, "
+        "weight_decay) on embeddings, output head, norms and biases (ALGORITHM.md §1)",
+    )
     lr: float = setting(4e-3, "peak inner learning rate", above=0)
     weight_decay: float = setting(
         0.1, "decoupled weight decay on matrices (not on norms or biases)", at_least=0
     )
     betas: list[float] = setting([0.9, 0.95], "AdamW betas", at_least=0, below=1)
     momentum: float = setting(0.9, "SGD momentum (inner optimizer sgd)", at_least=0, below=1)
+    muon_lr_ratio: float = setting(
+        1.0,
+        "muon: Muon's lr is inner.lr times this at every point of the schedule (1 with muon_adjust_lr "
+        "match_rms_adamw, Moonlight's setting; about 0.02 / inner.lr with original)",
+        above=0,
+        at_most=1000,
+    )
+    muon_momentum: float = setting(0.95, "muon: Muon's Nesterov momentum", at_least=0, below=1)
+    muon_adjust_lr: Literal["match_rms_adamw", "original"] = setting(
+        "match_rms_adamw",
+        "muon: torch's adjust_lr_fn: match_rms_adamw scales each matrix's step to AdamW's RMS (0.2·√max(A, B), "
+        "so AdamW's lr and weight decay carry over); original: Keller Jordan's √max(1, A/B)",
+    )
     warmup_fraction: float = setting(
         0.05, "linear warmup over this share of all inner steps", at_least=0, below=1
     )
@@ -316,6 +333,18 @@ class CheckpointConfig(Dial):
         at_most=1000,
         allowed="between 1 and 1000",
     )
+    dir: str = setting(
+        "",
+        "where checkpoints go: empty for <run directory>/checkpoints, else a path or an fsspec URL (file://, "
+        "memory://, s3:// with s3fs installed, ...) under which each run gets a folder of its name; every "
+        "rank writes its own part there, so every machine of a run must reach it",
+    )
+    async_save: bool = setting(
+        False,
+        "write checkpoints behind training (torch.distributed.checkpoint's async_save): training waits only "
+        "while the state is copied into host memory; the next checkpoint and the end of the run wait for the "
+        "write",
+    )
 
 
 @dataclass(frozen=True)
@@ -443,6 +472,13 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     }.items()
 }
 assert tuple(PRESETS) == METHODS
+
+
+def preset_values(method: str, section: str, overlap: str = "none") -> dict[str, Any]:
+    """What ``method`` fixes in ``section`` under ``comm.overlap`` = ``overlap``: :data:`PRESETS`, with the
+    library's rule for the outer step under ``delayed`` (:func:`adloco.settings.preset_values`)."""
+    return dial_preset_values(method, section, overlap, PRESETS)
+
 
 # What ``adloco train --resume`` may change with ``--set``: how long the run goes, learning rates and
 # clipping, the number of workers (ALGORITHM.md §9.2), the token cache, and whole sections that leave the

@@ -301,8 +301,8 @@ class Driver:
             at = self.trained / self.lr_unit if a.budget is not None else r * a.inner_steps + h
             lr = lr_at(at, total_steps, cfg.inner)
             for rep in algo.replicas.values():
-                for group in rep.optimizer.param_groups:
-                    group["lr"] = lr
+                for group in rep.optimizer.param_groups:  # Muon's groups: lr × inner.muon_lr_ratio
+                    group["lr"] = lr * group.get("lr_ratio", 1.0)
             batches = {
                 w: self.data.train_batch(streams[w].take(algo.batch_size(w))) for w in algo.local_workers
             }

@@ -8,12 +8,31 @@ import torch
 
 from adloco.config import InnerConfig
 from adloco.flat import FlatModule
+from adloco.optim import muon_adamw
 
 
 def make_optimizer(flat: FlatModule, cfg: InnerConfig, capturable: bool = False) -> torch.optim.Optimizer:
     """The inner optimizer on the flat buffer's two groups (matrices with weight decay, the rest without).
     ``capturable``: one that steps inside a CUDA graph (``runtime.cuda_graphs``): AdamW with its step
-    counts on the device and the fused kernel, SGD fused (both take their lr as a device tensor)."""
+    counts on the device and the fused kernel, SGD fused (both take their lr as a device tensor).
+
+    ``muon`` needs matrices: Muon on the model's own hidden matrices (views of the flat buffer, shaped) and
+    AdamW on the rest, as one optimizer (:func:`adloco.optim.muon_adamw`); neither captured nor sharded."""
+    if cfg.optimizer == "muon":
+        if capturable or not flat.aliased:
+            raise ValueError(
+                "inner.optimizer = 'muon': not with runtime.cuda_graphs or runtime.shards > 1 (Muon reads its "
+                "learning rate on the host and orthogonalizes whole matrices)"
+            )
+        return muon_adamw(
+            flat.module,
+            cfg.lr,
+            weight_decay=cfg.weight_decay,
+            betas=(cfg.betas[0], cfg.betas[1]),
+            momentum=cfg.muon_momentum,
+            lr_ratio=cfg.muon_lr_ratio,
+            adjust_lr=cfg.muon_adjust_lr,
+        )
     groups = [
         {"params": [p], "weight_decay": cfg.weight_decay if decay else 0.0}
         for p, decay in zip(flat.groups, flat.decay_flags, strict=True)

@@ -14,6 +14,7 @@ import torch
 from adloco.comm.base import Comm
 from adloco.config import Config
 from adloco.config.checks import uses_cuda
+from adloco.engine.checkpoint.files import Folder
 from adloco.engine.dist import env, join
 from adloco.errors import UserError
 
@@ -56,7 +57,7 @@ class Placement:
             self.ctx.close()
 
 
-def place(cfg: Config, resume: tuple[Path, Path] | None) -> Placement:
+def place(cfg: Config, resume: tuple[Path, Folder | Path] | None) -> Placement:
     """Join the process group the launch asks for (or none), pick the device; under torchrun the rank whose
     disk holds the run (a restart may have given it any rank) is elected to write it."""
     from adloco.comm.inprocess import InProcessComm

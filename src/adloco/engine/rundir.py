@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,13 +86,16 @@ def elastic_path(cfg: Config, run_id: str, create: bool = True) -> Path:
     return parent / f"{cfg.logging.name or cfg.algorithm.method}-{safe}"
 
 
-def newest_round(cfg: Config, resume: tuple[Path, Path] | None, elastic: dict[str, Any] | None) -> int:
+def newest_round(
+    cfg: Config, resume: tuple[Path, checkpoint.Folder | Path] | None, elastic: dict[str, Any] | None
+) -> int:
     """The round of the newest checkpoint this machine's disk holds for the run (−1: none): how the
     processes of a restarted job find the one that kept the run directory."""
+    found: Sequence[checkpoint.Folder | Path]
     if resume is not None:
-        found = [resume[1]] if (resume[1] / checkpoint.STATE).is_file() else []
+        found = [resume[1]]
     elif elastic is not None:
-        found = checkpoint.complete(elastic_path(cfg, elastic["run_id"], create=False))
+        found = checkpoint.complete(elastic_path(cfg, elastic["run_id"], create=False), cfg.checkpoint.dir)
     else:
         return -1
     try:
@@ -121,9 +124,16 @@ class Start:
     last_progress: float | None = None  # when metrics.jsonl was last written (a restart's start)
 
 
-def locate(cfg: Config, resume: tuple[Path, Path] | None, elastic: dict[str, Any] | None) -> Start:
+def locate(
+    cfg: Config, resume: tuple[Path, checkpoint.Folder | Path] | None, elastic: dict[str, Any] | None
+) -> Start:
     """Rank 0's decision: ``--resume`` (run directory, checkpoint), an elastic run's own directory and
-    its newest complete checkpoint, or a new run. Checkpoints are verified and checked against the config."""
+    its newest complete checkpoint, or a new run. Checkpoints are verified and checked against the config;
+    a ``checkpoint.dir`` that cannot be written is refused before anything is."""
+    if cfg.checkpoint.dir:
+        why = checkpoint.probe(cfg.checkpoint.dir)
+        if why is not None:
+            raise UserError(f"config: checkpoint.dir = {cfg.checkpoint.dir!r}: cannot be written ({why})")
     if resume is not None:
         ck = checkpoint.Checkpoint(resume[1])
         check_resumable(cfg, ck)
@@ -131,7 +141,7 @@ def locate(cfg: Config, resume: tuple[Path, Path] | None, elastic: dict[str, Any
     if elastic is None:
         return Start(None, None, restarted=False)
     run_dir = elastic_path(cfg, elastic["run_id"])
-    found = checkpoint.complete(run_dir)
+    found = checkpoint.complete(run_dir, cfg.checkpoint.dir)
     restarted = int(elastic["restart_count"]) > 0 or run_dir.exists()
     if not found:
         return Start(run_dir, None, restarted=restarted, **_progress(run_dir))

@@ -23,6 +23,7 @@ from adloco.config import Config
 from adloco.config.checks import check_placement
 from adloco.data.tokens import Data, prepare
 from adloco.engine import rundir
+from adloco.engine.checkpoint.files import Folder
 from adloco.engine.checkpoint.saver import Checkpointer
 from adloco.engine.driver import Driver, TooManyBadRounds
 from adloco.engine.placement import Placement, place
@@ -53,7 +54,9 @@ class TrainingFailed(Exception):
         self.run_dir, self.saved = run_dir, saved
 
 
-def train(cfg: Config, resume: tuple[Path, Path] | None = None) -> tuple[Path | None, dict[str, Any]]:
+def train(
+    cfg: Config, resume: tuple[Path, Folder | Path] | None = None
+) -> tuple[Path | None, dict[str, Any]]:
     """Train as configured; returns the run directory (None on ranks other than 0) and the summary.
 
     ``resume``: (run directory, checkpoint folder) to continue from (see :func:`adloco.engine.checkpoint.locate`).
@@ -77,7 +80,7 @@ class Run:
     the run directory, runs the rounds and writes what a finished run leaves; :meth:`close` lets go of
     what it holds, the process group only after a run that finished."""
 
-    def __init__(self, where: Placement, resume: tuple[Path, Path] | None) -> None:
+    def __init__(self, where: Placement, resume: tuple[Path, Folder | Path] | None) -> None:
         self.where, self.cfg, self.comm, self.resume = where, where.cfg, where.comm, resume
         self.progress: Progress = make_progress(self.cfg.logging.progress) if where.root else Progress()
         self.say = self.progress.message
@@ -155,7 +158,8 @@ class Run:
         cfg, a, comm, device = self.cfg, self.cfg.algorithm, self.comm, self.where.device
         factory = models.factory_for(cfg.model, cfg.data.seq_len, data)
         driver = Driver(cfg, comm, data, factory, device, log=self.say)
-        if not restore(driver, start.ck if start is not None else None) and a.trainers > a.workers:
+        wait = cfg.elastic.timeout if self.where.elastic is not None else cfg.runtime.timeout
+        if not restore(driver, start.ck if start is not None else None, wait) and a.trainers > a.workers:
             self.say(
                 f"algorithm.trainers = {a.trainers}: this launch has {a.workers} workers; starting with "
                 f"{a.workers} trainers"
@@ -179,7 +183,16 @@ class Run:
 
         cfg, run_dir = self.cfg, self.run_dir
         every = cfg.elastic.checkpoint_every if self.where.elastic is not None else cfg.checkpoint.every
-        saver = Checkpointer(driver, cfg.to_dict, run_dir, sink, cfg.checkpoint.keep, background=True)
+        where = checkpoint.location(run_dir, cfg.checkpoint.dir) if run_dir is not None else None
+        saver = Checkpointer(
+            driver,
+            cfg.to_dict,
+            where,
+            run_dir,
+            sink,
+            cfg.checkpoint.keep,
+            background=cfg.checkpoint.async_save,
+        )
 
         def after_round(final: bool) -> None:
             if final or (every > 0 and driver.round % every == 0):

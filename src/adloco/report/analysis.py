@@ -101,22 +101,29 @@ def open_checkpoint(path: Path) -> tuple[Path, Checkpoint]:
     p = path.expanduser()
     if (p / checkpoint.STATE).is_file():
         run_dir = p.parent.parent if p.parent.name == checkpoint.DIR else p.parent
-        return run_dir, checkpoint.Checkpoint(p)
+        ck = checkpoint.Checkpoint(p)
+        problem = ck.verify()
+        if problem is not None:
+            raise UserError(problem)
+        return run_dir, ck
     if not p.is_dir():
         raise UserError(f"--checkpoint {str(path)!r}: no such directory")
-    found = checkpoint.complete(p)
+    found = checkpoint.complete(p, checkpoint.configured_dir(p))
     if not found:
         raise UserError(
             f"--checkpoint {str(path)!r}: neither a checkpoint folder (no {checkpoint.STATE}) nor a run "
             f"directory with a complete {checkpoint.DIR}/round-NNNNNN"
         )
-    return p, checkpoint.Checkpoint(found[-1])
+    ck = checkpoint.Checkpoint(found[-1])
+    problem = ck.verify()
+    if problem is not None:
+        raise UserError(problem)
+    return p, ck
 
 
 def trainers_in(ck: Checkpoint) -> list[int]:
     """The trainer ids whose θ the checkpoint holds, ascending."""
-    ids = [f[len("trainer-") : -len(".safetensors")] for f in ck.meta["files"] if f.startswith("trainer-")]
-    return sorted(int(t) for t in ids if t.isdigit())
+    return sorted(int(t) for t in ck.meta["algorithm"]["requests"])
 
 
 def load_model(
@@ -134,11 +141,11 @@ def load_model(
     data = prepare(cfg.data, cfg.model.task, cfg.model.trust_remote_code, log=log)
     factory = factory_for(cfg.model, cfg.data.seq_len, data)
     flat = FlatModule(factory.build(cfg.algorithm.seed).to(device))
-    theta = ck.tensors(f"trainer-{trainer}.safetensors").get("theta")
+    theta = ck.tensor(f"trainer/{trainer}/theta")
     if theta is None or theta.numel() != flat.numel:
         have = "no theta" if theta is None else f"{theta.numel()} values"
         raise UserError(
-            f"--checkpoint {str(ck.path)!r}: trainer-{trainer}.safetensors holds {have}; the model rebuilt "
+            f"--checkpoint {str(ck.path)!r}: trainer {trainer} holds {have}; the model rebuilt "
             f"from its config has {flat.numel} parameters"
         )
     flat.param.copy_(theta)

@@ -1,5 +1,6 @@
-"""Checkpoints of ``adloco train``: the format on disk (:mod:`.files`), what a checkpoint holds and how
-it reaches every process (:mod:`.state`), and the background writer (:mod:`.saver`)."""
+"""Checkpoints of ``adloco train``: where they are and how one is completed and found (:mod:`.files`), each
+rank's part of one (:mod:`.state`), their tensors through torch.distributed.checkpoint (:mod:`.storage`),
+and the writer between rounds or behind training (:mod:`.saver`)."""
 
 from adloco.engine.checkpoint.files import (
     DIR,
@@ -7,13 +8,14 @@ from adloco.engine.checkpoint.files import (
     STATE,
     Checkpoint,
     CheckpointWriteError,
+    Folder,
     Writer,
     complete,
-    folder,
-    load,
+    configured_dir,
     locate,
+    location,
     name,
-    save,
+    probe,
 )
 
 __all__ = [
@@ -22,11 +24,12 @@ __all__ = [
     "STATE",
     "Checkpoint",
     "CheckpointWriteError",
+    "Folder",
     "Writer",
     "complete",
-    "folder",
-    "load",
+    "configured_dir",
     "locate",
+    "location",
     "name",
-    "save",
+    "probe",
 ]

@@ -1,52 +1,225 @@
-"""Full-state checkpoints: written atomically, read without executing anything.
+"""Checkpoints on storage: where they are, how one is completed, verified and found again.
 
-A checkpoint is a folder ``<run>/checkpoints/round-NNNNNN/`` holding safetensors files (tensors) and
-``state.json`` (everything else, plus the size and SHA-256 of every tensor file). It is the driver's
-state dict laid out on disk (:func:`save` / :func:`load`): ``trainer-<t>.safetensors`` (θ, outer
-momentum), ``worker-<w>.safetensors`` (inner optimizer state), ``rng.safetensors`` (each rank's
-generators), and the rest in ``state.json``. It is assembled in a
-hidden temporary folder, every file fsynced, and renamed into place in one step, so a folder named
-``round-*`` is always complete; the oldest are deleted only after a newer one is in place. Loading
-checks the manifest before anything is used: a truncated or altered file is refused, never half-read.
+A checkpoint is a folder ``round-NNNNNN`` in the run's checkpoint location: ``<run>/checkpoints``, or
+``<checkpoint.dir>/<run directory's name>`` where ``checkpoint.dir`` is set (a path or an fsspec URL). It
+holds one torch.distributed.checkpoint (DCP) checkpoint, every rank's own tensors in its own files
+(:mod:`.storage`), and ``state.json``: the run-level state (the round, the algorithm's replicated
+decisions, the driver's counters, the config) and the size and SHA-256 of every file beside it.
+
+Every rank writes into a hidden ``.tmp-round-NNNNNN``; once every rank's files are complete, rank 0
+moves the folder to ``round-NNNNNN`` and writes ``state.json`` last, so a folder with a ``state.json`` is
+always complete; the oldest are deleted only after a newer one is complete. Loading checks the manifest
+before anything is used: a truncated or altered file is refused, never half-read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import shutil
-from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
+from typing import TYPE_CHECKING, Any
 
 from adloco.errors import UserError
 
-FORMAT = 2
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+FORMAT = 3
 STATE = "state.json"
 DIR = "checkpoints"
+_METADATA = ".metadata"  # DCP's table of tensors
 
 
 def name(round_: int) -> str:
     return f"round-{round_:06d}"
 
 
-def folder(run_dir: Path) -> Path:
-    return run_dir / DIR
+def is_url(where: str) -> bool:
+    return "://" in where
 
 
-def complete(run_dir: Path) -> list[Path]:
-    """The run's complete checkpoints, oldest first."""
-    d = folder(run_dir)
-    if not d.is_dir():
+def filesystem(where: str) -> tuple[AbstractFileSystem, str]:
+    """The fsspec filesystem of a path or URL, and the path in it."""
+    from fsspec.core import url_to_fs
+
+    return url_to_fs(where)  # type: ignore[no-any-return]
+
+
+def location(run_dir: Path, dir: str = "") -> str:
+    """A run's checkpoint location: ``<run>/checkpoints``, or ``<dir>/<run directory's name>``."""
+    if not dir:
+        return str(run_dir / DIR)
+    return f"{dir.rstrip('/')}/{run_dir.name}" if is_url(dir) else str(Path(dir).expanduser() / run_dir.name)
+
+
+def configured_dir(run_dir: Path) -> str:
+    """``checkpoint.dir`` of the run's own config.yaml ('' when unset or unreadable)."""
+    import yaml
+
+    try:
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+        got = (saved.get("checkpoint") or {}).get("dir") or ""
+    except (OSError, AttributeError, yaml.YAMLError):
+        return ""
+    return str(got)
+
+
+def probe(where: str) -> str | None:
+    """Create ``where`` and write and delete a small file there: None when that worked, else why not."""
+    try:
+        fs, path = filesystem(where)
+        fs.makedirs(path, exist_ok=True)
+        mark = _join(path, f".probe-{os.getpid()}")
+        fs.pipe_file(mark, b"")
+        fs.rm(mark)
+    except (OSError, ValueError) as exc:
+        return str(getattr(exc, "strerror", None) or exc)
+    return None
+
+
+@dataclass(frozen=True)
+class Folder:
+    """A checkpoint folder: a local path or a URL."""
+
+    url: str
+
+    @property
+    def name(self) -> str:
+        return self.url.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> str:
+        return self.url.rstrip("/").rsplit("/", 1)[0]
+
+    def join(self, filename: str) -> str:
+        return f"{self.url.rstrip('/')}/{filename}"
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def _join(where: str, filename: str) -> str:
+    return f"{where.rstrip('/')}/{filename}"
+
+
+def complete(run_dir: Path | str, dir: str = "") -> list[Folder]:
+    """The complete checkpoints of a run (its directory, or a checkpoint location as a string), oldest first."""
+    where = location(run_dir, dir) if isinstance(run_dir, Path) else run_dir
+    try:
+        fs, root = filesystem(where)
+        if not fs.isdir(root):
+            return []
+        names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+        return [
+            Folder(_join(where, n))
+            for n in names
+            if n.startswith("round-") and fs.isfile(_join(root, f"{n}/{STATE}"))
+        ]
+    except (OSError, ValueError):
         return []
-    return sorted(
-        p for p in d.iterdir() if p.is_dir() and p.name.startswith("round-") and (p / STATE).is_file()
-    )
+
+
+def _sha256(fs: AbstractFileSystem, path: str) -> dict[str, Any]:
+    h, size = hashlib.sha256(), 0
+    with fs.open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+            size += len(chunk)
+    return {"bytes": size, "sha256": h.hexdigest()}
+
+
+def own_files(tmp: str, rank: int) -> dict[str, dict[str, Any]]:
+    """The size and SHA-256 of every file rank ``rank`` wrote into a checkpoint folder (DCP names them
+    ``__<rank>_<n>.distcp``; rank 0 also writes ``.metadata``)."""
+    fs, root = filesystem(tmp)
+    mine = f"__{rank}_"
+    out = {}
+    for p in sorted(fs.ls(root, detail=False)):
+        base = p.rstrip("/").rsplit("/", 1)[-1]
+        if base.startswith(mine) or (rank == 0 and base == _METADATA):
+            out[base] = _sha256(fs, _join(root, base))
+    return out
+
+
+class Writer:
+    """One checkpoint: rank 0 prepares the hidden folder every rank writes into (:attr:`tmp`), and
+    completes it (:meth:`finish`) once every rank's files are written, or removes it (:meth:`abort`)."""
+
+    def __init__(self, where: str, round_: int, run_dir: Path | None = None) -> None:
+        self.where, self.round, self.run_dir = where, round_, run_dir
+        self.final = _join(where, name(round_))
+        self.tmp = _join(where, f".tmp-{name(round_)}")
+
+    def prepare(self) -> None:
+        """Rank 0, before any rank writes: a fresh hidden folder."""
+        try:
+            fs, _ = filesystem(self.where)
+            fs.makedirs(filesystem(self.where)[1], exist_ok=True)
+            tmp = filesystem(self.tmp)[1]
+            if fs.exists(tmp):
+                fs.rm(tmp, recursive=True)
+        except OSError as exc:
+            self.fail(exc)
+
+    def finish(self, meta: dict[str, Any], files: dict[str, dict[str, Any]], keep: int) -> Folder:
+        """Rank 0, once every rank's files are written: the folder moved into place, ``state.json`` last,
+        the oldest checkpoints beyond ``keep`` deleted."""
+        meta = {"format": FORMAT, "round": self.round, **meta, "files": files}
+        text = json.dumps(meta, indent=1, sort_keys=True) + "\n"
+        try:
+            fs, final = filesystem(self.final)
+            tmp = filesystem(self.tmp)[1]
+            if fs.exists(final):  # the same round written again (an interrupt right after it)
+                fs.rm(final, recursive=True)
+            fs.mv(tmp, final, recursive=True)
+            if is_url(self.final):
+                fs.pipe_file(_join(final, STATE), text.encode())
+            else:
+                _write_atomic(Path(final) / STATE, text)
+        except OSError as exc:
+            self.fail(exc)
+        for old in complete(self.where)[:-keep]:
+            with contextlib.suppress(OSError):
+                fs.rm(filesystem(old.url)[1], recursive=True)
+        return Folder(self.final)
+
+    def abort(self) -> None:
+        try:
+            fs, tmp = filesystem(self.tmp)
+            if fs.exists(tmp):
+                fs.rm(tmp, recursive=True)
+        except OSError:
+            pass
+
+    def fail(self, exc: BaseException) -> None:
+        """Raise the one line a refused write gives (the previous checkpoint is untouched)."""
+        self.abort()
+        raise CheckpointWriteError(self.message(exc)) from None
+
+    def message(self, exc: BaseException) -> str:
+        kept = [p.name for p in complete(self.where)]
+        previous = (
+            f"the previous checkpoint {kept[-1]} is intact: free space, then resume with: adloco train --resume "
+            f"{self.run_dir if self.run_dir is not None else 'RUN_DIR'}"
+            if kept
+            else "no earlier checkpoint exists"
+        )
+        why = getattr(exc, "strerror", None) or str(exc)
+        return f"checkpoint {name(self.round)}: cannot write into {self.where} ({why}); {previous}"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    _fsync_dir(path.parent.parent)  # the checkpoint folder's own rename into place
 
 
 def _fsync_dir(path: Path) -> None:
@@ -57,83 +230,22 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class Writer:
-    """Assembles one checkpoint (on rank 0): ``tensors`` per file, then ``finish`` with the metadata."""
-
-    def __init__(self, run_dir: Path, round_: int) -> None:
-        self.run_dir, self.round = run_dir, round_
-        self.final = folder(run_dir) / name(round_)
-        self.tmp = folder(run_dir) / f".tmp-{name(round_)}"
-        self.files: dict[str, dict[str, Any]] = {}
-        try:
-            folder(run_dir).mkdir(exist_ok=True)
-            if self.tmp.exists():
-                shutil.rmtree(self.tmp)
-            self.tmp.mkdir()
-        except OSError as exc:
-            self._fail(exc)
-
-    def _write(self, filename: str, data: bytes) -> None:
-        try:
-            with (self.tmp / filename).open("wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError as exc:
-            self._fail(exc)
-        self.files[filename] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-    def tensors(self, filename: str, tensors: Mapping[str, torch.Tensor]) -> None:
-        data = st_save({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()})
-        self._write(filename, data)
-
-    def finish(self, meta: dict[str, Any], keep: int) -> Path:
-        meta = {"format": FORMAT, "round": self.round, **meta, "files": self.files}
-        self._write(STATE, (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
-        del self.files[STATE]
-        try:
-            _fsync_dir(self.tmp)
-            if self.final.exists():  # the same round written again (an interrupt right after it)
-                shutil.rmtree(self.final)
-            os.replace(self.tmp, self.final)
-            _fsync_dir(self.final.parent)
-        except OSError as exc:
-            self._fail(exc)
-        for old in complete(self.run_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        return self.final
-
-    def abort(self) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def _fail(self, exc: OSError) -> None:
-        self.abort()
-        kept = [p.name for p in complete(self.run_dir)]
-        previous = (
-            f"the previous checkpoint {kept[-1]} is intact: free space, then resume with: "
-            f"adloco train --resume {self.run_dir}"
-            if kept
-            else "no earlier checkpoint exists"
-        )
-        raise CheckpointWriteError(
-            f"checkpoint {name(self.round)}: cannot write into {folder(self.run_dir)} "
-            f"({exc.strerror or exc}); {previous}"
-        ) from None
-
-
 class CheckpointWriteError(UserError):
-    """The disk refused a checkpoint; the previous one is untouched."""
+    """The storage refused a checkpoint; the previous one is untouched."""
 
 
 class Checkpoint:
-    """A checkpoint folder, verified against its manifest when opened."""
+    """A checkpoint folder: its ``state.json`` read and every file's size checked when opened; the
+    checksums by :meth:`verify` (every rank a share of the files, when it is loaded)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        label = f"checkpoint {str(path)!r}"
+    def __init__(self, path: Folder | Path | str) -> None:
+        self.path = path if isinstance(path, Folder) else Folder(str(path))
+        label = f"checkpoint {str(self.path)!r}"
+        fs, root = filesystem(self.path.url)
         try:
-            meta = json.loads((path / STATE).read_text(encoding="utf-8"))
-        except FileNotFoundError:
+            raw = fs.cat_file(_join(root, STATE))
+            meta = json.loads(raw.decode("utf-8"))
+        except (FileNotFoundError, IsADirectoryError):
             raise UserError(f"{label}: no {STATE} (not a complete checkpoint)") from None
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise UserError(f"{label}: {STATE} is corrupt (not JSON)") from None
@@ -142,35 +254,65 @@ class Checkpoint:
         if meta.get("format") != FORMAT:
             raise UserError(
                 f"{label}: written in checkpoint format {meta.get('format')} by an older adloco; this adloco "
-                f"reads format {FORMAT} (finish that run with the adloco that started it)"
+                f"reads format {FORMAT} (torch.distributed.checkpoint): finish that run with the adloco that "
+                "started it, or start it again"
             )
         self.meta: dict[str, Any] = meta
-        self._data: dict[str, bytes] = {}
         for filename, info in meta["files"].items():
             try:
-                data = (path / filename).read_bytes()
-            except OSError:
+                size = fs.size(_join(root, filename))
+            except (FileNotFoundError, OSError):
                 raise UserError(f"{label}: {filename} is missing") from None
-            if len(data) != info.get("bytes") or hashlib.sha256(data).hexdigest() != info.get("sha256"):
-                what = "truncated" if len(data) < int(info.get("bytes", 0)) else "corrupt"
+            if size != info.get("bytes"):
+                what = "truncated" if size < int(info.get("bytes", 0)) else "corrupt"
                 raise UserError(f"{label}: {filename} is {what} (its size or checksum does not match)")
-            self._data[filename] = data
 
     @property
     def round(self) -> int:
         return int(self.meta["round"])
 
-    def tensors(self, filename: str) -> dict[str, torch.Tensor]:
+    @property
+    def url(self) -> str:
+        return self.path.url
+
+    def tensor(self, key: str) -> Any:
+        """One tensor of the checkpoint whole (``trainer/<t>/theta``, ...; None if it holds none), read in
+        this process alone: for tools that inspect a checkpoint, not for resuming."""
+        from adloco.engine.checkpoint import storage
+
+        saved = storage.tensors(storage.metadata(self.url)).get(key)
+        if saved is None:
+            return None
+        import torch
+
+        into = {key: torch.zeros(saved[0], dtype=saved[1])}
+        storage.read(into, self.url, None)
+        return into[key]
+
+    def verify(self, share: int = 0, of: int = 1) -> str | None:
+        """Check the checksums of every ``of``-th file from the ``share``-th; the first mismatch in words."""
+        return verify(self.path.url, self.meta["files"], share, of)
+
+
+def verify(where: str, files: dict[str, dict[str, Any]], share: int = 0, of: int = 1) -> str | None:
+    """The checksums of files ``share``, ``share + of``, ... of a checkpoint's manifest; None when they match,
+    else the refusal in one line."""
+    fs, root = filesystem(where)
+    for filename in sorted(files)[share::of]:
+        info = files[filename]
         try:
-            return st_load(self._data[filename])
-        except KeyError:
-            raise UserError(f"checkpoint {str(self.path)!r}: {filename} is missing") from None
-        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
-            raise UserError(f"checkpoint {str(self.path)!r}: {filename} is corrupt ({exc})") from None
+            got = _sha256(fs, _join(root, filename))
+        except (FileNotFoundError, OSError):
+            return f"checkpoint {where!r}: {filename} is missing"
+        if got != {"bytes": info.get("bytes"), "sha256": info.get("sha256")}:
+            what = "truncated" if got["bytes"] < int(info.get("bytes", 0)) else "corrupt"
+            return f"checkpoint {where!r}: {filename} is {what} (its size or checksum does not match)"
+    return None
 
 
-def locate(path: Path) -> tuple[Path, Path]:
-    """``--resume`` accepts a run directory (its newest checkpoint) or one checkpoint folder inside it.
+def locate(path: Path) -> tuple[Path, Folder]:
+    """``--resume`` accepts a run directory (its newest checkpoint, wherever ``checkpoint.dir`` put it) or
+    one checkpoint folder inside its ``checkpoints``.
 
     Returns (run directory, checkpoint folder)."""
     p = path.expanduser()
@@ -179,41 +321,13 @@ def locate(path: Path) -> tuple[Path, Path]:
     if p.parent.name == DIR and (p.parent.parent / "config.yaml").is_file():
         if not (p / STATE).is_file():
             raise UserError(f"--resume {str(path)!r}: not a complete checkpoint (no {STATE})")
-        return p.parent.parent, p
+        return p.parent.parent, Folder(str(p))
     if not (p / "config.yaml").is_file():
         raise UserError(f"--resume {str(path)!r}: not a run directory (no config.yaml)")
-    found = complete(p)
+    found = complete(p, configured_dir(p))
     if not found:
         raise UserError(
             f"--resume {str(path)!r}: no checkpoint to resume from (one is written every checkpoint.every "
             "rounds and at the end)"
         )
     return p, found[-1]
-
-
-def save(writer: Writer, state: dict[str, Any], config: dict[str, Any], keep: int) -> Path:
-    """Lay the driver's state dict (:meth:`adloco.engine.driver.Driver.state_dict`) out as files."""
-    algo = dict(state["algorithm"])
-    for t, parts in sorted(algo.pop("trainers").items()):
-        writer.tensors(f"trainer-{t}.safetensors", parts)
-    replicas = {}
-    for w, rep in sorted(algo.pop("replicas").items()):
-        writer.tensors(f"worker-{w}.safetensors", rep["inner"])
-        replicas[str(w)] = {"scalars": rep["scalars"], "inner": sorted(rep["inner"])}
-    writer.tensors("rng.safetensors", state["rng"])
-    algo["replicas"] = replicas
-    return writer.finish({"algorithm": algo, "driver": state["driver"], "config": config}, keep)
-
-
-def load(ck: Checkpoint) -> dict[str, Any]:
-    """The driver's state dict back from a verified checkpoint."""
-    algo = dict(ck.meta["algorithm"])
-    algo["trainers"] = {int(t): ck.tensors(f"trainer-{t}.safetensors") for t in algo["requests"]}
-    algo["replicas"] = {
-        int(w): {
-            "scalars": info["scalars"],
-            "inner": ck.tensors(f"worker-{w}.safetensors") if info["inner"] else {},
-        }
-        for w, info in algo["replicas"].items()
-    }
-    return {"algorithm": algo, "rng": ck.tensors("rng.safetensors"), "driver": ck.meta["driver"]}

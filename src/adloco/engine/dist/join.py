@@ -253,8 +253,8 @@ def root_first(
 def elect_root(ctx: DistContext, newest: int) -> int:
     """The rank that holds the run directory: the one whose disk has the newest checkpoint of the run
     (``newest``: its round there, −1 for none), ties to the lowest rank; rank 0 when nobody has one.
-    Without a shared file system the machine that kept the run directory goes on writing it, whatever
-    rank the restart gave it."""
+    The machine that kept the run directory goes on writing it, whatever rank the restart gave it (the
+    checkpoints themselves are on storage every rank reaches, each rank writing its own part)."""
     rounds = [int(x) for x in ctx.comm.all_gather_json(newest)]  # type: ignore[call-overload]
     best = max(rounds)
     root = rounds.index(best) if best >= 0 else 0

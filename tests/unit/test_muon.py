@@ -1,0 +1,319 @@
+"""Muon as the inner optimizer (ALGORITHM.md §1, step 2): ``torch.optim.Muon`` on a model's hidden matrices
+and AdamW on the rest, as one optimizer (:class:`adloco.optim.CombinedOptimizer`), through everything a
+worker's optimizer goes through: the split, its steps, torch's state dict, the flat inner state of
+checkpoints and resume (bit for bit), the round's snapshot and undo, a reset, the lr multiplier, the hooked
+form, a user's own pair passed as a list, the gradient probe (which reads gradients, not the optimizer),
+and what cannot work (a CUDA graph)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging
+from adloco.graphs import capturable
+from adloco.optim import CombinedOptimizer, is_muon, muon_adamw, muon_split
+
+VOCAB, WIDTH, T = 16, 8, 6
+
+
+class TinyLM(nn.Module):
+    """Embedding, one residual MLP block with a norm, an output head: (B, T) tokens -> (B, T, VOCAB)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.up = nn.Linear(WIDTH, 2 * WIDTH)
+        self.norm = nn.LayerNorm(2 * WIDTH)
+        self.down = nn.Linear(2 * WIDTH, WIDTH, bias=False)
+        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
+
+    def get_output_embeddings(self) -> nn.Module:  # as a Hugging Face model says where its head is
+        return self.head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        h = h + self.down(torch.relu(self.norm(self.up(h))))
+        return self.head(h)
+
+
+def lm_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    logits = model(batch[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+
+
+def tokens(w: int, r: int, h: int, rows: int) -> torch.Tensor:
+    """A reproducible batch of a sequence with structure (each token follows from the previous)."""
+    g = torch.Generator().manual_seed(1000 * w + 100 * r + h)
+    start = torch.randint(0, VOCAB, (rows, 1), generator=g)
+    steps = torch.randint(1, 3, (rows, T - 1), generator=g)
+    return torch.cat([start, start + steps.cumsum(1)], 1) % VOCAB
+
+
+def tiny(n: int, seed: int = 0) -> list[TinyLM]:
+    torch.manual_seed(seed)
+    first = TinyLM()
+    return [copy.deepcopy(first) for _ in range(n)]
+
+
+def own_pair(m: nn.Module) -> list[torch.optim.Optimizer]:
+    """A user's own Muon and AdamW, built as torch's documentation shows (matrices / the rest)."""
+    matrices = [m.up.weight, m.down.weight]
+    rest = [p for p in m.parameters() if all(p is not q for q in matrices)]
+    return [torch.optim.Muon(matrices, lr=0.02, momentum=0.95), torch.optim.AdamW(rest, lr=3e-3)]
+
+
+def run(algo: AdLoCo, rounds: int, first: int = 0) -> None:
+    for r in range(first, first + rounds):
+        for h in range(algo.H):
+            algo.step_all({w: tokens(w, r, h, algo.batch_size(w)) for w in algo.local_workers})
+
+
+def diloco(ms: list[TinyLM], opts: Any, **kw: Any) -> DiLoCo:
+    return DiLoCo(ms, opts, inner_steps=3, batch_size=4, loss_fn=lm_loss, **kw)
+
+
+def muon_diloco(ms: list[TinyLM], **kw: Any) -> DiLoCo:
+    return diloco(ms, [muon_adamw(m, 3e-3) for m in ms], **kw)
+
+
+@torch.no_grad()
+def val(m: nn.Module) -> float:
+    return float(sum(lm_loss(m, tokens(9, 9, h, 16)) for h in range(4)))
+
+
+def test_the_split_gives_muon_the_hidden_matrices_and_adamw_the_rest() -> None:
+    m = TinyLM()
+    matrices, rest = muon_split(m)
+    assert [id(p) for p in matrices] == [id(m.up.weight), id(m.down.weight)]
+    assert {id(p) for p in rest} == {
+        id(m.embed.weight),
+        id(m.up.bias),
+        id(m.norm.weight),
+        id(m.norm.bias),
+        id(m.head.weight),
+    }
+    assert len(muon_split(m, adamw=("down",))[0]) == 1
+    with pytest.raises(ValueError, match="no parameter of the model"):
+        muon_split(m, adamw=("nowhere",))
+
+
+def test_the_split_of_a_hugging_face_llama() -> None:
+    from adloco.config import ModelConfig
+    from adloco.models.factory import ModelFactory
+
+    model = ModelFactory(ModelConfig(name="llama-tiny"), 64, 16, 0, 0).build(0)
+    matrices, rest = muon_split(model)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(p.ndim == 2 and "embed" not in names[id(p)] for p in matrices)
+    assert {names[id(p)] for p in rest if p.ndim == 2} == {"model.embed_tokens.weight"}  # tied with the head
+    assert all(any(k in names[id(p)] for k in ("proj",)) for p in matrices) and len(matrices) == 4 * 7
+
+
+def test_a_combined_step_is_each_optimizers_own_step_bit_for_bit() -> None:
+    a, b = tiny(2)
+    combined = CombinedOptimizer(*own_pair(a))
+    apart = own_pair(b)
+    for h in range(3):
+        for m, opts in ((a, [combined]), (b, apart)):
+            for o in opts:
+                o.zero_grad()
+            lm_loss(m, tokens(0, 0, h, 4)).backward()
+            for o in opts:
+                o.step()
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    assert combined.param_groups[0] is combined.optimizers[0].param_groups[0]  # the very groups
+
+
+def test_a_combined_state_dict_resumes_bit_for_bit_and_it_copies_deeply() -> None:
+    def steps(m: nn.Module, o: torch.optim.Optimizer, hs: range) -> None:
+        for h in hs:
+            o.zero_grad()
+            lm_loss(m, tokens(0, 1, h, 4)).backward()
+            o.step()
+
+    a, b = tiny(2)
+    oa, ob = muon_adamw(a, 3e-3), muon_adamw(b, 3e-3)
+    steps(a, oa, range(2))
+    b.load_state_dict(a.state_dict())
+    ob.load_state_dict(copy.deepcopy(oa.state_dict()))
+    assert (
+        isinstance(ob.optimizers[1], torch.optim.Muon)
+        and ob.optimizers[1].param_groups[0] is ob.param_groups[-1]
+    )
+    assert ob.optimizers[1].param_groups[0]["lr_ratio"] == 1.0
+    steps(a, oa, range(2, 4))
+    steps(b, ob, range(2, 4))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    twin = copy.deepcopy(oa)
+    assert len(twin.state) == len(oa.state) and twin.optimizers[0].param_groups[0] is twin.param_groups[0]
+
+
+def test_a_parameter_in_two_optimizers_or_something_else_is_refused() -> None:
+    m = TinyLM()
+    with pytest.raises(ValueError, match="stepped by two"):
+        CombinedOptimizer(torch.optim.Muon([m.up.weight]), torch.optim.AdamW(m.up.parameters()))
+    with pytest.raises(ValueError, match="torch.optim.Optimizer"):
+        CombinedOptimizer(torch.optim.AdamW(m.parameters()), "muon")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no hidden 2-D matrices"):
+        muon_adamw(nn.Sequential(nn.Embedding(4, 2), nn.LayerNorm(2)), 1e-3)
+
+
+@pytest.mark.parametrize("form", ["list", "combined", "engine"])
+def test_muon_trains_diloco_and_resumes_bit_for_bit(form: str) -> None:
+    """A user's own Muon + AdamW (a list per worker, or combined) or the engine's pair: DiLoCo trains, its
+    workers' inner state goes into a state dict (Muon's momentum beside AdamW's moments, each held where it
+    lives) and a resumed run is the uninterrupted one, bit for bit."""
+
+    def make(ms: list[TinyLM]) -> DiLoCo:
+        if form == "engine":
+            opts: Any = [muon_adamw(m, 3e-3) for m in ms]
+        else:
+            opts = [own_pair(m) if form == "list" else CombinedOptimizer(*own_pair(m)) for m in ms]
+        return diloco(ms, opts)
+
+    a = make(tiny(2))
+    before = val(a.replicas[0].model)
+    run(a, 2)
+    state = copy.deepcopy(a.state_dict())
+    inner = state["replicas"][0]["inner"]
+    assert {"momentum_buffer", "exp_avg", "momentum_buffer.held", "exp_avg.held"} <= set(inner)
+    assert is_muon(a.replicas[0].optimizer)
+    b = make(tiny(2, seed=5))
+    b.load_state_dict(state)
+    for rep in b.replicas.values():  # each optimizer holds its own entries only: no buffer made up
+        for o in rep.optimizer.optimizers:  # type: ignore[attr-defined]
+            keys = {k for s in o.state.values() for k in s}
+            assert keys == (
+                {"momentum_buffer"} if isinstance(o, torch.optim.Muon) else {"exp_avg", "exp_avg_sq", "step"}
+            )
+    run(a, 2, first=2)
+    run(b, 2, first=2)
+    assert torch.equal(a.theta(0), b.theta(0))
+    assert val(a.replicas[0].model) < before
+
+
+def test_a_list_of_optimizers_is_the_combined_optimizer_bit_for_bit() -> None:
+    ms_a, ms_b = tiny(2), tiny(2)
+    a = diloco(ms_a, [own_pair(m) for m in ms_a])
+    b = diloco(ms_b, [CombinedOptimizer(*own_pair(m)) for m in ms_b])
+    run(a, 2)
+    run(b, 2)
+    assert torch.equal(a.theta(0), b.theta(0))
+    one = tiny(1)[0]
+    single = DiLoCo(one, own_pair(one), inner_steps=3, batch_size=4, loss_fn=lm_loss)  # one model: a pair
+    assert isinstance(single.replicas[0].optimizer, CombinedOptimizer)
+
+
+def test_the_snapshot_reset_and_lr_multiplier_reach_both_optimizers() -> None:
+    algo = muon_diloco(tiny(2))
+    run(algo, 1)
+    rep = algo.replicas[0]
+    held = {k: v.clone() for k, v in rep.inner_state().items()}
+    snap = rep.snapshot()
+    run(algo, 1, first=1)
+    assert not torch.equal(rep.inner_state()["momentum_buffer"], held["momentum_buffer"])
+    rep.restore(snap)
+    assert rep.inner_state().keys() == held.keys()
+    assert all(torch.equal(v, held[k]) for k, v in rep.inner_state().items())
+    seen: list[list[float]] = []
+    for o in rep.optimizer.optimizers:  # type: ignore[attr-defined]
+        o.register_step_pre_hook(lambda opt, *_: seen.append([g["lr"] for g in opt.param_groups]))
+    rep.lr_scale = 2.0
+    run(algo, 1, first=2)
+    assert seen and all(lr == 6e-3 for lrs in seen for lr in lrs)
+    assert all(g["lr"] == 3e-3 for g in rep.optimizer.param_groups)  # taken back after each step
+    rep.reset_optimizer()
+    assert rep.inner_state() == {} and all(not o.state for o in rep.optimizer.optimizers)  # type: ignore[attr-defined]
+
+
+def test_the_hooked_form_with_muon_gives_the_driven_run() -> None:
+    driven = muon_diloco(tiny(2), clip=0.0)
+    run(driven, 2)
+    ms = tiny(2)
+    hooked = muon_diloco(ms, clip=0.0)
+    opts = [rep.optimizer for rep in hooked.replicas.values()]
+    with hooked:
+        for r in range(2):
+            for h in range(hooked.H):
+                for w, (m, o) in enumerate(zip(ms, opts, strict=True)):
+                    o.zero_grad()
+                    lm_loss(m, tokens(w, r, h, 4)).backward()
+                    o.step()
+    assert torch.equal(hooked.theta(0), driven.theta(0))
+
+
+def test_the_probe_reads_gradients_whatever_the_optimizer() -> None:
+    """AdLoCo's norm test with Muon: round 1's statistics (taken at θ₀, before any inner step) are the
+    AdamW run's, bit for bit; then both runs go on testing their batches."""
+
+    def make(muon: bool) -> AdLoCo:
+        ms = tiny(4)
+        opts = [muon_adamw(m, 3e-3) if muon else torch.optim.AdamW(m.parameters(), lr=3e-3) for m in ms]
+        return AdLoCo(
+            ms,
+            opts,
+            inner_steps=3,
+            trainers=2,
+            loss_fn=lm_loss,
+            batch=AdaptiveBatch(eta=0.3, initial=4),
+            merge=Merging(every=2),
+        )
+
+    a, b = make(True), make(False)
+    run(a, 1)
+    run(b, 1)
+    ta, tb = a.last_report.trainers, b.last_report.trainers  # type: ignore[union-attr]
+    assert [(t.sigma2, t.gbar_sq, t.samples) for t in ta] == [(t.sigma2, t.gbar_sq, t.samples) for t in tb]
+    assert all(t.sigma2 is not None and t.sigma2 > 0 for t in ta)
+    assert not torch.equal(a.theta(0), b.theta(0))  # the optimizers did differ
+    run(a, 2, first=1)
+    assert a.last_report is not None and all(t.reason != "no-statistics" for t in a.last_report.trainers)
+
+
+def test_muon_is_not_captured_in_a_cuda_graph() -> None:
+    m = TinyLM()
+    why = capturable(muon_adamw(m, 1e-3))
+    assert why is not None and "Muon" in why and "cuda_graphs off" in why
+
+
+def test_adloco_train_with_inner_optimizer_muon() -> None:
+    """``inner.optimizer: muon`` through ``adloco train``'s driver (in process): every worker steps Muon on
+    the model's hidden matrices at the schedule's lr × ``inner.muon_lr_ratio`` and AdamW on the rest at
+    the schedule's lr; the norm test's probe gives statistics, trainers merge, and the loss falls."""
+    from tests.helpers import driver, run_round, tiny_config
+
+    c = driver(tiny_config(inner={"optimizer": "muon", "muon_lr_ratio": 0.5}, algorithm={"rounds": 3}))
+    steps: list[str] = []
+    for rep in c.algo.replicas.values():
+        for o in rep.optimizer.optimizers:  # type: ignore[attr-defined]
+            o.register_step_pre_hook(lambda opt, *_: steps.append(type(opt).__name__))
+    summaries = [run_round(c)["summary"] for _ in range(3)]
+    assert steps.count("Muon") == steps.count("AdamW") > 0
+    for rep in c.algo.replicas.values():
+        adamw, muon = rep.optimizer.optimizers  # type: ignore[attr-defined]
+        assert isinstance(adamw, torch.optim.AdamW) and isinstance(muon, torch.optim.Muon)
+        lr = adamw.param_groups[0]["lr"]
+        assert lr > 0 and all(g["lr"] == 0.5 * lr for g in muon.param_groups)
+        hidden = muon_split(rep.model)[0]
+        assert hidden and {id(p) for g in muon.param_groups for p in g["params"]} == {id(p) for p in hidden}
+    report = c.algo.last_report
+    assert report is not None and any(t.sigma2 is not None and t.sigma2 > 0 for t in report.trainers)
+    assert len(c.algo.trainers) < 4  # merged
+    assert summaries[-1]["val_loss"] < summaries[0]["val_loss"]
+
+
+def test_a_muon_alone_that_leaves_parameters_out_is_refused_naming_the_list() -> None:
+    ms = tiny(2)
+    muons = [torch.optim.Muon(muon_split(m)[0], lr=1e-3) for m in ms]
+    with pytest.raises(
+        ValueError,
+        match=r"^inner_optimizer: updates [\d,]+ of the model's [\d,]+ parameter values; .*"
+        r"a list per model: Muon on the matrices, AdamW on the rest\)$",
+    ):
+        diloco(ms, muons)
