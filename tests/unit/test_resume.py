@@ -129,9 +129,9 @@ def test_a_run_with_delta_in_flight_resumes_bit_for_bit(
     tmp_path: Path, text_corpus: Path, sets: dict[str, str]
 ) -> None:
     """ALGORITHM.md §13: round 4's checkpoint holds the average still in flight (eager) or the workers'
-    parameters between their fragments' synchronizations (streaming); §9.4: each worker's topk error
-    feedback, most of its Δ unsent (topk); resumed there, the run ends with the uninterrupted run's model
-    and bytes."""
+    parameters between their fragments' synchronizations (streaming); ALGORITHM.md §9.4: each worker's
+    topk error feedback, most of its Δ unsent (topk); resumed there, the run ends with the uninterrupted
+    run's model and bytes."""
     out = tmp_path / "ref"
     assert train(out, text_corpus, merge__every="5", **sets) == 0
     ref = only_run(out)
