@@ -158,6 +158,15 @@ class AdLoCo:
         self.switch = dial("switch", switch, Switch)
         self.wire = dial("wire", wire, Wire)
         self.wire.check_streaming(inner_steps, self.ddp)
+        self.wire.check_codec(self.batch, self.ddp)
+        o = self.outer_spec
+        if self.wire.dtype == "topk" and o.optimizer == "nesterov" and o.momentum > 0:
+            log.warning(
+                "comm.dtype = 'topk' with outer.momentum = %g: a top-k Δ with error feedback comes in spikes "
+                "that momentum carries on (DiLoCo's preset diverged so); SparseLoCo's outer step has none: "
+                "outer.momentum 0 (docs/guides/compression.md)",
+                o.momentum,
+            )
         if not self.ddp and (why := self.outer_spec.stale_momentum(self.wire.overlap)) is not None:
             log.warning(why)
         self.comm = comm if comm is not None else default_comm(len(models))
@@ -181,7 +190,7 @@ class AdLoCo:
         self.n_params = next(iter(self.replicas.values())).flat.numel
         self.device = next(iter(self.replicas.values())).device
         # this process's workers; error feedback of each one's Δ (reset when it moves; in its state dict)
-        feedback = self.wire.error_feedback and self.wire.compressed
+        feedback = self.wire.feedback
         self.workers = Workers(self.replicas, self.device, inner_state, snapshot, feedback)
         self.feedback: dict[int, ErrorFeedback] | None = self.workers.feedback
         self.scratch = torch.zeros(self.n_params, device=self.device)

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
 from adloco.fields import D, Dial, setting
 
 # Choices used outside one dial are named once here.
-WireDtype = Literal["float32", "bfloat16", "float16", "int8", "int4"]
+WireDtype = Literal["float32", "bfloat16", "float16", "int8", "int4", "topk"]
 WIRE_DTYPES: tuple[str, ...] = typing.get_args(WireDtype)
 Balance = Literal["equal", "speed"]
 OnResize = Literal["per_trainer", "per_worker"]
@@ -220,14 +220,17 @@ class Switch(Dial):
 @dataclass(frozen=True)
 class Wire(Dial):
     """What the round's all-reduces (Δ, the probe's mean gradient, DDP's gradients) travel as (ALGORITHM.md
-    §9.4): float32 as it is, or the compressed all-reduce (bfloat16, float16, or int8 / int4 block-wise
-    absmax quantization in blocks of ``block`` values). θ and the outer momentum, sent when trainers
-    merge and when workers move to another trainer, travel as ``theta_dtype`` (float32 unless set)."""
+    §9.4): float32 as it is, or the compressed all-reduce (bfloat16, float16, int8 / int4 block-wise
+    absmax quantization in blocks of ``block`` values, or ``topk``: the largest ``topk_fraction`` of each
+    block of ``topk_block`` values in ``topk_bits`` bits each, gathered rather than summed). θ and the outer
+    momentum, sent when trainers merge and when workers move to another trainer, travel as ``theta_dtype``
+    (float32 unless set; never topk). ``error_feedback`` null: on for topk, off for the others."""
 
     SECTION: ClassVar[str] = "comm"
     dtype: WireDtype = setting(
         "float32",
-        "what is all-reduced each round (Δ, probe and DDP gradients) travels as (ALGORITHM.md §9.4)",
+        "what is all-reduced each round (Δ, probe and DDP gradients) travels as (ALGORITHM.md §9.4); topk: "
+        "a sparse top-k per block (comm.topk_*), all-gathered",
     )
     block: int = setting(
         256,
@@ -236,15 +239,35 @@ class Wire(Dial):
         at_most=1 << 24,
         allowed="between 1 and 16777216 values",
     )
-    error_feedback: bool = setting(
-        False,
-        "each worker adds what quantization dropped from its Δ to its next round's Δ (ALGORITHM.md §9.4)",
+    error_feedback: bool | None = setting(
+        None,
+        "each worker adds what its encoding dropped from its Δ to its next round's Δ (ALGORITHM.md §9.4); "
+        "null: on for topk, off for the other dtypes",
     )
     theta_dtype: WireDtype = setting(
         "float32",
         "what θ and the outer momentum travel as when trainers merge and when workers move to another "
         "trainer: float32, or the compressed all-reduce (int8/int4 in blocks of comm.block), after which "
-        "every holder of the trainer keeps the same decoded values (ALGORITHM.md §9.4)",
+        "every holder of the trainer keeps the same decoded values (ALGORITHM.md §9.4); not topk",
+    )
+    topk_fraction: float = setting(
+        0.015625,
+        "topk: the fraction of each block's values sent, k = max(1, ⌈fraction × block⌉) (1/64: 64 of 4096)",
+        above=0,
+        at_most=1,
+    )
+    topk_block: int = setting(
+        4096,
+        "topk: values per block (the top k are chosen in each; an index takes ⌈log2 block⌉ bits)",
+        at_least=2,
+        at_most=1 << 24,
+        allowed="between 2 and 16777216 values",
+    )
+    topk_bits: int = setting(
+        2,
+        "topk: bits per value sent (a sign and bits − 1 of magnitude, against one float32 scale per block)",
+        at_least=1,
+        at_most=8,
     )
 
     overlap: Literal["none", "delayed", "eager"] = setting(
@@ -272,6 +295,44 @@ class Wire(Dial):
         at_least=0,
         at_most=1,
     )
+
+    def check(self) -> None:
+        self.need(
+            self.theta_dtype != "topk",
+            "theta_dtype",
+            "float32, bfloat16, float16, int8 or int4: θ is not sparse (a top-k of θ would send a few "
+            "weights and zero the rest); topk is for comm.dtype",
+        )
+        # a topk key set for another dtype would be ignored: the run would not be the one meant
+        if self.dtype != "topk":
+            for f in fields(self):
+                if f.name.startswith("topk_") and getattr(self, f.name) != f.default:
+                    self.need(
+                        False,
+                        f.name,
+                        f"{f.default!r} (its default) unless comm.dtype is topk, the only dtype it applies to "
+                        f"(comm.dtype is {self.dtype!r})",
+                    )
+
+    def check_codec(self, batch: AdaptiveBatch, ddp: bool) -> None:
+        """The rules across the codec and the round: a sparse Δ needs its error feedback, which the
+        probe's shared mean and DDP's gradients do not have (ValueError naming the key)."""
+        if self.dtype != "topk":
+            return
+        sums = "float32, bfloat16, float16, int8 or int4"
+        if ddp:
+            raise ValueError(
+                f"comm.dtype = 'topk': must be {sums} with DDP (its gradients are averaged every step with no "
+                "error feedback, which a top-k needs)"
+            )
+        from adloco.algorithms.batching import needs_shared_mean
+
+        if batch.probing and needs_shared_mean(batch.test, batch.estimator, batch.exact_mean):
+            raise ValueError(
+                f"comm.dtype = 'topk': must be {sums} when the batch test all-reduces the mean probe gradient "
+                "(batch.exact_mean, the inner-product tests, batch.estimator paper: its top-k, with no error "
+                "feedback, would bias ‖ḡ‖²), or keep topk with the norm test and the pooled estimator"
+            )
 
     def check_streaming(self, inner_steps: int, ddp: bool) -> None:
         """The rules across the streaming and overlap keys and the round (ValueError naming the key)."""
@@ -304,8 +365,17 @@ class Wire(Dial):
                 f"comm.overlap = {self.overlap!r}: must be none with comm.fragments > 1 (streaming overlaps "
                 "by comm.fragment_delay)"
             )
-        if self.error_feedback:
-            raise ValueError("comm.error_feedback: must be false with comm.fragments > 1")
+        if self.error_feedback or self.feedback:
+            why = " (comm.dtype = 'topk' turns it on unless set false)" if self.error_feedback is None else ""
+            raise ValueError(f"comm.error_feedback: must be false with comm.fragments > 1{why}")
+
+    @property
+    def feedback(self) -> bool:
+        """Whether each worker keeps error feedback of its Δ: ``error_feedback``, or where it is null the
+        codec's default (on for topk, whose Δ is mostly dropped each round; off for the others). Never
+        for float32, where nothing is dropped."""
+        on = self.error_feedback if self.error_feedback is not None else self.dtype == "topk"
+        return on and self.compressed
 
     @property
     def compressed(self) -> bool:

@@ -1,9 +1,10 @@
 """The compressed all-reduce over real gloo processes equals the in-process one, bitwise, on every rank.
 
 One launch per world size (2 and 4): each process (one thread, a file store in a temporary folder, no
-TCP listener) holds every worker's vector, sends its own, and checks the result of every dtype, with and
-without error feedback, and in a sub-group, against the in-process computation; float32 (gloo's own
-all_reduce) is checked against the sum within rounding.
+TCP listener) holds every worker's vector, sends its own, and checks the result of every dtype (topk, the
+sparse codec, all-gathered), with and without error feedback, in a sub-group, and with two participants
+per process, against the in-process computation; float32 (gloo's own all_reduce) is checked against the
+sum within rounding.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 CASES = [(1001, 64), (4096, 256), (3, 256), (0, 64)]  # P, block: odd, whole blocks, P < n, empty
-COMPRESSED = ["bfloat16", "float16", "int8", "int4"]
+COMPRESSED = ["bfloat16", "float16", "int8", "int4", "topk"]  # topk: blocks of `block`, 1/64 kept
 
 
 def worker(rank: int, world: int, store: str, out: str) -> None:
@@ -26,7 +27,12 @@ def worker(rank: int, world: int, store: str, out: str) -> None:
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    from adloco.comm.compressed import TorchDistGroup, all_reduce_inprocess, compressed_all_reduce
+    from adloco.comm.compressed import (
+        TorchDistGroup,
+        TorchDistParticipants,
+        all_reduce_inprocess,
+        compressed_all_reduce,
+    )
     from adloco.comm.quantize import ErrorFeedback
 
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
@@ -51,7 +57,7 @@ def worker(rank: int, world: int, store: str, out: str) -> None:
 
     # error feedback: three rounds, every rank's e_m equal to the in-process worker m's
     xs = vectors(777, 1, world)
-    for dtype in ("int4", "float16"):
+    for dtype in ("int4", "float16", "topk"):
         mine, everyone = ErrorFeedback(), [ErrorFeedback() for _ in range(world)]
         for r in range(3):
             deltas = [x * (r + 1) for x in xs]
@@ -59,6 +65,19 @@ def worker(rank: int, world: int, store: str, out: str) -> None:
             ref = all_reduce_inprocess(deltas, dtype, 32, feedback=everyone)
             assert torch.equal(got, ref) and torch.equal(mine.error, everyone[rank].error), (dtype, r)
         checked.append(f"feedback/{dtype}")
+
+    # two participants per process (a process hosting two workers), topk with error feedback
+    owner = [p for p in range(world) for _ in range(2)]
+    xs = vectors(3000, 3, 2 * world)
+    ops2 = TorchDistParticipants(None, owner, rank)
+    mine2, everyone2 = [ErrorFeedback(), ErrorFeedback()], [ErrorFeedback() for _ in owner]
+    for r in range(2):
+        got = compressed_all_reduce(
+            [xs[2 * rank] * (r + 1), xs[2 * rank + 1] * (r + 1)], "topk", 256, ops2, mine2
+        )
+        ref = all_reduce_inprocess([x * (r + 1) for x in xs], "topk", 256, feedback=everyone2)
+        assert torch.equal(got, ref) and torch.equal(mine2[1].error, everyone2[2 * rank + 1].error), r
+    checked.append("participants/topk")
 
     # a sub-group of the odd ranks (every rank creates it, as new_group requires)
     odd = list(range(1, world, 2))
@@ -106,7 +125,8 @@ def test_gloo_equals_in_process_bitwise(world: int, tmp_path: Path) -> None:
     per_case = [f"{d}/{P}" for P, _ in CASES for d in [*COMPRESSED, "float32"]]
     for r in range(world):
         extra = ["subgroup"] if r % 2 else []
-        assert checked[r] == per_case + ["feedback/int4", "feedback/float16"] + extra
+        feedback = ["feedback/int4", "feedback/float16", "feedback/topk", "participants/topk"]
+        assert checked[r] == per_case + feedback + extra
 
 
 if __name__ == "__main__":

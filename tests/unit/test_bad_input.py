@@ -452,6 +452,88 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: comm.fragment_alpha = 1.5: must be in [0, 1]",
     ),
     (
+        "topk-fraction-zero",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "comm.topk_fraction=0")],
+        "config: comm.topk_fraction = 0.0: must be in (0, 1]",
+    ),
+    (
+        "topk-block-one",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "comm.topk_block=1")],
+        "config: comm.topk_block = 1: must be between 2 and 16777216 values",
+    ),
+    (
+        "topk-bits-nine",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "comm.topk_bits=9")],
+        "config: comm.topk_bits = 9: must be in [1, 8]",
+    ),
+    (
+        "topk-fraction-above-one",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "comm.topk_fraction=1.5")],
+        "config: comm.topk_fraction = 1.5: must be in (0, 1]",
+    ),
+    (
+        "topk-fraction-word",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "comm.topk_fraction=abc")],
+        "config: comm.topk_fraction = 'abc': must be a number",
+    ),
+    (
+        "topk-block-fractional",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "comm.topk_block=64.5")],
+        "config: comm.topk_block = 64.5: must be an integer",
+    ),
+    (
+        "topk-bits-zero",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "comm.topk_bits=0")],
+        "config: comm.topk_bits = 0: must be in [1, 8]",
+    ),
+    (
+        "topk-key-without-topk",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.topk_fraction=0.03")],
+        "config: comm.topk_fraction = 0.03: must be 0.015625 (its default) unless comm.dtype is topk, the only "
+        "dtype it applies to (comm.dtype is 'float32')",
+    ),
+    (
+        "topk-key-with-int4",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=int4", "comm.topk_block=1024")],
+        "config: comm.topk_block = 1024: must be 4096 (its default) unless comm.dtype is topk, the only dtype "
+        "it applies to (comm.dtype is 'int4')",
+    ),
+    (
+        "error-feedback-word",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.error_feedback=maybe")],
+        "config: comm.error_feedback = 'maybe': must be true or false or null",
+    ),
+    (
+        "theta-topk",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.theta_dtype=topk")],
+        "config: comm.theta_dtype = 'topk': must be float32, bfloat16, float16, int8 or int4: θ is not sparse "
+        "(a top-k of θ would send a few weights and zero the rest); topk is for comm.dtype",
+    ),
+    (
+        "topk-ddp",
+        ["train", *S("logging.out_dir={tmp}/runs", "algorithm.method=ddp", "comm.dtype=topk")],
+        "config: comm.dtype = 'topk': must be float32, bfloat16, float16, int8 or int4 with DDP (its gradients "
+        "are averaged every step with no error feedback, which a top-k needs)",
+    ),
+    (
+        "topk-shared-mean",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "batch.exact_mean=true")],
+        "config: comm.dtype = 'topk': must be float32, bfloat16, float16, int8 or int4 when the batch test "
+        "all-reduces the mean probe gradient (batch.exact_mean, the inner-product tests, batch.estimator "
+        "paper: its top-k, with no error feedback, would bias ‖ḡ‖²), or keep topk with the norm test and the "
+        "pooled estimator",
+    ),
+    (
+        "topk-streaming",
+        [
+            "train",
+            *S("logging.out_dir={tmp}/runs", "algorithm.inner_steps=8", "comm.fragments=2"),
+            *S("comm.dtype=topk"),
+        ],
+        "config: comm.error_feedback: must be false with comm.fragments > 1 (comm.dtype = 'topk' turns it on "
+        "unless set false)",
+    ),
+    (
         "shards-not-dividing-processes",
         ["train", *S("logging.out_dir={tmp}/runs", "runtime.shards=2"), "--nproc", "3"],
         "config: runtime.shards = 2: must divide the number of processes (3): each worker is runtime.shards processes",

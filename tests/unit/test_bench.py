@@ -752,6 +752,62 @@ def test_link_speed_reprices_a_finished_bench_for_other_links(tmp_path: Path) ->
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "results.json" in bad.stderr
 
 
+def test_sparse_tables_a_partial_bench_at_equal_bytes(tmp_path: Path) -> None:
+    """benchmarks/sparse.py --report-only: each variant's finished seeds counted in its row, perplexity at
+    the bytes of the method's sparsest variant (the initial model's where a run had sent more by its first
+    evaluation), bytes to the target (by default the highest final perplexity); no finished run is one
+    line and exit code 2."""
+    runs = tmp_path / "bench" / "runs"
+    spec = {
+        "adloco": ([50.0, 30.0, 20.0], 1_000_000),
+        "adloco-int4": ([52.0, 31.0, 21.0], 125_000),
+        "adloco-topk": ([60.0, 35.0, 25.0], 100_000),
+        "diloco": ([40.0, 22.0, 18.0], 1_000_000),
+        "diloco-topk": ([45.0, 30.0, 24.0], 100_000),
+    }
+    for variant, (ppls, nbytes) in spec.items():
+        for seed in (0, 1) if variant.startswith("adloco") else (0,):  # DiLoCo's seed 1 not finished
+            name = f"{variant}-s{seed}"
+            model = {"model": {"name": "llama-tiny"}}
+            recorded_run(
+                runs,
+                f"{name}-20260101-000000",
+                variant.split("-")[0],
+                [p + seed for p in ppls],
+                nbytes,
+                seed,
+                model,
+                name,
+            )
+    (runs / "diloco-s1-20260101-000000").mkdir()  # a run that has not finished: no summary.json
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sparse.py"), "--report-only", str(tmp_path / "bench")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in done.stdout.splitlines()}
+    assert "target 26.0" in done.stdout  # adloco-topk seed 1's final, the highest
+    # variant, wire, seeds, final, bytes, at the sparsest's bytes, bytes to the target
+    assert rows["adloco"][2:7] == [
+        "2",
+        "20.5 [20.0–21.0]",
+        "3.0 MB",
+        "100.0 [100.0–100.0] at 0.3 MB",
+        "3.0 MB [3.0 MB–3.0 MB]",
+    ]
+    assert rows["adloco-int4"][5] == "31.5 [31.0–32.0] at 0.3 MB"
+    assert rows["adloco-topk"][5] == "25.5 [25.0–26.0] at 0.3 MB"
+    assert rows["diloco"][2:4] == ["1", "18.0"] and rows["diloco"][6] == "2.0 MB"
+    assert "diloco-int4" not in rows
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sparse.py"), "--report-only", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no finished run" in bad.stderr
+
+
 def test_scaling_tables_and_plots_adloco_over_its_rivals_by_model_size(
     fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

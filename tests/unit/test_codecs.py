@@ -1,9 +1,13 @@
 """Codecs as objects (ALGORITHM.md §9.4): the registered ones keep their bytes, and a codec registered from
 outside the round (here: one whose encodings are gathered rather than summed, as a sparse one's would be)
 travels Δ, merges and moves through the one reducer, with error feedback, the same bits in threads as in
-one process, counted as the collective it is."""
+one process, counted as the collective it is. Then topk, the sparse codec: its encoding against a block
+computed by hand, its exact bytes, its error feedback, the same bits in threads, in the library and
+through `adloco train` (gloo processes: tests/integration/test_quantize_dist.py)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,3 +96,282 @@ def test_a_codec_registered_outside_the_round_carries_delta_merges_and_moves(
                 assert torch.equal(tr.theta, ref.theta(t))
         for w, rep in c.replicas.items():
             assert torch.equal(rep.flat.param, ref.replicas[w].flat.param)
+
+
+# --------------------------------------------------------------------------------------------------
+# topk: the sparse codec (ALGORITHM.md §9.4)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_topk_encodes_a_hand_computed_block() -> None:
+    """Blocks of 8 (index 3 bits), 1/4 kept, 2 bits a value: block 0 keeps −0.8 and 0.5 (scale 0.8), the
+    short last block [1, 2, −3] keeps ⌈3/4⌉ = 1 value, −3. Entries index | code << 3 with code = sign << 1
+    | (q − 1): −0.8 → q 2, code 3, entry 1 + 24 = 25; 0.5 → 0.5/0.8·2 = 1.25 → q 1, code 0, entry 4; −3 →
+    entry 2 + 24 = 26. 15 bits, little-endian: 1,0,0,1,1 | 0,0,1,0,0 | 0,1,0,1,1 (and a 0) = 153, 104."""
+    c = codecs.TopK(0.25, 8, 2)
+    x = torch.tensor([0.1, -0.8, 0.3, 0.0, 0.5, -0.2, 0.05, 0.4, 1.0, 2.0, -3.0])
+    buf = c.encode(x)
+    scales = torch.tensor([0.8, 3.0]).view(torch.uint8)
+    assert torch.equal(buf, torch.cat([scales, torch.tensor([153, 104], dtype=torch.uint8)]))
+    assert c.nbytes(11) == 8 + 2 == buf.numel()
+    want = torch.zeros(11)
+    want[1], want[4], want[10] = -0.8, torch.tensor(0.8) / 2, -3.0  # the largest exact, 0.5 → s/2
+    assert torch.equal(c.decode(buf, 11), want)
+    assert not c.sums and codecs.codec("topk", 8).nbytes(11) == codecs.TopK(1 / 64, 8, 2).nbytes(11)
+
+
+def test_topk_ties_zeros_and_faults() -> None:
+    c = codecs.TopK(0.5, 4, 2)
+    # equal magnitudes: the lower index first
+    assert torch.equal(c.roundtrip(torch.tensor([0.5, -0.5, 0.5, 0.25])), torch.tensor([0.5, -0.5, 0.0, 0.0]))
+    # fewer values than k that are not 0: the largest is repeated, never a 0 sent as a value
+    got = c.roundtrip(torch.tensor([0.0, 0.0, -0.3, 0.0, 0.0, 0.0, 0.0, 0.0]))
+    assert torch.equal(got, torch.tensor([0.0, 0.0, -0.3, 0.0, 0.0, 0.0, 0.0, 0.0]))
+    # a NaN or an infinity is kept and leaves its block's values non-finite, the other block finite
+    for bad in (float("nan"), float("-inf")):
+        got = c.roundtrip(torch.tensor([1.0, bad, 2.0, 0.5, 1.0, 2.0, 3.0, 4.0]))
+        assert not torch.isfinite(got[:4]).all() and torch.isfinite(got[4:]).all()
+    # one bit: the sign alone, ±scale
+    one = codecs.TopK(0.5, 4, 1)
+    assert torch.equal(
+        one.roundtrip(torch.tensor([0.1, -2.0, 1.0, 0.0])), torch.tensor([0.0, -2.0, 2.0, 0.0])
+    )
+
+
+@pytest.mark.parametrize(
+    ("fraction", "block", "bits"), [(1 / 64, 4096, 2), (0.03, 100, 3), (1.0, 2, 8), (0.5, 7, 1)]
+)
+def test_topk_sends_exactly_the_bytes_it_counts(fraction: float, block: int, bits: int) -> None:
+    """4 bytes a block, then K entries of ⌈log2 S⌉ + b bits, K = Σ max(1, ⌈f·L_j⌉); k of a decimal
+    fraction is exact (0.03 of 100 keeps 3)."""
+    c = codecs.TopK(fraction, block, bits)
+    w = (block - 1).bit_length()
+    for n in (0, 1, block - 1, block, block + 1, 3 * block + 5, 10_001):
+        full, rem = divmod(n, block)
+        k = [max(1, min(L, round(fraction * L + 0.4999999))) for L in [block] * full + ([rem] if rem else [])]
+        assert c.nbytes(n) == 4 * len(k) + -(-sum(k) * (w + bits) // 8)
+        x = torch.randn(n)
+        buf = c.encode(x)
+        assert buf.dtype == torch.uint8 and buf.numel() == c.nbytes(n)
+        got = c.decode(buf, n)
+        assert int((got != 0).sum()) <= sum(k)
+    assert codecs.TopK(0.03, 100, 2).kept(100) == 3
+    with pytest.raises(ValueError, match="topk fraction"):
+        codecs.TopK(0.0, 8, 2)
+
+
+def test_topk_keeps_the_largest_and_rounds_them_within_half_a_level() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096 * 3 + 17, generator=g)
+    for bits in (2, 4, 8):
+        c = codecs.TopK(1 / 64, 4096, bits)
+        got = c.roundtrip(x)
+        M = 2 ** (bits - 1)
+        for j, (xb, gb) in enumerate(zip(x.split(4096), got.split(4096), strict=True)):
+            k = c.kept(xb.numel())
+            top = xb.abs().topk(k).indices
+            assert set(gb.nonzero().flatten().tolist()) == set(top.tolist()), j
+            s = xb.abs().max()
+            err = (gb[top] - xb[top]).abs()
+            assert float(err.max()) <= float(s) / (2 * M) * (1 + 1e-6) + float(s) / M * float(
+                (xb[top].abs() < s / (2 * M)).any()
+            )
+            assert torch.equal(torch.sign(gb[top]), torch.sign(xb[top]))
+
+
+def test_topk_error_feedback_keeps_what_was_not_sent() -> None:
+    """e_m = v − dec(enc(v)): exactly v where nothing was sent, the rounding where something was; over
+    rounds what was sent is Σ Δ − e (ALGORITHM.md §9.4)."""
+    c = codecs.TopK(1 / 16, 64, 2)
+    g = torch.Generator().manual_seed(1)
+    deltas = [[torch.randn(1000, generator=g) for _ in range(3)] for _ in range(4)]
+    fb = [ErrorFeedback() for _ in range(3)]
+    total = torch.zeros(1000)
+    for r, xs in enumerate(deltas):
+        v = [fb[m].compensate(x) for m, x in enumerate(xs)]
+        got = compressed_all_reduce(xs, c, feedback=fb)
+        sent = [c.roundtrip(vm) for vm in v]
+        assert got is not None and torch.equal(got, sent[0] + sent[1] + sent[2]), r
+        for m in range(3):
+            e = fb[m].error
+            assert e is not None and torch.equal(e, v[m] - sent[m])
+            assert torch.equal(e[sent[m] == 0], v[m][sent[m] == 0])
+        total += got
+    meant = sum(sum(xs) for xs in deltas)
+    left = sum(f.error for f in fb if f.error is not None)
+    torch.testing.assert_close(total, meant - left, rtol=0, atol=1e-5)
+    assert collective(1000, 3, c) == ("all_gather", c.nbytes(1000))
+
+
+def test_topk_through_adloco_train_in_threads_bitwise(tmp_path: Path) -> None:
+    """AdLoCo with merges and moves (θ in int4), Δ in topk with its error feedback on by default: the
+    threads backend gives the in-process run bit for bit, its Δ counted as an all-gather of the exact
+    encoded size."""
+    cfg = tiny_config(
+        **{
+            "algorithm": {"workers": 4, "trainers": 3, "rounds": 2},
+            "merge": {"every": 2},
+            "outer": {"optimizer": "nesterov"},
+            "comm": {"dtype": "topk", "topk_block": 64, "topk_fraction": 0.1, "theta_dtype": "int4"},
+        }
+    )
+    assert cfg.comm.error_feedback is None and cfg.comm.feedback
+    ref, threads = reference_and_threaded(cfg, {0: 0, 1: 1, 2: 0, 3: 1}, 2)
+    P = ref.n_params
+    B = codecs.TopK(0.1, 64, 2).nbytes(P)
+    assert ref.totals.by_kind["delta"] == 2 * wire_bytes("all_gather", 2, B)  # a 2-worker trainer, 2 rounds
+    assert ref.feedback is not None and any(f.error is not None for f in ref.feedback.values())
+    for c in threads:
+        assert c.feedback is not None
+        for w, fb in c.feedback.items():
+            mine, theirs = fb.error, ref.feedback[w].error
+            assert (mine is None and theirs is None) or (mine is not None and torch.equal(mine, theirs))
+        assert c.totals.by_kind == ref.totals.by_kind and c.allocation == ref.allocation
+        for t, tr in c.trainers.items():
+            if tr.hosted:
+                assert torch.equal(tr.theta, ref.theta(t))
+        for w, rep in c.replicas.items():
+            assert torch.equal(rep.flat.param, ref.replicas[w].flat.param)
+
+
+def test_topk_in_the_library_counts_its_exact_bytes_and_is_refused_where_it_cannot_work() -> None:
+    """DiLoCo(wire=Wire('topk', ...)): error feedback on without asking, Δ counted as an all-gather of
+    the encoded size; DDP and a shared probe mean are refused in one line."""
+    from torch import nn
+
+    from adloco import DDP, AdaptiveBatch, AdLoCo, DiLoCo, Wire
+
+    torch.manual_seed(0)
+    ms = [nn.Linear(40, 1) for _ in range(3)]  # P = 41: blocks of 8, the last 1 value
+
+    def loss(m: nn.Module, b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return ((m(b[0]).squeeze(-1) - b[1]) ** 2).mean()
+
+    sgd = [torch.optim.SGD(m.parameters(), lr=0.05) for m in ms]
+    wire = Wire("topk", topk_block=8, topk_fraction=0.25, topk_bits=2)
+    algo = DiLoCo(ms, sgd, inner_steps=2, loss_fn=loss, batch_size=2, wire=wire, sync_initial=False)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(2 * 2):
+        algo.step_all({w: (torch.randn(2, 40, generator=g), torch.randn(2, generator=g)) for w in range(3)})
+    B = 4 * 6 + -(-(5 * 2 + 1) * (3 + 2) // 8)  # 6 scales; 5 blocks of 8 keep 2, the last keeps 1
+    assert codecs.TopK(0.25, 8, 2).nbytes(41) == B
+    assert algo.totals.by_kind["delta"] == 2 * wire_bytes("all_gather", 3, B)
+    assert algo.feedback is not None and all(f.error is not None for f in algo.feedback.values())
+    with pytest.raises(ValueError, match="comm.dtype = 'topk': must be float32, .* with DDP"):
+        DDP(ms, sgd, loss_fn=loss, batch_size=2, wire=wire)
+    with pytest.raises(ValueError, match="comm.dtype = 'topk': .* mean probe gradient"):
+        AdLoCo(
+            ms, sgd, inner_steps=2, trainers=1, loss_fn=loss, wire=wire, batch=AdaptiveBatch(exact_mean=True)
+        )
+
+
+def test_topk_through_adloco_train(tmp_path: Path, text_corpus: Path) -> None:
+    """`adloco train --set comm.dtype=topk`: the run's Δ is counted at the codec's exact bytes (an
+    all-gather among the 3 workers, 2 rounds), and its config keeps error_feedback null (on, for topk)."""
+    import json
+
+    import yaml
+
+    from adloco.cli import main
+
+    sets = [
+        "model.name=llama-micro",
+        "data.tokenizer=bpe:300",
+        "data.seq_len=16",
+        f"data.source={text_corpus}",
+        "algorithm.method=diloco",
+        "algorithm.workers=3",
+        "algorithm.rounds=2",
+        "algorithm.inner_steps=2",
+        "batch.initial=2",
+        "eval.max_examples=4",
+        "outer.momentum=0",
+        "comm.dtype=topk",
+        "comm.topk_block=256",
+        "logging.progress=off",
+        "logging.plots=false",
+        "logging.save_model=false",
+        f"logging.out_dir={tmp_path}",
+    ]
+    assert main(["train", *[a for s in sets for a in ("--set", s)]]) == 0
+    (run,) = list(tmp_path.iterdir())
+    start = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    summary = json.loads((run / "summary.json").read_text())
+    B = codecs.TopK(1 / 64, 256, 2).nbytes(start["parameters"])
+    assert summary["bytes_by_kind"]["delta"] == 2 * wire_bytes("all_gather", 3, B)
+    comm = yaml.safe_load((run / "config.yaml").read_text())["comm"]
+    assert comm["dtype"] == "topk" and comm["error_feedback"] is None and comm["topk_bits"] == 2
+
+
+def test_topk_with_an_outer_momentum_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    from torch import nn
+
+    from adloco import DiLoCo, Outer, Wire
+
+    ms = [nn.Linear(4, 1) for _ in range(2)]
+    sgd = [torch.optim.SGD(m.parameters(), lr=0.05) for m in ms]
+    with caplog.at_level("WARNING", logger="adloco"):
+        DiLoCo(ms, sgd, inner_steps=2, batch_size=2, wire=Wire("topk"))  # the preset: Nesterov, 0.9
+    assert "comm.dtype = 'topk' with outer.momentum = 0.9" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="adloco"):
+        DiLoCo(ms, sgd, inner_steps=2, batch_size=2, wire=Wire("topk"), outer=Outer.nesterov(0.5, 0.0))
+        DiLoCo(ms, sgd, inner_steps=2, batch_size=2, wire=Wire("int4"))
+    assert "topk" not in caplog.text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_topk_on_cuda_sends_the_cpu_bytes() -> None:
+    """The selection's keys leave no tie, so CUDA's topk keeps what the CPU's keeps: the same bytes."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1_200_007, generator=g)
+    x[1000:1100] = 0.5  # ties
+    x[5000:9096] = 0.0  # a zero block
+    for c in (codecs.TopK(1 / 64, 4096, 2), codecs.TopK(0.1, 256, 4)):
+        cpu, gpu = c.encode(x), c.encode(x.cuda())
+        assert torch.equal(cpu, gpu.cpu())
+        assert torch.equal(c.decode(cpu, x.numel()), c.decode(gpu, x.numel()).cpu())
+
+
+@pytest.mark.parametrize("overlap", ["none", "delayed"])
+def test_topk_resumes_its_error_feedback_bit_for_bit(overlap: str) -> None:
+    """A state dict holds each worker's topk error (most of its Δ, unsent): the resumed run sends what
+    the uninterrupted one sends, round after round, with Δ in flight or not."""
+    import copy
+
+    from adloco import DiLoCo, Outer, Wire
+    from tests.unit.test_library import Data, loss_fn, models, run_round
+
+    def build() -> DiLoCo:
+        ms = models(2)
+        return DiLoCo(
+            ms,
+            [torch.optim.AdamW(m.parameters(), lr=0.02) for m in ms],
+            inner_steps=3,
+            batch_size=2,
+            loss_fn=loss_fn,
+            outer=Outer.sgd(0.7),
+            wire=Wire("topk", topk_block=8, topk_fraction=0.25, overlap=overlap),
+            sync_initial=False,
+        )
+
+    data = Data()
+    a = build()
+    for _ in range(2):
+        run_round(a, data)
+    state = copy.deepcopy(a.full_state_dict())
+    assert state is not None
+    errors = [r["inner"]["feedback_error"] for r in state["replicas"].values()]
+    assert len(errors) == 2 and all(e.abs().sum() > 0 for e in errors)
+    b = build()
+    b.load_state_dict(state)
+    for _ in range(3):
+        run_round(a, data)
+        run_round(b, data)
+        assert torch.equal(a.theta(0), b.theta(0))
+    a.settle()  # delayed: the last Δ (and its error) is in flight until now
+    b.settle()
+    assert torch.equal(a.theta(0), b.theta(0)) and a.totals == b.totals
+    assert a.feedback is not None and b.feedback is not None
+    for w in (0, 1):
+        assert torch.equal(a.feedback[w].error, b.feedback[w].error)

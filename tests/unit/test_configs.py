@@ -155,3 +155,44 @@ def test_the_scale_benches_plan_what_results_says(name: str) -> None:
             assert c.inner.warmup_fraction == 0.0 and c.algorithm.budget == 4096
             if variant == "diloco-schedule":
                 assert c.batch.schedule != "none" and c.batch.test == "none"
+
+
+def test_the_sparse_comparison_runs_each_wire_on_each_method() -> None:
+    """configs/bench-cpu-sparse.yaml and its llama-10m twin: AdLoCo and DiLoCo at their tuned settings,
+    each as float32, int4 with error feedback and topk (error feedback on by default), AdLoCo's θ in int4
+    where Δ is compressed; derived variants named adloco-... are variants, not ablations."""
+    import argparse
+
+    from adloco.bench import variants
+    from adloco.bench.grid import plan
+    from adloco.config import load_yaml
+
+    names = "adloco,adloco-int4,adloco-topk,diloco,diloco-int4,diloco-topk"
+    wires = {}
+    for name in ("bench-cpu-sparse.yaml", "bench-cpu-10m-sparse.yaml"):
+        args = argparse.Namespace(
+            config=str(CONFIGS / name), overrides=[], methods=names, ablations="", budget=None, target=None
+        )
+        settings, todo = variants(args)
+        tasks = plan(settings, todo)
+        assert len(tasks) == 6 * len(settings["seeds"])
+        for t in tasks[:6]:
+            assert t.setting is not None
+            c = resolve(None, [*t.base, *t.setting.sets, *t.extra], base=settings["raw"])
+            wires[t.variant] = (c.algorithm.method, c.comm.dtype, c.comm.feedback, c.comm.theta_dtype)
+        assert wires == {
+            "adloco": ("adloco", "float32", False, "float32"),
+            "adloco-int4": ("adloco", "int4", True, "int4"),
+            "adloco-topk": ("adloco", "topk", True, "int4"),
+            "diloco": ("diloco", "float32", False, "float32"),
+            "diloco-int4": ("diloco", "int4", True, "float32"),
+            "diloco-topk": ("diloco", "topk", True, "float32"),
+        }
+    small, large = (
+        load_yaml(CONFIGS / "bench-cpu-sparse.yaml"),
+        load_yaml(CONFIGS / "bench-cpu-10m-sparse.yaml"),
+    )
+    assert small.pop("model") == {"name": "llama-tiny"} and large.pop("model") == {"name": "llama-10m"}
+    small_bench, large_bench = small.pop("bench"), large.pop("bench")
+    assert small_bench.pop("seeds") == [0, 1, 2] and large_bench.pop("seeds") == [0, 1]
+    assert small == large and small_bench == large_bench  # the model and the seeds alone differ

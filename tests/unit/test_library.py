@@ -410,6 +410,13 @@ def test_bad_arguments_name_the_argument(kwargs: dict[str, Any], message: str) -
         (lambda: Switch(b_max=0), r"switch.b_max = 0: must be >= 1 and <= 1048576, or null"),
         (lambda: Wire("int3"), "comm.dtype = 'int3': must be one of 'float32', 'bfloat16'"),
         (lambda: Wire(theta_dtype="int3"), "comm.theta_dtype = 'int3': must be one of 'float32', 'bfloat16'"),
+        (lambda: Wire(theta_dtype="topk"), "comm.theta_dtype = 'topk': must be float32, .*: θ is not sparse"),
+        (lambda: Wire("topk", topk_fraction=0.0), r"comm.topk_fraction = 0.0: must be in \(0, 1\]"),
+        (lambda: Wire("topk", topk_bits=3.0), "comm.topk_bits = 3.0: must be an integer"),
+        (
+            lambda: Wire("int4", topk_bits=3),
+            r"comm.topk_bits = 3: must be 2 \(its default\) unless comm.dtype is topk",
+        ),
         (lambda: Outer("adam"), "outer.optimizer = 'adam': must be one of 'average', 'sgd', 'nesterov'"),
         (lambda: Outer("nesterov", momentum=1.0), r"outer.momentum = 1.0: must be in \[0, 1\)"),
     ],

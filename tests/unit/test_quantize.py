@@ -265,7 +265,7 @@ def test_bytes_formulas() -> None:
     assert chunk_sizes(10, 4) == [3, 3, 2, 2] and chunk_sizes(2, 4) == [1, 1, 0, 0]
     assert [len(t) for t in torch.arange(10).tensor_split(4)] == chunk_sizes(10, 4)
     assert piece_bytes(0, "int4", 256) == 0 and wire_bytes_all_reduce(100, 1, "int8") == 0
-    assert set(WIRE_DTYPES) == {"float32", "bfloat16", "float16", "int8", "int4"}
+    assert set(WIRE_DTYPES) == {"float32", "bfloat16", "float16", "int8", "int4", "topk"}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -121,15 +121,17 @@ def test_resume_may_extend_a_finished_run(tmp_path: Path, reference: Path) -> No
     [
         {"comm__overlap": "eager"},
         {"algorithm__inner_steps": "4", "comm__fragments": "2", "comm__fragment_delay": "1"},
+        {"comm__dtype": "topk", "comm__topk_block": "64", "algorithm__trainers": "2"},  # 2 workers a trainer
     ],
-    ids=["eager", "streaming"],
+    ids=["eager", "streaming", "topk"],
 )
 def test_a_run_with_delta_in_flight_resumes_bit_for_bit(
     tmp_path: Path, text_corpus: Path, sets: dict[str, str]
 ) -> None:
     """ALGORITHM.md §13: round 4's checkpoint holds the average still in flight (eager) or the workers'
-    parameters between their fragments' synchronizations (streaming); resumed there, the run ends with
-    the uninterrupted run's model and bytes."""
+    parameters between their fragments' synchronizations (streaming); ALGORITHM.md §9.4: each worker's
+    topk error feedback, most of its Δ unsent (topk); resumed there, the run ends with the uninterrupted
+    run's model and bytes."""
     out = tmp_path / "ref"
     assert train(out, text_corpus, merge__every="5", **sets) == 0
     ref = only_run(out)
@@ -137,6 +139,13 @@ def test_a_run_with_delta_in_flight_resumes_bit_for_bit(
     if "comm__overlap" in sets:
         assert [f["round"] for f in meta["algorithm"]["in_flight"]] == [4] * len(
             meta["algorithm"]["requests"]
+        )
+    if "comm__dtype" in sets:
+        from adloco.engine.checkpoint import storage
+
+        ck = checkpoint.Checkpoint(checkpoint.complete(ref)[0])
+        assert {f"worker/{w}/feedback_error" for w in range(4)} <= set(
+            storage.tensors(storage.metadata(ck.url))
         )
     run = tmp_path / "run"
     shutil.copytree(ref, run)

@@ -326,7 +326,7 @@ def plan(settings: dict[str, Any], todo: list[tuple[str, list[str]]]) -> list[Ta
     tasks: list[Task] = []
     for s in seeds:
         for name, sets in todo:
-            ablation = name.startswith("adloco-")
+            ablation = name.startswith("adloco-") and name not in derived  # a derived variant may start so
             own = owner(name, settings)
             base, rounds = sets[: len(sets) - 1], sets[-1:]
             extra = ABLATIONS[name.removeprefix("adloco-")] if ablation else []

@@ -102,12 +102,16 @@ def sent_bytes(
     numel: int, n: int, dtype: str | torch.dtype, block: int = DEFAULT_BLOCK, participant: int = 0
 ) -> int:
     """Bytes participant m sends: Σ_{r≠m} b(c_r) (exchange) + (n − 1)·b(c_m) (all-gather); 0 for n = 1.
+    A codec that does not sum: its whole encoding to each of the n − 1 others, (n − 1)·b(P).
 
     For float32 the backend's ring all-reduce chooses its own split among participants; this gives the
     same-chunk split, whose total over participants is the ring's exact 2(n − 1)·4P.
     """
     if n <= 1:
         return 0
+    c = _codec(dtype, block)
+    if c is not None and not c.sums:
+        return (n - 1) * c.nbytes(numel)
     sizes = [piece_bytes(c, dtype, block) for c in chunk_sizes(numel, n)]
     return sum(sizes) - sizes[participant] + (n - 1) * sizes[participant]
 
@@ -116,10 +120,14 @@ def wire_bytes_all_reduce(numel: int, n: int, dtype: str | torch.dtype, block: i
     """Bytes on the wire summed over the n participants: 2(n − 1)·B (divide by n for the per-worker mean).
 
     int8 / int4: 2(n − 1)·Σ_r (code_bytes(c_r) + 4⌈c_r/S⌉), ALGORITHM.md §9.4's n·2(n − 1)/n·(P·bits/8 + 4⌈P/S⌉)
-    when the chunks are whole blocks; bfloat16 / float16: 2(n − 1)·2P; float32 (ring): 2(n − 1)·4P.
+    when the chunks are whole blocks; bfloat16 / float16: 2(n − 1)·2P; float32 (ring): 2(n − 1)·4P. A codec
+    that does not sum (topk) is all-gathered: n(n − 1)·b(P).
     """
     if n <= 1:
         return 0
+    c = _codec(dtype, block)
+    if c is not None and not c.sums:
+        return n * (n - 1) * c.nbytes(numel)
     return 2 * (n - 1) * payload_bytes(numel, n, dtype, block)
 
 

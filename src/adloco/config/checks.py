@@ -68,6 +68,7 @@ def check(cfg: Config, resuming: bool = False) -> None:
     check_muon(cfg)
     try:
         cfg.comm.check_streaming(a.inner_steps, a.method == "ddp")
+        cfg.comm.check_codec(cfg.batch, a.method == "ddp")
         check_speeds(rt.emulate_speed, a.workers)
     except ValueError as exc:
         raise UserError(f"config: {exc}") from None
@@ -200,8 +201,9 @@ def check_memory(cfg: Config) -> None:
     def at(replicas: int) -> tuple[sizing.Estimate, sizing.Estimate]:
         opt = (cfg.inner.optimizer, cfg.inner.momentum, min(a.trainers, replicas), layers)
         per_token = sizing.activation_bytes_per_token(shape, logits)
-        train = sizing.estimate(n_params, replicas, *opt, micro, request, d.seq_len, per_token, chunks)
-        val = sizing.estimate(n_params, replicas, *opt)
+        fb = cfg.comm.feedback  # an error-feedback P-vector per replica
+        train = sizing.estimate(n_params, replicas, *opt, micro, request, d.seq_len, per_token, chunks, fb)
+        val = sizing.estimate(n_params, replicas, *opt, feedback=fb)
         # validation keeps no activations, but a whole batch's logits and their log-softmax
         return train, sizing.Estimate(
             replicas, n_params, val.state, eval_rows * d.seq_len * 2 * sizing.FLOAT * logits

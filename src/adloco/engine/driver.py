@@ -118,8 +118,9 @@ class Driver:
 
         The workers of a process run their steps one after another, so one worker's activations at a
         time share the budget with every worker's persistent state: the optimizer state still to be
-        allocated and what the batch test keeps (the probe's sum and, for the inner-product tests, its
-        k chunk gradients: k·P float32 values per worker, 7.4 GiB for a 300M model with k = 8)."""
+        allocated, what the batch test keeps (the probe's sum and, for the inner-product tests, its
+        k chunk gradients: k·P float32 values per worker, 7.4 GiB for a 300M model with k = 8) and the
+        error feedback of a compressed Δ (P float32 values per worker, ALGORITHM.md §9.4)."""
         from adloco.engine import memory
         from adloco.replica import rows, to_device
 
@@ -135,15 +136,16 @@ class Driver:
             if probe is None or probe.keep == "none"
             else 1 + (b.probe_chunks if probe.keep == "chunks" else 0)
         )
-        state_bytes = (buffers + kept) * 4 * P
+        feedback = 1 if algo.feedback is not None else 0  # e_m (comm.error_feedback; topk's default)
+        state_bytes = (buffers + kept + feedback) * 4 * P
         budget = cfg.switch.memory_fraction * free - (len(algo.replicas) - 1) * state_bytes
         if algo.cuda_graphs:  # the workers step at once, each graph holding its activations: a share each
             budget = state_bytes + (budget - state_bytes) / len(algo.replicas)
         if budget - state_bytes <= 0:
             raise UserError(
                 f"model: {len(algo.replicas)} worker(s) of {P / 1e6:.1f}M parameters need "
-                f"{len(algo.replicas) * state_bytes / 2**30:.1f} GiB of optimizer and batch-test state beyond the "
-                f"replicas, more than {cfg.switch.memory_fraction:g} of the {free / 2**30:.1f} GiB free on "
+                f"{len(algo.replicas) * state_bytes / 2**30:.1f} GiB of optimizer, batch-test and error-feedback "
+                f"state beyond the replicas, more than {cfg.switch.memory_fraction:g} of the {free / 2**30:.1f} GiB free on "
                 f"{self.device}: use fewer workers per device (runtime.workers_per_process) or a smaller model"
             )
         full = self.data.train_batch(np.arange(hi) % self.data.n_train)
@@ -160,8 +162,8 @@ class Driver:
         algo.set_b_max(dict.fromkeys(algo.replicas, found))
         self.log(
             f"b_max {min(algo.b_max.values())}: the largest micro-batch under {cfg.switch.memory_fraction:g} of "
-            f"free CUDA memory ({free / 2**30:.1f} GiB), beside {state_bytes / 2**30:.2f} GiB of optimizer and "
-            f"batch-test state for each of {len(algo.replicas)} worker(s) (at most {hi})"
+            f"free CUDA memory ({free / 2**30:.1f} GiB), beside {state_bytes / 2**30:.2f} GiB of optimizer, "
+            f"batch-test and error-feedback state for each of {len(algo.replicas)} worker(s) (at most {hi})"
         )
 
     # -- evaluation --------------------------------------------------------------------------------

@@ -109,7 +109,7 @@ class Estimate:
 
     replicas: int
     n_params: int
-    state: int  # parameters, gradients and optimizer state of every replica, θ of every trainer
+    state: int  # parameters, gradients, optimizer state (and error feedback) of every replica, θ of every trainer
     step: int  # one micro-batch's activations and one inner step's token ids
     probe_gradients: int = 0  # gradients each replica keeps for a batch test, counted in ``state``
 
@@ -130,15 +130,17 @@ def estimate(
     seq_len: int = 0,
     per_token: int = 0,
     probe_gradients: int = 0,
+    feedback: bool = False,
 ) -> Estimate:
     """The lower bound for ``replicas`` worker replicas of an ``n_params`` model and ``trainers`` θ.
 
     ``per_token``: activation bytes one token keeps (:func:`activation_bytes_per_token`; 0 when the shape
     is unknown); ``micro_batch`` rows of ``seq_len`` tokens run at once; ``step_rows`` rows are read per
     inner step (token ids, int64); ``probe_gradients``: gradients each replica keeps for a batch test
-    (the inner-product tests keep every probe chunk's).
+    (the inner-product tests keep every probe chunk's); ``feedback``: each replica keeps its error
+    feedback, one more P-vector (``comm.error_feedback``, on for topk).
     """
-    buffers = 2 + optimizer_buffers(optimizer, momentum) + probe_gradients
+    buffers = 2 + optimizer_buffers(optimizer, momentum) + probe_gradients + int(feedback)
     objects = REPLICA_OBJECTS_PER_LAYER * (layers + 1)
     state = replicas * (buffers * FLOAT * n_params + objects) + trainers * FLOAT * n_params
     step = micro_batch * seq_len * per_token + step_rows * seq_len * 8
