@@ -313,6 +313,13 @@ class Wire(Dial):
                         f"{f.default!r} (its default) unless comm.dtype is topk, the only dtype it applies to "
                         f"(comm.dtype is {self.dtype!r})",
                     )
+        # float32 drops nothing: error feedback asked for there would silently do nothing
+        self.need(
+            not (self.error_feedback and self.dtype == "float32"),
+            "error_feedback",
+            "false or null with comm.dtype float32 (nothing is dropped, so nothing is fed back); it applies "
+            "to bfloat16, float16, int8, int4 and topk",
+        )
 
     def check_codec(self, batch: AdaptiveBatch, ddp: bool) -> None:
         """The rules across the codec and the round: a sparse Δ needs its error feedback, which the

@@ -493,6 +493,12 @@ CASES: list[tuple[str, list[str], str]] = [
         "dtype it applies to (comm.dtype is 'float32')",
     ),
     (
+        "error-feedback-with-float32",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.error_feedback=true")],
+        "config: comm.error_feedback = True: must be false or null with comm.dtype float32 (nothing is "
+        "dropped, so nothing is fed back); it applies to bfloat16, float16, int8, int4 and topk",
+    ),
+    (
         "topk-key-with-int4",
         ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=int4", "comm.topk_block=1024")],
         "config: comm.topk_block = 1024: must be 4096 (its default) unless comm.dtype is topk, the only dtype "
