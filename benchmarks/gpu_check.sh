@@ -7,7 +7,11 @@
 # Uses the machine's own python3 and packages; run `pip install -e . --no-deps` first where adloco is
 # not installed (the script does so itself when `import adloco` fails).
 set -u
-out=${1:?usage: gpu_check.sh OUT [SECTIONS] [BUDGET_S] [UNIT]}
+if [ $# -lt 1 ] || [ $# -gt 4 ] || { [ $# -ge 4 ] && [ "$4" != 0 ] && [ "$4" != 1 ]; }; then
+  echo "usage: gpu_check.sh OUT [SECTIONS=overhead,multi] [BUDGET_S=380] [UNIT=1|0]" >&2
+  exit 2
+fi
+out=$1
 sections=${2:-overhead,multi}
 budget=${3:-380}
 unit=${4:-1}

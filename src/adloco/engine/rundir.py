@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from adloco import events
 from adloco.config import RESUMABLE, RESUMABLE_TEXT, Config, dump_yaml
 from adloco.engine import checkpoint
+from adloco.engine.checkpoint.files import write_atomic
 from adloco.errors import UserError
 from adloco.telemetry.metrics import MetricsSink, make_sink, truncate_after
 
@@ -102,15 +103,6 @@ def newest_round(
         return int(found[-1].name.split("-")[-1]) if found else -1
     except ValueError:
         return -1
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 @dataclass

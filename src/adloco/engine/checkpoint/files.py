@@ -178,7 +178,9 @@ class Writer:
             if is_url(self.final):
                 fs.pipe_file(_join(final, STATE), text.encode())
             else:
-                _write_atomic(Path(final) / STATE, text)
+                write_atomic(Path(final) / STATE, text)
+                _fsync_dir(Path(final))
+                _fsync_dir(Path(final).parent)  # the checkpoint folder's own rename into place
         except OSError as exc:
             self.fail(exc)
         for old in complete(self.where)[:-keep]:
@@ -211,15 +213,14 @@ class Writer:
         return f"checkpoint {name(self.round)}: cannot write into {self.where} ({why}); {previous}"
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all: written beside it, synced, then renamed over it."""
     tmp = path.with_name(f".{path.name}.tmp")
     with tmp.open("w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
-    _fsync_dir(path.parent.parent)  # the checkpoint folder's own rename into place
 
 
 def _fsync_dir(path: Path) -> None:
