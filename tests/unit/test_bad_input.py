@@ -595,6 +595,16 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: logging.trace = -1: must be >= 0",
     ),
     (
+        "model-file-size-zero",
+        ["train", *S("logging.out_dir={tmp}/runs", "logging.model_file_mb=0")],
+        "config: logging.model_file_mb = 0: must be >= 1",
+    ),
+    (
+        "model-file-size-not-a-number",
+        ["train", *S("logging.out_dir={tmp}/runs", "logging.model_file_mb=2GB")],
+        "config: logging.model_file_mb = '2GB': must be an integer",
+    ),
+    (
         "inner-optimizer-unknown",
         ["train", *S("logging.out_dir={tmp}/runs", "inner.optimizer=lion")],
         "config: inner.optimizer = 'lion': must be one of 'adamw', 'sgd', 'muon'",

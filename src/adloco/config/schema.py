@@ -405,6 +405,12 @@ class LoggingConfig(Dial):
         "auto when mlflow is installed (pip install 'adloco[mlflow]')",
     )
     save_model: bool = setting(True, "save the final model and tokenizer (Hugging Face format)")
+    model_file_mb: int = setting(
+        2048,
+        "the largest file of the saved model, MiB: a larger model is written as numbered safetensors files "
+        "with an index, as Hugging Face does; rank 0 holds one file's tensors at a time, not the whole model",
+        at_least=1,
+    )
     trace: int = setting(
         0,
         "record this round's inner steps and synchronization with torch.profiler (0: none): "

@@ -465,6 +465,22 @@ class Driver:
         rep.load(self.algo.start_of(w))
         return state
 
+    def save_trainer(self, t: int, path: Path | None, tokenizer: Any, max_file_bytes: int) -> None:
+        """Trainer t's model and ``tokenizer`` as a Hugging Face folder at ``path`` (the rank that writes;
+        None elsewhere), streamed a parameter at a time (:mod:`adloco.models.export`): a sharded model is
+        never whole in one process. Every process calls it."""
+        from adloco.models import export
+
+        theta = self.algo.gather_parameters(t)
+        if theta is None:
+            return
+        w = self.algo.local_workers[0]
+        rep = self.algo.replicas[w]
+        rep.load(theta)
+        rep.flat.push()
+        export.save(rep.model, tokenizer, path, max_file_bytes)
+        rep.load(self.algo.start_of(w))
+
     # -- the driver's own state (a checkpoint's ``driver`` component: adloco.engine.checkpoint.state) --
     def state_dict(self) -> dict[str, Any]:
         """The run's progress: what the algorithm object does not hold."""

@@ -227,10 +227,9 @@ class Run:
         report --profile`` takes it) and ``summary.json``. Every rank takes part in gathering the model."""
         run_dir = self.run_dir
         if self.cfg.logging.save_model:
-            state = driver.trainer_state_dict(summary.reported_trainer)
-            if run_dir is not None and state is not None:
-                model = next(iter(driver.algo.replicas.values())).model
-                models.save(model, state, data.tokenizer, run_dir / "model")
+            path = None if run_dir is None else run_dir / "model"
+            mb = self.cfg.logging.model_file_mb
+            driver.save_trainer(summary.reported_trainer, path, data.tokenizer, mb * 2**20)
         if run_dir is None:
             return
         if driver.auto_profile and driver.profile is not None:

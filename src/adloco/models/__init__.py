@@ -1,6 +1,6 @@
 """The models of ``adloco train``: presets and checkpoints built into replicas (:mod:`.factory`, the only
 module that touches transformers model classes), their shapes and memory (:mod:`.sizing`), and access to
-the Hugging Face hub (:mod:`.hub`). Names load on first use: ``adloco.config`` reads the shapes without
+the Hugging Face hub (:mod:`.hub`), the final model's folder written a file at a time (:mod:`.export`). Names load on first use: ``adloco.config`` reads the shapes without
 importing the factory."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ _EXPORTS = {
     "count_parameters": "adloco.models.factory",
     "factory_for": "adloco.models.factory",
     "output_layer": "adloco.models.factory",
-    "save": "adloco.models.factory",
     "shard": "adloco.models.factory",
 }
 __all__ = sorted(_EXPORTS)

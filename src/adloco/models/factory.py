@@ -18,7 +18,7 @@ from adloco.errors import UserError
 from adloco.models import hub
 from adloco.models.sizing import SHAPES  # Llama shapes; the vocabulary comes from the tokenizer
 
-__all__ = ["SHAPES", "ModelFactory", "count_parameters", "factory_for", "output_layer", "save"]
+__all__ = ["SHAPES", "ModelFactory", "count_parameters", "factory_for", "output_layer"]
 
 MODEL_HINT = f"use a preset ({', '.join(SHAPES)}) or a local checkpoint folder"
 
@@ -253,16 +253,6 @@ def output_layer(model: Any) -> Any:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-def save(model: Any, state: dict[str, torch.Tensor], tokenizer: Any, path: Path) -> None:
-    """Write ``state`` as a Hugging Face checkpoint (safetensors) plus the tokenizer into ``path``."""
-    from transformers.utils import logging as hf_logging
-
-    path.mkdir(parents=True, exist_ok=True)
-    hf_logging.disable_progress_bar()  # a bar for one small shard is noise in our progress output
-    model.save_pretrained(path, state_dict={k: v.detach().cpu().contiguous() for k, v in state.items()})
-    tokenizer.save_pretrained(path)
 
 
 def shard(model: Any, mesh: Any) -> Any:
