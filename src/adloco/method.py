@@ -555,7 +555,8 @@ class AdLoCo:
 
     def gather_parameters(self, t: int) -> torch.Tensor | None:
         """Trainer t's θ on the root rank (sharded: each root worker's rank its shard), None elsewhere;
-        every process must call it (not counted)."""
+        every process must call it (not counted). The algorithm's scratch vector: read it before the
+        next round."""
         return state.gather_parameters(self.trainers[t], self.members()[t][0], self.comm, self.scratch)
 
     # -- the hooked form (``with algo:``, adloco.hooked) -------------------------------------------------

@@ -278,12 +278,14 @@ def this_shard(state: Mapping[str, Any], flat: ShardedFlat) -> dict[str, Any]:
 
 def gather_parameters(tr: Trainer, first: int, comm: Comm, buf: torch.Tensor) -> torch.Tensor | None:
     """Trainer ``tr``'s θ on the root rank from its ``first`` worker's process (sharded: this rank's shard
-    of it), None elsewhere; ``buf``: a P-vector to stand in where it is not held (not counted)."""
+    of it), None elsewhere; ``buf``: a P-vector to stand in where it is not held (not counted), and what is
+    returned: valid until ``buf`` is next written (no copy: at the end of a run P/k floats on every rank
+    of a sharded root worker)."""
     if tr.theta is not None:
         buf.copy_(tr.theta)
     comm.fetch(buf, first)
     comm.drain()
-    return buf.clone() if comm.at_root else None
+    return buf if comm.at_root else None
 
 
 def resized(

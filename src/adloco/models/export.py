@@ -83,7 +83,11 @@ def save(model: Any, tokenizer: Any, path: Path | None, max_file_bytes: int) -> 
             "weight_map": weight_map,
         }
         (tmp / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    # what save_pretrained records beside the weights
+    # what save_pretrained records beside the weights (a model of custom code: its code files too)
+    if getattr(model, "_auto_class", None) is not None:
+        from transformers.dynamic_module_utils import custom_object_save
+
+        custom_object_save(model, tmp, config=model.config)
     model.config.architectures = [type(model).__name__]
     model.config.dtype = str(next(model.parameters()).dtype).split(".")[1]
     model.config.save_pretrained(tmp)
