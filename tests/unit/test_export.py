@@ -99,7 +99,7 @@ def test_a_run_writes_its_model_in_files_of_model_file_mb(tmp_path: Path, text_c
         "algorithm.rounds": 1,
         "algorithm.inner_steps": 1,
         "batch.initial": 1,
-                "eval.max_examples": 2,
+        "eval.max_examples": 2,
         "logging.out_dir": str(out),
         "logging.plots": "false",
         "logging.model_file_mb": 1,
