@@ -72,7 +72,8 @@ def main() -> None:
             "logging.plots=false",
             "logging.save_model=false",
         ]
-        evs = Train(sets, out / f"checkpoint-{name}", f"checkpoint-{name}").run().events()
+        slug = name.replace(" ", "-")  # a run name is a plain name
+        evs = Train(sets, out / f"checkpoint-{slug}", f"checkpoint-{slug}").run().events()
         train = [e["train_s"] for e in evs if e["event"] == "round"]
         ck = [e for e in evs if e["event"] == "checkpoint"]
         rows[name] = (statistics.median(train), [c["stall_s"] for c in ck], [c["seconds"] for c in ck], ck)
