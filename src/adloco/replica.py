@@ -149,9 +149,11 @@ class Replica:
         self.skipped = 0
         # ALGORITHM.md §10: the trainer's lr multiplier, applied to the optimizer's lr for each step only
         self.lr_scale = 1.0
+        self.wd_scale = 1.0  # batch.wd_scaling's multiplier of every group's weight decay, the same way
         self.last_lr = math.nan  # the lr of the last step, multiplier included
         self.sgd = isinstance(optimizer, torch.optim.SGD)  # the linear rule instead of the square root
         self._saved_lrs: list[Any] | None = None
+        self._saved_wds: list[Any] | None = None
         # cuda_graphs (adloco.graphs): the step as a CUDA graph on the worker's own stream, its learning
         # rates as device tensors (filled before each step, so a replay reads the current values)
         self.graphed: GraphedStep | None = None
@@ -372,11 +374,16 @@ class Replica:
             self.flat.grad.mul_(self._clip_coef)
 
     def scale_lr(self) -> None:
-        """Multiply every param group's lr by ``lr_scale`` for one step (exactly restored by
-        :meth:`restore_lr`: the saved values are put back, nothing is divided)."""
-        if self._saved_lrs is not None:  # scaled already (a subclass's step that calls its parent's runs
-            return  # torch's step hooks twice): once per step
+        """Multiply every param group's lr by ``lr_scale`` and its weight decay by ``wd_scale`` for one
+        step (exactly restored by :meth:`restore_lr`: the saved values are put back, nothing is divided)."""
+        if self._saved_lrs is not None or self._saved_wds is not None:  # scaled already (a subclass's
+            return  # step that calls its parent's runs torch's step hooks twice): once per step
         groups = self.optimizer.param_groups
+        if self.wd_scale != 1.0:
+            self._saved_wds = [g.get("weight_decay", 0.0) for g in groups]
+            for g in groups:
+                if g.get("weight_decay"):
+                    g["weight_decay"] = g["weight_decay"] * self.wd_scale
         if any(isinstance(g["lr"], torch.Tensor) for g in groups):  # device_lrs filled them, scaled
             return
         self.last_lr = float(groups[0]["lr"]) * self.lr_scale
@@ -391,6 +398,11 @@ class Replica:
             for g, lr in zip(self.optimizer.param_groups, self._saved_lrs, strict=True):
                 g["lr"] = lr
             self._saved_lrs = None
+        if self._saved_wds is not None:
+            for g, wd in zip(self.optimizer.param_groups, self._saved_wds, strict=True):
+                if "weight_decay" in g:
+                    g["weight_decay"] = wd
+            self._saved_wds = None
 
     def finite(self) -> bool:
         """Whether every parameter is finite: NaN and ±inf all show in the extremes (one pass, no mask)."""

@@ -131,6 +131,12 @@ class AdaptiveBatch(Dial):
         "from the norm test's noise ratio (linear instead of √ for SGD inner optimizers)",
     )
     lr_scale_max: float = setting(4.0, "cap on the lr multiplier of lr_scaling", at_least=1)
+    wd_scaling: Literal["none", "timescale"] = setting(
+        "none",
+        "the inner weight decay follows the batch (ALGORITHM.md §10): none; timescale: × (b/b₀) / the lr's "
+        "multiplier, so lr × weight decay grows as the batch does and AdamW's averaging timescale in "
+        "examples, b/(lr·λ), stays where it started (arXiv 2405.13698, 2505.13738)",
+    )
     schedule: Literal["none", "power", "ramp"] = setting(
         "none",
         "the request follows the examples seen instead of a test (ALGORITHM.md §15): none; power: "

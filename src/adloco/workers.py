@@ -121,17 +121,21 @@ def plan_workers(
         speeds,
         fixed_rows,
     )
+    grown: dict[int, float] = {}  # b_t / b₀ of each trainer
     for t, ws in members.items():
         tr = trainers[t]
         b_t = sum(every[w].effective for w in ws) / len(ws)
         if tr.b0 is None:
             tr.b0 = b_t
+        grown[t] = b_t / tr.b0 if tr.b0 > 0 else 1.0
         tr.lr_ratio = lr_scaling.ratio(batch.lr_scaling, b_t, tr.b0, tr.noise)
     for w, rep in replicas.items():
-        r = trainers[allocation[w]].lr_ratio
+        t = allocation[w]
+        r = trainers[t].lr_ratio
         rep.lr_scale = (
             lr_scaling.multiplier(r, rep.sgd, batch.lr_scale_max) if batch.lr_scaling != "none" else 1.0
         )
+        rep.wd_scale = lr_scaling.wd_multiplier(batch.wd_scaling, grown.get(t, 1.0), rep.lr_scale)
     return mode, every
 
 

@@ -235,7 +235,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "unknown-key",
         ["train", *S("logging.out_dir={tmp}/runs", "batch.etaa=0.5")],
-        "config: unknown key 'batch.etaa'; did you mean 'eta'? (allowed: test, initial, max, eta, vartheta, nu, estimator, probe_chunks, statistics, exact_mean, formula, lr_scaling, lr_scale_max, schedule, schedule_examples, schedule_power)",
+        "config: unknown key 'batch.etaa'; did you mean 'eta'? (allowed: test, initial, max, eta, vartheta, nu, estimator, probe_chunks, statistics, exact_mean, formula, lr_scaling, lr_scale_max, wd_scaling, schedule, schedule_examples, schedule_power)",
     ),
     (
         "unknown-section",
@@ -593,6 +593,21 @@ CASES: list[tuple[str, list[str], str]] = [
         "trace-negative",
         ["train", *S("logging.out_dir={tmp}/runs", "logging.trace=-1")],
         "config: logging.trace = -1: must be >= 0",
+    ),
+    (
+        "wd-scaling-without-weight-decay",
+        ["train", *S("logging.out_dir={tmp}/runs", "batch.wd_scaling=timescale", "inner.weight_decay=0")],
+        "config: batch.wd_scaling = 'timescale': must be none with inner.weight_decay = 0 (there is no weight decay to scale)",
+    ),
+    (
+        "wd-scaling-in-a-cuda-graph",
+        ["train", *S("logging.out_dir={tmp}/runs", "batch.wd_scaling=timescale", "runtime.cuda_graphs=true")],
+        "config: runtime.cuda_graphs = True: must be false with batch.wd_scaling timescale (a captured step keeps the weight decay it was captured with)",
+    ),
+    (
+        "wd-scaling-unknown",
+        ["train", *S("logging.out_dir={tmp}/runs", "batch.wd_scaling=linear")],
+        "config: batch.wd_scaling = 'linear': must be one of 'none', 'timescale'",
     ),
     (
         "model-file-size-zero",

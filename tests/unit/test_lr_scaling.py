@@ -1,6 +1,7 @@
 """The inner learning rate follows the batch (ALGORITHM.md §10): the formulas against hand-computed values,
 the multiplier applied to exactly one step (in the step form and the hooked form), b₀ and B̂ kept in the
-state, and the schedule indexed by examples (which leaves a constant batch's schedule as it was)."""
+state, and the schedule indexed by examples (which leaves a constant batch's schedule as it was); the
+weight decay that may follow it (batch.wd_scaling)."""
 
 from __future__ import annotations
 
@@ -115,6 +116,44 @@ def test_adamw_takes_the_square_root_and_the_step_is_the_scaled_one() -> None:
     ref_opt.step()
     got = algo.replicas[0].model
     torch.testing.assert_close(got.weight, ref.weight, rtol=1e-6, atol=1e-7)
+
+
+def test_the_weight_decay_multiplier_by_hand() -> None:
+    """batch.wd_scaling timescale: lr × weight decay grows as b_t/b₀, whatever the lr's own multiplier."""
+    assert lr_scaling.wd_multiplier("none", 4.0, 2.0) == 1.0
+    assert lr_scaling.wd_multiplier("timescale", 4.0, 2.0) == 2.0  # sqrt: the lr × 2, the decay × 2
+    assert lr_scaling.wd_multiplier("timescale", 4.0, 1.0) == 4.0  # the lr fixed: the decay × 4
+    assert lr_scaling.wd_multiplier("timescale", 1.0, 1.0) == 1.0  # the batch not grown
+    for m in (1.0, 1.25, 2.0, 4.0):
+        assert m * lr_scaling.wd_multiplier("timescale", 4.0, m) == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="unknown weight decay scaling rule"):
+        lr_scaling.wd_multiplier("linear", 4.0, 1.0)
+
+
+@pytest.mark.parametrize(("rule", "lr", "wd"), [("sqrt", 0.1, 0.02), ("none", 0.05, 0.04)])
+def test_the_weight_decay_follows_the_batch_for_the_step_and_only_of_it(
+    rule: str, lr: float, wd: float
+) -> None:
+    """A request grown 4 -> 16 with batch.wd_scaling timescale: the step is, bit for bit, that of an AdamW
+    whose lr × weight decay is 4 times the configured one (sqrt: lr × 2 and λ × 2; none: λ × 4), and the
+    groups' own values are back after it."""
+    algo = _algo(rule, torch.optim.AdamW, n=1, wd_scaling="timescale")
+    algo.trainers[0].request = 16
+    algo._plan()
+    rep = algo.replicas[0]
+    assert rep.wd_scale == pytest.approx(wd / 0.01) and rep.lr_scale == pytest.approx(lr / 0.05)
+    data = Data()
+    ref = models(1)[0]
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr, weight_decay=wd)
+    batch = data.batch(0, 0, 0, 16)
+    algo.step(batch)
+    loss_fn(ref, (batch[0][:8], batch[1][:8])).mul(0.5).backward()
+    loss_fn(ref, (batch[0][8:], batch[1][8:])).mul(0.5).backward()
+    torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+    ref_opt.step()
+    torch.testing.assert_close(rep.model.weight, ref.weight, rtol=1e-6, atol=1e-7)
+    group = rep.optimizer.param_groups[0]
+    assert group["lr"] == 0.05 and group["weight_decay"] == 0.01  # restored exactly
 
 
 def test_the_hooked_form_scales_the_users_step_and_restores_it() -> None:

@@ -156,9 +156,16 @@ def test_a_run_with_delta_in_flight_resumes_bit_for_bit(
 
 
 def test_a_run_with_a_batch_schedule_resumes_bit_for_bit(tmp_path: Path, text_corpus: Path) -> None:
-    """ALGORITHM.md §15: a DiLoCo whose batch ramps with the examples read, resumed from round 2's
-    checkpoint, runs the same requests and ends with the uninterrupted run's model."""
-    sets = {"algorithm__method": "diloco", "batch__schedule": "ramp", "batch__schedule_examples": "200"}
+    """ALGORITHM.md §15: a DiLoCo whose batch ramps with the examples read (its lr and weight decay
+    following it, ALGORITHM.md §10), resumed from round 2's checkpoint, runs the same requests and ends with the
+    uninterrupted run's model."""
+    sets = {
+        "algorithm__method": "diloco",
+        "batch__schedule": "ramp",
+        "batch__schedule_examples": "200",
+        "batch__lr_scaling": "sqrt",
+        "batch__wd_scaling": "timescale",
+    }
     out = tmp_path / "ref"
     assert train(out, text_corpus, batch__max="6", checkpoint__keep="5", **sets) == 0
     ref = only_run(out)

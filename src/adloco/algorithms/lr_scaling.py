@@ -7,7 +7,7 @@ lies in [1, b_t/b₀] and stays near 1 while the gradient noise is small against
 exponential moving average of the norm test's own per-example noise ratio σ̂²/‖ḡ‖², measures that). b₀ is
 the rows of the trainer's first steps, b_t the rows its steps use now (a request capped to b_max counts as
 b_max). For SGD inner optimizers (LocalSGD) the rule is linear in r_t instead of its square root. Every
-multiplier is capped at ``cap``.
+multiplier is capped at ``cap``. The weight decay may follow too (``batch.wd_scaling``: :func:`wd_multiplier`).
 """
 
 from __future__ import annotations
@@ -35,6 +35,18 @@ def multiplier(r: float, linear: bool, cap: float) -> float:
     """The lr multiplier of ratio ``r``: √r (AdamW and the like), or r itself (``linear``: SGD), at most
     ``cap``."""
     return min(r if linear else math.sqrt(r), cap)
+
+
+def wd_multiplier(rule: str, grown: float, lr_multiplier: float) -> float:
+    """The weight decay's multiplier (``batch.wd_scaling``): 1 for ``none``; for ``timescale``
+    (b_t/b₀) / the lr's multiplier, so that lr × weight decay, the fraction of θ a step decays, grows as
+    the batch does: AdamW's averaging timescale in examples, b/(lr·λ) (Wang and Aitchison 2405.13698),
+    stays at its start. ``grown``: b_t/b₀."""
+    if rule == "none":
+        return 1.0
+    if rule == "timescale":
+        return grown / lr_multiplier
+    raise ValueError(f"unknown weight decay scaling rule {rule!r}")
 
 
 def update_noise(noise: float | None, sigma2: float | None, gbar_sq: float | None) -> float | None:

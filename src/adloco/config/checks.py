@@ -66,6 +66,7 @@ def check(cfg: Config, resuming: bool = False) -> None:
     check_checkpoint_dir(cfg.checkpoint.dir)
     check_compute(cfg)
     check_muon(cfg)
+    check_wd_scaling(cfg)
     try:
         cfg.comm.check_streaming(a.inner_steps, a.method == "ddp")
         cfg.comm.check_codec(cfg.batch, a.method == "ddp")
@@ -116,6 +117,24 @@ def check_muon(cfg: Config) -> None:
         "runtime.shards",
         rt.shards,
         "1 with inner.optimizer muon (Muon orthogonalizes whole matrices; a sharded worker holds pieces)",
+    )
+
+
+def check_wd_scaling(cfg: Config) -> None:
+    """batch.wd_scaling timescale: it scales a weight decay there is, outside a CUDA graph."""
+    if cfg.batch.wd_scaling == "none":
+        return
+    _need(
+        cfg.inner.weight_decay > 0,
+        "batch.wd_scaling",
+        cfg.batch.wd_scaling,
+        "none with inner.weight_decay = 0 (there is no weight decay to scale)",
+    )
+    _need(
+        not cfg.runtime.cuda_graphs,
+        "runtime.cuda_graphs",
+        cfg.runtime.cuda_graphs,
+        "false with batch.wd_scaling timescale (a captured step keeps the weight decay it was captured with)",
     )
 
 
