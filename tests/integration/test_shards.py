@@ -9,6 +9,7 @@ and 4 are one trainer of both sharded workers, their Δ averaged and a Nesterov 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -80,6 +81,8 @@ def _resumes(tmp_path: Path) -> None:
     unsharded one, ALGORITHM.md §9.2, tests/unit/test_resize.py, before it is cut into shards as here)."""
     sharded = next((tmp_path / "sharded").iterdir())
     whole = load_file(sharded / "model" / "model.safetensors")
+    config = json.loads((sharded / "model" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]  # the model's class, not fully_shard's subclass
     for source, nproc, shards, exact in (
         (sharded, "4", "2", True),  # the same layout
         (sharded, None, "1", False),  # k 2 -> 1: 2 unsharded workers in this process

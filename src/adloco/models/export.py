@@ -88,7 +88,7 @@ def save(model: Any, tokenizer: Any, path: Path | None, max_file_bytes: int) -> 
         from transformers.dynamic_module_utils import custom_object_save
 
         custom_object_save(model, tmp, config=model.config)
-    model.config.architectures = [type(model).__name__]
+    model.config.architectures = [type(model).__name__.removeprefix("FSDP")]  # fully_shard's class: its base
     model.config.dtype = str(next(model.parameters()).dtype).split(".")[1]
     model.config.save_pretrained(tmp)
     if model.can_generate() and getattr(model, "generation_config", None) is not None:
