@@ -77,15 +77,16 @@ def text_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dst
 
 
-# The longest tests start first, so that tests run side by side (pytest -n 2) end together.
+# The longest tests start first, so that tests run side by side (pytest -n 2) end together; .ci/run hands
+# them out one at a time (--maxschedchunk 1), so each worker takes the longest test left when it is free.
 LONGEST = (
     "test_default_run.py",
     "test_faults.py",
     "test_clean_exit.py",
     "test_bench_runs.py",
+    "test_gpu_dryrun.py",
     "test_shards.py",
     "test_elastic.py",
-    "test_gpu_dryrun.py",
 )
 
 
