@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from adloco import events, hooked, state
-from adloco.algorithms import allocation
+from adloco.algorithms import allocation, lr_scaling
 from adloco.algorithms.outer import OuterOptimizer, model_shapes
 from adloco.batch_tests import BatchTests
 from adloco.comm import default_comm
@@ -180,6 +180,7 @@ class AdLoCo:
         self.replicas = build_replicas(
             models, inner_optimizer, self.comm, loss_fn, clip, precision, b_max, cuda_graphs
         )
+        lr_scaling.check_wd(self.batch.wd_scaling, [r.optimizer for r in self.replicas.values()], cuda_graphs)
         self._reduce = functools.partial(reduce_local, self.comm, wire=self.wire)  # on the round's wire
         check_trainers(trainers, n)
         self.H = inner_steps

@@ -99,23 +99,28 @@ def test_a_grown_request_multiplies_the_lr_of_the_step_and_only_of_it(
     assert rep.trainers[0].lr_scale == expected and rep.trainers[0].lr == pytest.approx(0.05 * expected)
 
 
-def test_adamw_takes_the_square_root_and_the_step_is_the_scaled_one() -> None:
-    """One step at multiplier 2 is, bit for bit, the step of an optimizer whose lr is twice as large."""
-    algo = _algo("sqrt", torch.optim.AdamW, n=1)
-    algo.trainers[0].request = 16
-    algo._plan()
-    assert algo.replicas[0].lr_scale == 2.0
+def _step_against_adamw(algo: AdLoCo, lr: float, weight_decay: float) -> None:
+    """One step of ``algo``'s only worker at 16 rows (2 micro-batches of 8) is, bit for bit, the step of
+    an AdamW of this lr and weight decay on the same rows."""
     data = Data()
     ref = models(1)[0]
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.1)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr, weight_decay=weight_decay)
     batch = data.batch(0, 0, 0, 16)
     algo.step(batch)
     loss_fn(ref, (batch[0][:8], batch[1][:8])).mul(0.5).backward()
     loss_fn(ref, (batch[0][8:], batch[1][8:])).mul(0.5).backward()
     torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
     ref_opt.step()
-    got = algo.replicas[0].model
-    torch.testing.assert_close(got.weight, ref.weight, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(algo.replicas[0].model.weight, ref.weight, rtol=1e-6, atol=1e-7)
+
+
+def test_adamw_takes_the_square_root_and_the_step_is_the_scaled_one() -> None:
+    """One step at multiplier 2 is, bit for bit, the step of an optimizer whose lr is twice as large."""
+    algo = _algo("sqrt", torch.optim.AdamW, n=1)
+    algo.trainers[0].request = 16
+    algo._plan()
+    assert algo.replicas[0].lr_scale == 2.0
+    _step_against_adamw(algo, lr=0.1, weight_decay=0.01)
 
 
 def test_the_weight_decay_multiplier_by_hand() -> None:
@@ -142,18 +147,17 @@ def test_the_weight_decay_follows_the_batch_for_the_step_and_only_of_it(
     algo._plan()
     rep = algo.replicas[0]
     assert rep.wd_scale == pytest.approx(wd / 0.01) and rep.lr_scale == pytest.approx(lr / 0.05)
-    data = Data()
-    ref = models(1)[0]
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr, weight_decay=wd)
-    batch = data.batch(0, 0, 0, 16)
-    algo.step(batch)
-    loss_fn(ref, (batch[0][:8], batch[1][:8])).mul(0.5).backward()
-    loss_fn(ref, (batch[0][8:], batch[1][8:])).mul(0.5).backward()
-    torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
-    ref_opt.step()
-    torch.testing.assert_close(rep.model.weight, ref.weight, rtol=1e-6, atol=1e-7)
+    _step_against_adamw(algo, lr=lr, weight_decay=wd)
     group = rep.optimizer.param_groups[0]
     assert group["lr"] == 0.05 and group["weight_decay"] == 0.01  # restored exactly
+
+
+def test_a_weight_decay_scaling_that_would_do_nothing_is_refused_in_the_library() -> None:
+    """The library's own check (the CLI's config check names the keys): an inner optimizer without a weight
+    decay has nothing to scale."""
+    with pytest.raises(ValueError, match="no weight decay to scale"):
+        _algo("sqrt", torch.optim.SGD, n=1, wd_scaling="timescale")
+    assert _algo("sqrt", torch.optim.SGD, n=1).batch.wd_scaling == "none"  # the default: nothing checked
 
 
 def test_the_hooked_form_scales_the_users_step_and_restores_it() -> None:

@@ -13,6 +13,7 @@ multiplier is capped at ``cap``. The weight decay may follow too (``batch.wd_sca
 from __future__ import annotations
 
 import math
+from typing import Any
 
 NOISE_EMA = 0.5  # weight of each round's measurement in B̂
 
@@ -47,6 +48,19 @@ def wd_multiplier(rule: str, grown: float, lr_multiplier: float) -> float:
     if rule == "timescale":
         return grown / lr_multiplier
     raise ValueError(f"unknown weight decay scaling rule {rule!r}")
+
+
+def check_wd(rule: str, optimizers: list[Any], cuda_graphs: bool) -> None:
+    """A ``wd_scaling`` rule that would silently do nothing, refused (ValueError): no param group of the
+    inner optimizers has a weight decay, or the steps are CUDA graphs (a captured step keeps its λ)."""
+    if rule == "none":
+        return
+    if not any(g.get("weight_decay") for o in optimizers for g in o.param_groups):
+        raise ValueError(f"wd_scaling {rule!r}: the inner optimizer has no weight decay to scale")
+    if cuda_graphs:
+        raise ValueError(
+            f"wd_scaling {rule!r}: a step captured as a CUDA graph keeps the weight decay it was captured with"
+        )
 
 
 def update_noise(noise: float | None, sigma2: float | None, gbar_sq: float | None) -> float | None:

@@ -13,7 +13,7 @@ import dataclasses
 import hashlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from adloco.errors import UserError
 from adloco.method import RoundAborted
 from adloco.models import ModelFactory
 from adloco.profile import AUTO, RoundSums, StepProfile
+from adloco.replica import Replica
 from adloco.round import RoundReport, Traffic
 from adloco.telemetry import trace
 from adloco.telemetry.metrics import MetricsSink
@@ -453,17 +454,28 @@ class Driver:
         text = ";".join(f"{n}:{tuple(p.shape)}" for n, p in model.named_parameters())
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def trainer_state_dict(self, t: int) -> dict[str, torch.Tensor] | None:
-        """Trainer t's parameters as a model state dict, on the root rank (None elsewhere); every process calls it."""
+    @contextlib.contextmanager
+    def _holding(self, t: int) -> Iterator[Replica | None]:
+        """For the block, this process's first replica holding trainer t's θ where the root has it (a
+        sharded worker: each of its ranks, its shard), None elsewhere; its own start put back after.
+        Every process enters it."""
         theta = self.algo.gather_parameters(t)
         if theta is None:
-            return None
+            yield None
+            return
         w = self.algo.local_workers[0]
         rep = self.algo.replicas[w]
         rep.load(theta)
-        state = rep.flat.clone_state_dict()
-        rep.load(self.algo.start_of(w))
-        return state
+        rep.flat.push()
+        try:
+            yield rep
+        finally:
+            rep.load(self.algo.start_of(w))
+
+    def trainer_state_dict(self, t: int) -> dict[str, torch.Tensor] | None:
+        """Trainer t's parameters as a model state dict, on the root rank (None elsewhere); every process calls it."""
+        with self._holding(t) as rep:
+            return None if rep is None else rep.flat.clone_state_dict()
 
     def save_trainer(self, t: int, path: Path | None, tokenizer: Any, max_file_bytes: int) -> None:
         """Trainer t's model and ``tokenizer`` as a Hugging Face folder at ``path`` (the rank that writes;
@@ -471,15 +483,9 @@ class Driver:
         never whole in one process. Every process calls it."""
         from adloco.models import export
 
-        theta = self.algo.gather_parameters(t)
-        if theta is None:
-            return
-        w = self.algo.local_workers[0]
-        rep = self.algo.replicas[w]
-        rep.load(theta)
-        rep.flat.push()
-        export.save(rep.model, tokenizer, path, max_file_bytes)
-        rep.load(self.algo.start_of(w))
+        with self._holding(t) as rep:
+            if rep is not None:
+                export.save(rep.model, tokenizer, path, max_file_bytes)
 
     # -- the driver's own state (a checkpoint's ``driver`` component: adloco.engine.checkpoint.state) --
     def state_dict(self) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The models of ``adloco train``: presets and checkpoints built into replicas (:mod:`.factory`, the only
-module that touches transformers model classes), their shapes and memory (:mod:`.sizing`), and access to
-the Hugging Face hub (:mod:`.hub`), the final model's folder written a file at a time (:mod:`.export`). Names load on first use: ``adloco.config`` reads the shapes without
-importing the factory."""
+module that builds transformers model classes), their shapes and memory (:mod:`.sizing`), access to the
+Hugging Face hub (:mod:`.hub`), and the final model's folder written a file at a time (:mod:`.export`).
+Names load on first use: ``adloco.config`` reads the shapes without importing the factory."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ def save(model: Any, tokenizer: Any, path: Path | None, max_file_bytes: int) -> 
     from transformers.utils import logging as hf_logging
 
     split, live = plan(model, max_file_bytes)
-    tmp = None if path is None else path.with_name(path.name + ".partial")
+    tmp = None if path is None else path.with_name(path.name + ".partial")  # None: this rank only gathers
     if tmp is not None:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -59,9 +59,8 @@ def save(model: Any, tokenizer: Any, path: Path | None, max_file_bytes: int) -> 
         tensors: dict[str, torch.Tensor] = {}
         for name in names:
             p = live[name].detach()
-            gather = getattr(
-                p, "full_tensor", None
-            )  # a DTensor: all-gathered, every rank of its mesh calls it
+            # a DTensor: all-gathered, every rank of its mesh calls it, in this order
+            gather = getattr(p, "full_tensor", None)
             with torch.no_grad():
                 whole = gather() if gather is not None else p
             if tmp is not None:
