@@ -14,16 +14,18 @@ from pathlib import Path
 
 import yaml
 
+from tests.helpers import with_faults
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_a_bench_of_two_methods_over_two_seeds(tmp_path: Path, text_corpus: Path) -> None:
+def tiny_bench(tmp_path: Path, corpus: Path) -> Path:
     cfg = tmp_path / "bench.yaml"
     cfg.write_text(
         yaml.safe_dump(
             {
                 "model": {"name": "llama-micro"},
-                "data": {"source": str(text_corpus), "tokenizer": "bpe:300", "seq_len": 16},
+                "data": {"source": str(corpus), "tokenizer": "bpe:300", "seq_len": 16},
                 "algorithm": {"inner_steps": 2},
                 "batch": {"initial": 2},
                 "switch": {"b_max": 2},
@@ -34,6 +36,11 @@ def test_a_bench_of_two_methods_over_two_seeds(tmp_path: Path, text_corpus: Path
             }
         )
     )
+    return cfg
+
+
+def test_a_bench_of_two_methods_over_two_seeds(tmp_path: Path, text_corpus: Path) -> None:
+    cfg = tiny_bench(tmp_path, text_corpus)
     out = tmp_path / "cmp"
     p = subprocess.run(
         [sys.executable, "-m", "adloco", "bench", "--config", str(cfg), "--methods", "adloco,diloco"]
@@ -76,3 +83,37 @@ def test_a_bench_of_two_methods_over_two_seeds(tmp_path: Path, text_corpus: Path
     assert row.endswith(("| 2 | confirmed |", "| 2 | refuted |", "| 2 | mixed |"))
     merged = next(x for x in claims.stdout.splitlines() if x.startswith("| merging helps"))
     assert merged.endswith("| 0 | not shown |")  # no ablation in this bench
+
+
+def test_a_stopped_run_is_continued_by_a_resumed_bench_and_ends_as_an_uninterrupted_one(
+    tmp_path: Path, text_corpus: Path
+) -> None:
+    """SIGTERM in the middle of round 2 (as a scheduler or a Ctrl-C stops a bench's run): the run writes a
+    checkpoint, even at checkpoint.every 0; `adloco bench --resume` continues it in its own folder with
+    `adloco train --resume`, and it ends where the same bench uninterrupted ends, to the bit."""
+    cfg = tiny_bench(tmp_path, text_corpus)
+
+    def bench(out: Path, *more: str, fault: str | None = None) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "adloco", "bench", "--config", str(cfg), "--methods", "adloco"]
+        return subprocess.run(
+            cmd + ["--seeds", "0", "--out", str(out), *more],
+            capture_output=True,
+            text=True,
+            env=with_faults({**os.environ, "OMP_NUM_THREADS": "1"}, fault),
+            timeout=300,
+        )
+
+    stopped = bench(tmp_path / "stopped", fault="term@0:2:1")
+    assert stopped.returncode == 1, stopped.stderr
+    (folder,) = (tmp_path / "stopped" / "runs").iterdir()
+    assert (folder / "checkpoints").is_dir() and not (folder / "summary.json").exists()
+    resumed = bench(tmp_path / "stopped", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"adloco seed 0 continued: {folder.name} from its checkpoint round-" in resumed.stdout
+    assert [d.name for d in (tmp_path / "stopped" / "runs").iterdir()] == [folder.name]
+    whole = bench(tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr
+    (other,) = (tmp_path / "whole" / "runs").iterdir()
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (folder, other))
+    assert a["final_val_ppl"] == b["final_val_ppl"] and a["examples_total"] == b["examples_total"]
+    assert a["bytes_total"] == b["bytes_total"]

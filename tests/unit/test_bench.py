@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,17 +32,26 @@ ROOT = Path(__file__).resolve().parents[2]
 # + the seed, + 100·|outer.lr − 0.5| when outer.lr is set, − 20 at inner.lr 0.002, + 5 at
 # algorithm.inner_steps 24 (whose curve gets there sooner), − batch.schedule_examples/100; 3 evaluations on
 # the way down from 100.
-# $FAKE_BENCH (JSON) may name runs that fail ("fail") and a barrier folder where every run waits until
-# "barrier" runs have started ("barrier": [folder, n]); "resolved": true writes the run's whole resolved
-# config, as adloco train does, instead of the keys set.
+# $FAKE_BENCH (JSON) may name runs that fail ("fail") or stop with a checkpoint, as on SIGTERM ("stop"), and a
+# barrier folder where every run waits until "barrier" runs have started ("barrier": [folder, n]);
+# "resolved": true writes the run's whole resolved config, as adloco train does, instead of the keys set.
+# `--resume RUN_DIR` finishes that run in its own folder, from its config.yaml.
 FAKE = """
-import json, os, sys, time
+import json, os, shutil, sys, time
 from pathlib import Path
+import yaml
 sys.path.insert(0, {tests!r})
 from test_reporting import recorded_run
 
 argv = sys.argv[1:]
 sets = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--set")
+resumed = None
+if "--resume" in argv:
+    resumed = Path(argv[argv.index("--resume") + 1])
+    saved = yaml.safe_load((resumed / "config.yaml").read_text())
+    sets = {{f"{{s}}.{{k}}": str(v) for s, d in saved.items() for k, v in d.items() if v is not None}}
+    sets["logging.out_dir"] = str(resumed.parent)
+    print(f"fake resume {{resumed.name}}")
 name, seed = sets["logging.name"], int(sets["algorithm.seed"])
 spec = json.loads(os.environ.get("FAKE_BENCH", "{{}}"))
 if spec.get("barrier"):
@@ -73,12 +83,25 @@ for k, v in sets.items():
     section, key = k.split(".")
     config.setdefault(section, {{}})[key] = v
 config["algorithm"]["seed"] = seed
-if spec.get("resolved"):  # the whole resolved config, as adloco train writes it
+if spec.get("resolved") and resumed is None:  # the whole resolved config, as adloco train writes it
     import yaml
     from adloco.config import dump_yaml, resolve
     config = yaml.safe_load(dump_yaml(resolve(argv[argv.index("--config") + 1], [sets and f"{{k}}={{v}}" for k, v in sets.items()])))
-recorded_run(Path(sets["logging.out_dir"]), name + "-20260101-000000", method,
-             curve, 2_000_000, seed=seed, config=config, label=name)
+if resumed is not None:
+    config = saved
+    shutil.rmtree(resumed)
+    dirname = resumed.name
+else:
+    dirname = next(f"{{name}}-20260101-00000{{i}}" for i in range(10)
+                   if not (Path(sets["logging.out_dir"]) / f"{{name}}-20260101-00000{{i}}").exists())
+run = recorded_run(Path(sets["logging.out_dir"]), dirname, method,
+                   curve, 2_000_000, seed=seed, config=config, label=name)
+if resumed is None and name in spec.get("stop", []):
+    (run / "summary.json").unlink()
+    (run / "checkpoints" / "round-000001").mkdir(parents=True)
+    (run / "checkpoints" / "round-000001" / "state.json").write_text("{{}}")
+    print("stopped: checkpoint written", file=sys.stderr)
+    sys.exit(143)
 """
 
 
@@ -564,6 +587,52 @@ def test_a_bench_resumes_keeping_the_runs_that_finished(
     empty.mkdir()
     assert main(["bench", "--resume", "--budget", "100", "--out", str(empty)]) == 2
     assert "not a folder adloco bench made" in capsys.readouterr().err
+
+
+def test_a_resumed_bench_continues_its_stopped_runs_from_their_checkpoints(
+    fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run stopped part-way (SIGTERM, or a lost machine after a checkpoint) is continued by --resume with
+    ``adloco train --resume`` in its own folder, when its config is its task's and it holds a complete
+    checkpoint; otherwise its task runs afresh beside it."""
+    stop = ["adloco-s0", "adloco-s1", "diloco-s1"]
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True, "stop": stop}))
+    args = ("--methods", "adloco,diloco", "--seeds", "0,1")
+    code, out = fake_bench(tmp_path, *args)
+    assert code == 1
+    capsys.readouterr()
+    runs = out / "runs"
+    first = {n: runs / f"{n}-20260101-000000" for n in stop}
+    assert all(
+        (d / "bench-failure.txt").is_file() and not (d / "summary.json").exists() for d in first.values()
+    )
+    shutil.rmtree(first["adloco-s0"] / "checkpoints")  # lost before its first checkpoint
+    edited = yaml.safe_load((first["diloco-s1"] / "config.yaml").read_text())
+    edited["inner"]["lr"] = 0.5  # not the config its task runs now
+    (first["diloco-s1"] / "config.yaml").write_text(yaml.safe_dump(edited))
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True}))
+    code, _ = fake_bench(tmp_path, *args, "--resume")
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert (
+        "adloco seed 1 continued: adloco-s1-20260101-000000 from its checkpoint round-000001" in printed.out
+    )
+    assert "fake resume adloco-s1-20260101-000000" in printed.out
+    assert "adloco seed 0 started" in printed.out and "diloco seed 1 started" in printed.out
+    assert "diloco seed 0 finished before" in printed.out
+    results = json.loads((out / "results.json").read_text())
+    folders = {
+        (v, r["seed"]): (r["status"], Path(r["run"]).name)
+        for v in results["variants"]
+        for r in results["variants"][v]["runs"]
+    }
+    assert folders[("adloco", 1)] == ("ok", "adloco-s1-20260101-000000")  # the same folder, finished
+    assert folders[("adloco", 0)] == ("ok", "adloco-s0-20260101-000001")  # afresh, beside the old one
+    assert folders[("diloco", 1)] == ("ok", "diloco-s1-20260101-000001")
+    assert not (first["adloco-s1"] / "bench-failure.txt").exists()
+    assert (first["adloco-s0"] / "bench-failure.txt").is_file() and (
+        first["diloco-s1"] / "config.yaml"
+    ).is_file()
 
 
 # -- one run as a benchmark script starts it (adloco.bench.runner.Train) --------------------------------

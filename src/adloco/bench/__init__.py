@@ -148,8 +148,9 @@ def add_parser(sub: Any) -> None:
         "--resume",
         action="store_true",
         help="go on with the unfinished bench in --out, run again with the command that started it: a run "
-        "that finished there with the config its task would run is kept, every other one runs (a "
-        "bench stopped by a lost machine or a kill loses only its unfinished runs)",
+        "that finished there with the config its task would run is kept, one stopped part-way (SIGTERM, "
+        "Ctrl-C, or a lost machine after a checkpoint) is continued from its checkpoint, every other one "
+        "runs afresh",
     )
     b.add_argument(
         "--report-only",

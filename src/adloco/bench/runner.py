@@ -55,9 +55,12 @@ def _pump(stream: IO[str], log: IO[str], echo: IO[str] | None) -> None:
 
 
 class _Child:
-    def __init__(self, task: Task, cmd: list[str], env: dict[str, str], logs: Path, forward: bool):
+    def __init__(
+        self, task: Task, cmd: list[str], env: dict[str, str], logs: Path, forward: bool, folder: Path | None
+    ):
         self.task = task
         self.cmd = cmd
+        self.folder = folder  # the run directory it continues (--resume), or None: it makes its own
         self.err_path = logs / f"{task.name}.err.log"
         self.files = [
             (logs / f"{task.name}.out.log").open("a", encoding="utf-8"),  # a resumed bench keeps the old
@@ -91,17 +94,29 @@ class _Child:
             f.close()
 
 
-def _run_dir(runs: Path, name: str) -> Path | None:
+def _run_dirs(runs: Path, name: str) -> list[Path]:
+    """The run directories of task ``name`` (``<name>-<timestamp>``), newest first."""
     pattern = re.compile(re.escape(name) + r"-\d{8}-\d{6}(-\d+)?")
-    found = sorted(d for d in runs.iterdir() if d.is_dir() and pattern.fullmatch(d.name))
-    return found[-1] if found else None
+    return sorted((d for d in runs.iterdir() if d.is_dir() and pattern.fullmatch(d.name)), reverse=True)
+
+
+def _run_dir(runs: Path, name: str) -> Path | None:
+    found = _run_dirs(runs, name)
+    return found[0] if found else None
 
 
 def _finished_dirs(runs: Path, name: str) -> list[Path]:
     """The run directories of task ``name`` that finished (they have summary.json), newest first."""
-    pattern = re.compile(re.escape(name) + r"-\d{8}-\d{6}(-\d+)?")
-    found = [d for d in runs.iterdir() if d.is_dir() and pattern.fullmatch(d.name)]
-    return sorted((d for d in found if (d / "summary.json").is_file()), reverse=True)
+    return [d for d in _run_dirs(runs, name) if (d / "summary.json").is_file()]
+
+
+def _stopped_dirs(runs: Path, name: str) -> list[Path]:
+    """The run directories of task ``name`` that did not finish but hold a config, newest first."""
+    return [
+        d
+        for d in _run_dirs(runs, name)
+        if not (d / "summary.json").is_file() and (d / "config.yaml").is_file()
+    ]
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
@@ -210,13 +225,12 @@ class Bench:
 
     def reuse(self, t: Task) -> bool:
         """--resume: take the run of ``t`` that finished in an earlier go, if its config is the one ``t``
-        runs now (a run left unfinished stays where it is, and ``t`` runs afresh beside it)."""
+        runs now (one left unfinished is continued by :meth:`stopped`)."""
         if not getattr(self.args, "resume", False):
             return False
-        from adloco.config import dump_yaml, resolve
         from adloco.report import results
 
-        expected = _comparable(yaml.safe_load(dump_yaml(resolve(self.out / "shared.yaml", self.sets(t)))))
+        expected = self.expected(t)
         for folder in _finished_dirs(self.out / "runs", t.name):
             try:
                 run = results.load(folder)
@@ -231,13 +245,54 @@ class Bench:
             return True
         return False
 
+    def expected(self, t: Task) -> dict[str, Any]:
+        """The config ``t`` runs, as :func:`_comparable` compares run directories' configs with it."""
+        from adloco.config import dump_yaml, resolve
+
+        return _comparable(yaml.safe_load(dump_yaml(resolve(self.out / "shared.yaml", self.sets(t)))))
+
+    def stopped(self, t: Task) -> tuple[Path, str] | None:
+        """--resume: the newest run of ``t`` left unfinished in an earlier go (stopped by SIGTERM, or by a
+        lost machine after a checkpoint) whose config is the one ``t`` runs now and that holds a complete
+        checkpoint: (its directory, the checkpoint's name). It is continued with ``adloco train --resume``,
+        which ends as the uninterrupted run would have; without one, ``t`` runs afresh beside it."""
+        if not getattr(self.args, "resume", False):
+            return None
+        from adloco.engine.checkpoint import locate
+
+        expected = None
+        for folder in _stopped_dirs(self.out / "runs", t.name):
+            try:
+                config = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
+                expected = self.expected(t) if expected is None else expected
+                if not isinstance(config, dict) or _comparable(config) != expected:
+                    continue
+                _, found = locate(folder)
+            except (OSError, yaml.YAMLError, UserError):
+                continue
+            return folder, found.name
+        return None
+
     def start(self, t: Task) -> None:
         self.started += 1
         t.number, t.status, t.started = self.started, "running", time.monotonic()
         t.wall = (time.time(), 0.0)
-        setting = f" ({t.setting.text()})" if t.grid is not None and t.setting else ""
-        self.say(t, f"started{setting}")
-        self.running.append(_Child(t, self.command(t), self.env, self.out / "logs", forward=self.jobs == 1))
+        stopped = self.stopped(t)
+        folder = None
+        if stopped is None:
+            cmd = self.command(t)
+            setting = f" ({t.setting.text()})" if t.grid is not None and t.setting else ""
+            self.say(t, f"started{setting}")
+        else:
+            folder, at = stopped
+            (folder / "bench-failure.txt").unlink(missing_ok=True)  # its stop, noted then: the log keeps it
+            cmd = [*self.train, "--resume", str(folder)]
+            for s in self.threads:
+                cmd += ["--set", s]
+            self.say(t, f"continued: {folder.name} from its checkpoint {at}")
+        self.running.append(
+            _Child(t, cmd, self.env, self.out / "logs", forward=self.jobs == 1, folder=folder)
+        )
 
     def finish(self, c: _Child) -> None:
         from adloco.report import results
@@ -247,7 +302,7 @@ class Bench:
         t.seconds = time.monotonic() - t.started
         t.wall = (t.wall[0], time.time())
         t.exit_code = c.proc.returncode
-        t.folder = _run_dir(self.out / "runs", t.name)
+        t.folder = c.folder or _run_dir(self.out / "runs", t.name)
         why = ""
         if t.exit_code == 0:
             if t.folder is None:
@@ -399,8 +454,8 @@ class Bench:
                 c.proc.wait()
             c.close()
         print(
-            f"bench: stopped; the runs so far are in {self.out / 'runs'} (no report: a stopped run resumes "
-            "with adloco train --resume RUN_DIR)",
+            f"bench: stopped; the runs so far are in {self.out / 'runs'} (no report: the command that "
+            "started the bench, with --resume, keeps the finished runs and continues the stopped ones)",
             file=sys.stderr,
             flush=True,
         )
