@@ -2,9 +2,10 @@
 # The benches of "Does AdLoCo pay as models grow" (benchmarks/RESULTS.md), one after another, one run at
 # a time, each at its model's quiet compute price (seconds per example on one idle core). Run from the
 # repository root of a frozen checkout (its own .venv); outputs go under benchmarks/out/. A bench whose
-# folder exists goes on with --resume (its finished runs kept), so the script can simply be started
-# again after a lost machine:
-#   nohup nice -n 5 bash benchmarks/scale_queue.sh > benchmarks/out/queue.log 2>&1 &
+# folder exists goes on with --resume (its finished runs kept, a run stopped part-way continued from its
+# checkpoint), so the script can simply be started again after a lost machine or a stop:
+#   setsid nohup nice -n 5 bash benchmarks/scale_queue.sh > benchmarks/out/queue.log 2>&1 &
+# Stop it with `kill -TERM -<its process group>`: each running run writes a checkpoint first.
 # Progress: benchmarks/out/queue.log (a line per bench) and benchmarks/out/scale-*.log (a line per run).
 set -u
 cd "$(dirname "$0")/.."
