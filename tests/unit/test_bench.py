@@ -606,6 +606,7 @@ def test_a_resumed_bench_continues_its_stopped_runs_from_their_checkpoints(
     assert all(
         (d / "bench-failure.txt").is_file() and not (d / "summary.json").exists() for d in first.values()
     )
+    assert "with --resume, continues it" in (first["adloco-s1"] / "bench-failure.txt").read_text()
     shutil.rmtree(first["adloco-s0"] / "checkpoints")  # lost before its first checkpoint
     edited = yaml.safe_load((first["diloco-s1"] / "config.yaml").read_text())
     edited["inner"]["lr"] = 0.5  # not the config its task runs now

@@ -119,6 +119,16 @@ def _stopped_dirs(runs: Path, name: str) -> list[Path]:
     ]
 
 
+def _has_checkpoint(folder: Path) -> bool:
+    from adloco.engine.checkpoint import locate
+
+    try:
+        locate(folder)
+    except UserError:
+        return False
+    return True
+
+
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
     """A run's config without what does not change its results: where it logs, and its thread count."""
     c = {k: v for k, v in config.items() if k != "logging"}
@@ -318,6 +328,10 @@ class Bench:
             return
         t.status = "failed"
         t.lines = _tail(c.err_path) + ([f"bench: {why}"] if why else [])
+        if t.folder is not None and _has_checkpoint(t.folder):
+            t.lines.append(
+                "bench: it wrote a checkpoint: the command that started this bench, with --resume, continues it"
+            )
         if t.folder is None:
             t.folder = self.out / "runs" / f"{t.name}-failed"
             t.folder.mkdir(parents=True, exist_ok=True)
