@@ -270,8 +270,10 @@ def test_a_traced_round_says_where_its_steps_time_went(tmp_path: Path, text_corp
     ]
     s = json.loads((run / "trace" / "round-2.summary.json").read_text())
     assert s["steps"] == 2 and s["wall_ms_per_step"] > 0 and s["aten_ops_per_step"] > 0
-    assert any(r["op"] == "aten::mm" for r in s["top_by_host"])
-    assert json.loads((run / "trace" / "round-2.json").read_text())["traceEvents"]  # a Chrome trace
+    # which operators lead by host time depends on the machine's load; that there is a table does not
+    assert s["top_by_host"] and all(r["host_ms_per_step"] > 0 for r in s["top_by_host"])
+    trace = json.loads((run / "trace" / "round-2.json").read_text())["traceEvents"]  # a Chrome trace
+    assert "aten::mm" in {e.get("name") for e in trace}
     assert "Operators by self host time" in (run / "trace" / "round-2.md").read_text()
 
 
