@@ -7,6 +7,9 @@
 #   setsid nohup nice -n 5 bash benchmarks/scale_queue.sh > benchmarks/out/queue.log 2>&1 &
 # Stop it with `kill -TERM -<its process group>`: each running run writes a checkpoint first.
 # Progress: benchmarks/out/queue.log (a line per bench) and benchmarks/out/scale-*.log (a line per run).
+# Benches named as arguments run instead of the whole list, in that order: two queues, one per core, e.g.
+#   ... bash benchmarks/scale_queue.sh 10m-fortunes 30m-fortunes > benchmarks/out/queue-a.log 2>&1 &
+#   ... bash benchmarks/scale_queue.sh 10m-stdlib 30m-stdlib > benchmarks/out/queue-b.log 2>&1 &
 set -u
 cd "$(dirname "$0")/.."
 mkdir -p benchmarks/out
@@ -16,7 +19,12 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # 21.6 and 118.1 ms; llama-30m scaled from llama-10m by their CPU-time ratio).
 declare -A SPE=([tiny]=0.02162 [10m]=0.1181 [30m]=0.2543)
 # The open question first: prose at every size (llama-10m, where AdLoCo lost before), then stdlib.
-for bench in 10m-fortunes tiny-fortunes 30m-fortunes 10m-stdlib tiny-stdlib 30m-stdlib; do
+ALL=(10m-fortunes tiny-fortunes 30m-fortunes 10m-stdlib tiny-stdlib 30m-stdlib)
+[ $# -gt 0 ] && ALL=("$@")
+for bench in "${ALL[@]}"; do
+    [ -f "configs/scale-$bench.yaml" ] || { echo "scale_queue.sh: $bench: no configs/scale-$bench.yaml" >&2; exit 2; }
+done
+for bench in "${ALL[@]}"; do
     size=${bench%%-*}
     out=benchmarks/out/scale-$bench
     cmd=("$ADLOCO" bench --config "configs/scale-$bench.yaml" --methods adloco,diloco,diloco-schedule
@@ -24,7 +32,7 @@ for bench in 10m-fortunes tiny-fortunes 30m-fortunes 10m-stdlib tiny-stdlib 30m-
     [ -f "$out/shared.yaml" ] && cmd+=(--resume)
     [ -f "$out/results.json" ] && { echo "$(date -Is) $bench: done before, skipped"; continue; }
     echo "$(date -Is) $bench: ${cmd[*]}"
-    "${cmd[@]}" > "benchmarks/out/scale-$bench.log" 2>&1
+    "${cmd[@]}" >> "benchmarks/out/scale-$bench.log" 2>&1  # appended: an earlier go's log is kept
     echo "$(date -Is) $bench: exit code $?"
 done
 echo "$(date -Is) queue: done"
