@@ -1,5 +1,5 @@
 """``adloco bench`` for real, as a user runs it: variants of tiny runs in processes of their own, two at a
-time, over two seeds, and what it writes (runs, results.json, report.md) and benchmarks/claims.py reads.
+time, over two seeds, stopped part-way and resumed, and what it writes (runs, results.json, report.md) and benchmarks/claims.py reads.
 Its planning, selection, ablations and reports are tested with a fake training command
 (tests/unit/test_bench.py), and every variant's config, ablations included, resolves
 (tests/unit/test_configs.py): here two methods are enough to run the real thing."""
@@ -39,18 +39,30 @@ def tiny_bench(tmp_path: Path, corpus: Path) -> Path:
     return cfg
 
 
-def test_a_bench_of_two_methods_over_two_seeds(tmp_path: Path, text_corpus: Path) -> None:
+def test_a_bench_of_two_methods_over_two_seeds_stopped_and_resumed(tmp_path: Path, text_corpus: Path) -> None:
+    """The bench's first go has every run get SIGTERM in the middle of round 2 (as a scheduler stops a job):
+    each writes a checkpoint (at checkpoint.every 0 too) and the bench ends with them unfinished; the same
+    command with --resume continues each in its own folder (`adloco train --resume`, which replays the
+    stopped round exactly: tests/integration/test_faults.py) and the bench finishes."""
     cfg = tiny_bench(tmp_path, text_corpus)
     out = tmp_path / "cmp"
-    p = subprocess.run(
-        [sys.executable, "-m", "adloco", "bench", "--config", str(cfg), "--methods", "adloco,diloco"]
-        + ["--seeds", "0,1", "--jobs", "2", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
+    cmd = [sys.executable, "-m", "adloco", "bench", "--config", str(cfg), "--methods", "adloco,diloco"]
+    cmd += ["--seeds", "0,1", "--jobs", "2", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.run(
+        cmd, capture_output=True, text=True, env=with_faults(env, "term@0:2:1"), timeout=300
     )
+    assert first.returncode == 1, first.stderr
+    stopped = sorted((out / "runs").iterdir())
+    assert len(stopped) == 4 and all(
+        (d / "checkpoints").is_dir() and not (d / "summary.json").exists() for d in stopped
+    )
+    p = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr
+    assert (
+        sorted(p.stdout.count(f"continued: {d.name} from its checkpoint round-") for d in stopped) == [1] * 4
+    )
+    assert sorted((out / "runs").iterdir()) == stopped  # each finished in its own folder
     assert "[4/4]" in p.stdout and " left" in p.stdout
     results = json.loads((out / "results.json").read_text())
     assert results["seeds"] == [0, 1] and not results["failed"] and results["compute"]["mode"] == "examples"
@@ -83,37 +95,3 @@ def test_a_bench_of_two_methods_over_two_seeds(tmp_path: Path, text_corpus: Path
     assert row.endswith(("| 2 | confirmed |", "| 2 | refuted |", "| 2 | mixed |"))
     merged = next(x for x in claims.stdout.splitlines() if x.startswith("| merging helps"))
     assert merged.endswith("| 0 | not shown |")  # no ablation in this bench
-
-
-def test_a_stopped_run_is_continued_by_a_resumed_bench_and_ends_as_an_uninterrupted_one(
-    tmp_path: Path, text_corpus: Path
-) -> None:
-    """SIGTERM in the middle of round 2 (as a scheduler or a Ctrl-C stops a bench's run): the run writes a
-    checkpoint, even at checkpoint.every 0; `adloco bench --resume` continues it in its own folder with
-    `adloco train --resume`, and it ends where the same bench uninterrupted ends, to the bit."""
-    cfg = tiny_bench(tmp_path, text_corpus)
-
-    def bench(out: Path, *more: str, fault: str | None = None) -> subprocess.CompletedProcess[str]:
-        cmd = [sys.executable, "-m", "adloco", "bench", "--config", str(cfg), "--methods", "adloco"]
-        return subprocess.run(
-            cmd + ["--seeds", "0", "--out", str(out), *more],
-            capture_output=True,
-            text=True,
-            env=with_faults({**os.environ, "OMP_NUM_THREADS": "1"}, fault),
-            timeout=300,
-        )
-
-    stopped = bench(tmp_path / "stopped", fault="term@0:2:1")
-    assert stopped.returncode == 1, stopped.stderr
-    (folder,) = (tmp_path / "stopped" / "runs").iterdir()
-    assert (folder / "checkpoints").is_dir() and not (folder / "summary.json").exists()
-    resumed = bench(tmp_path / "stopped", "--resume")
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"adloco seed 0 continued: {folder.name} from its checkpoint round-" in resumed.stdout
-    assert [d.name for d in (tmp_path / "stopped" / "runs").iterdir()] == [folder.name]
-    whole = bench(tmp_path / "whole")
-    assert whole.returncode == 0, whole.stderr
-    (other,) = (tmp_path / "whole" / "runs").iterdir()
-    a, b = (json.loads((d / "summary.json").read_text()) for d in (folder, other))
-    assert a["final_val_ppl"] == b["final_val_ppl"] and a["examples_total"] == b["examples_total"]
-    assert a["bytes_total"] == b["bytes_total"]
