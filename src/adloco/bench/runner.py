@@ -119,14 +119,14 @@ def _stopped_dirs(runs: Path, name: str) -> list[Path]:
     ]
 
 
-def _has_checkpoint(folder: Path) -> bool:
+def _newest_checkpoint(folder: Path) -> str | None:
+    """The name of the run directory's newest complete checkpoint, None when it has none."""
     from adloco.engine.checkpoint import locate
 
     try:
-        locate(folder)
+        return locate(folder)[1].name
     except UserError:
-        return False
-    return True
+        return None
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
@@ -268,19 +268,18 @@ class Bench:
         which ends as the uninterrupted run would have; without one, ``t`` runs afresh beside it."""
         if not getattr(self.args, "resume", False):
             return None
-        from adloco.engine.checkpoint import locate
-
         expected = None
         for folder in _stopped_dirs(self.out / "runs", t.name):
             try:
                 config = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
-                expected = self.expected(t) if expected is None else expected
-                if not isinstance(config, dict) or _comparable(config) != expected:
-                    continue
-                _, found = locate(folder)
-            except (OSError, yaml.YAMLError, UserError):
+            except (OSError, yaml.YAMLError):
                 continue
-            return folder, found.name
+            expected = self.expected(t) if expected is None else expected
+            if not isinstance(config, dict) or _comparable(config) != expected:
+                continue
+            at = _newest_checkpoint(folder)
+            if at is not None:
+                return folder, at
         return None
 
     def start(self, t: Task) -> None:
@@ -328,7 +327,7 @@ class Bench:
             return
         t.status = "failed"
         t.lines = _tail(c.err_path) + ([f"bench: {why}"] if why else [])
-        if t.folder is not None and _has_checkpoint(t.folder):
+        if t.folder is not None and _newest_checkpoint(t.folder) is not None:
             t.lines.append(
                 "bench: it wrote a checkpoint: the command that started this bench, with --resume, continues it"
             )
