@@ -589,6 +589,28 @@ def test_a_bench_resumes_keeping_the_runs_that_finished(
     assert "not a folder adloco bench made" in capsys.readouterr().err
 
 
+def test_a_resumed_bench_whose_grid_finished_runs_the_seeds_its_selection_frees(
+    fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--resume of a bench whose whole grid finished before: the kept runs complete the grid, its
+    selection frees the other seeds' runs, and they run (a pass that only kept runs used to end the bench
+    with the seeds queued and 'did not finish')."""
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True, "fail": ["adloco-g0-s1", "adloco-g1-s1"]}))
+    args = ("--methods", "adloco", "--seeds", "0,1", "--sweep", "inner.lr=0.001,0.002")
+    code, out = fake_bench(tmp_path, *args)
+    assert code == 1
+    capsys.readouterr()
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True}))
+    code, _ = fake_bench(tmp_path, *args, "--resume")
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "adloco seed 0 finished before: adloco-g0-s0-20260101-000000" in printed.out
+    assert "adloco seed 0 finished before: adloco-g1-s0-20260101-000000" in printed.out
+    assert "adloco seed 1 started" in printed.out
+    results = json.loads((out / "results.json").read_text())
+    assert [r["status"] for r in results["variants"]["adloco"]["runs"]] == ["ok", "ok"]
+
+
 def test_a_resumed_bench_continues_its_stopped_runs_from_their_checkpoints(
     fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -210,17 +210,18 @@ class Bench:
         try:
             while True:
                 self.resolve_selections()
+                kept = False
                 for t in self.tasks:
                     if len(self.running) >= self.jobs:
                         break
-                    if (
-                        t.status == "queued"
-                        and t.setting is not None
-                        and t.wait is None
-                        and not self.reuse(t)
-                    ):
-                        self.start(t)
+                    if t.status == "queued" and t.setting is not None and t.wait is None:
+                        if self.reuse(t):
+                            kept = True
+                        else:
+                            self.start(t)
                 if not self.running:
+                    if kept:  # runs kept from an earlier go may finish a grid: its selection frees more
+                        continue
                     break
                 time.sleep(0.1)
                 for c in [c for c in self.running if c.proc.poll() is not None]:
