@@ -79,6 +79,7 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
     corpora = sorted({p["corpus"] for p in points})
@@ -108,6 +109,9 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
                     )
         ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
         ax.set_xscale("log")
+        sizes = sorted({p["parameters"] for p in points})  # a tick at each size measured, named by it
+        ax.set_xticks(sizes, [f"{n / 1e6:.3g}M" for n in sizes])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_xlabel("model parameters")
         ax.set_ylabel("AdLoCo / rival (below 1: AdLoCo lower or sooner)")
         ax.set_title(f"{what[0].upper()}{what[1:]}" + (" (the bench's link)" if key != "final" else ""))
