@@ -955,3 +955,58 @@ def test_scaling_tables_and_plots_adloco_over_its_rivals_by_model_size(
     assert "| stdlib | llama-tiny | 1.4 M | 45 | 2 | 0.75 [0.75–0.76] |" in table
     scaling.plot(points, tmp_path / "scaling.png")
     assert (tmp_path / "scaling.png").stat().st_size > 10_000
+
+
+# -- benchmarks/gpu_scale.sh: the scaling benches on a GPU ----------------------------------------------
+
+GPU_SCALE = ROOT / "benchmarks" / "gpu_scale.sh"
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        ([], "usage: prepare FROZEN | run SECONDS | collect FILES FROZEN"),
+        (["prepare", "{tmp}/none"], "prepare: {tmp}/none: not a checkout with src/adloco and .venv"),
+        (["run", "ten"], "run: SECONDS: a whole number of seconds, not 'ten'"),
+        (["collect", "{tmp}/none", "{tmp}"], "collect: FILES FROZEN: folders expected"),
+    ],
+)
+def test_gpu_scale_refuses_bad_arguments_in_one_line(tmp_path: Path, args: list[str], line: str) -> None:
+    done = subprocess.run(
+        ["bash", str(GPU_SCALE), *(a.format(tmp=tmp_path) for a in args)], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == f"gpu_scale.sh: {line.format(tmp=tmp_path)}\n"
+
+
+def test_gpu_scale_collect_adds_the_finished_runs_a_bench_lacks(tmp_path: Path) -> None:
+    """collect: the runs that finished on the GPU join the bench's folder; an unfinished one and one the
+    folder already has (by name) are left out, and nothing the folder had is replaced."""
+    gpu = tmp_path / "gpu"
+    for name, finished in [("a-s0-1", True), ("b-s0-1", False), ("c-s0-1", True)]:
+        run = gpu / "scale-10m-x" / "runs" / name
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text("x: 1\n")
+        if finished:
+            (run / "summary.json").write_text("{}")
+    (gpu / "scale-10m-x" / "shared.yaml").write_text("model: {}\n")
+    (gpu / "scale-10m-x.log").write_text("log\n")
+    files = tmp_path / "files"
+    files.mkdir()
+    archive = str(files / "scale-10m-x.tar.gz")
+    subprocess.run(["tar", "-C", str(gpu), "-czf", archive, "scale-10m-x", "scale-10m-x.log"], check=True)
+    out = tmp_path / "frozen" / "benchmarks" / "out"
+    kept = out / "scale-10m-x" / "runs" / "c-s0-1"
+    kept.mkdir(parents=True)
+    (kept / "summary.json").write_text('{"mine": 1}')
+    done = subprocess.run(
+        ["bash", str(GPU_SCALE), "collect", str(files), str(tmp_path / "frozen")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "scale-10m-x: 1 runs from the GPU\n"
+    assert sorted(p.name for p in (out / "scale-10m-x" / "runs").iterdir()) == ["a-s0-1", "c-s0-1"]
+    assert (kept / "summary.json").read_text() == '{"mine": 1}'
+    assert (out / "scale-10m-x-gpu.log").read_text() == "log\n"
+    assert (out / "scale-10m-x" / "shared.yaml").read_text() == "model: {}\n"
