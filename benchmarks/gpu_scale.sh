@@ -13,7 +13,7 @@
 #
 # What travels in .gpuscale/: FROZEN's src/, the scale configs, the finished runs of FROZEN's llama-10m
 # benches (config, metrics and summary: `--resume` keeps them and runs only the rest), the two corpora's
-# tokenized caches, and the corpora themselves at the paths they have here (the Python 3.11 standard
+# tokenized caches, and the corpora themselves at the paths they have here (the frozen checkout's Python's standard
 # library, the fortune files) with their sizes and modification times, so the cache key matches and every
 # run reads the same tokens as on the CPU. Two lines of the carried code change there, printed as they
 # change: the standard library is read from that carried folder (the GPU machine's Python is another
@@ -28,20 +28,22 @@ G=.gpuscale
 read -ra BENCHES <<< "${GPU_SCALE_BENCHES:-30m-fortunes 30m-stdlib 10m-fortunes 10m-stdlib}"
 declare -A SPE=([10m]=0.1181 [30m]=0.2543)
 declare -A JOBS=([30m-fortunes]=5 [30m-stdlib]=5 [10m-fortunes]=3 [10m-stdlib]=3)
-STDLIB=/root/.pyenv/versions/3.11.7/lib/python3.11
 die() { echo "gpu_scale.sh: $*" >&2; exit 2; }
 
 prepare() {
     local frozen=${1:-}
     [ -d "$frozen/src/adloco" ] && [ -x "$frozen/.venv/bin/python" ] || die "prepare: $frozen: not a checkout with src/adloco and .venv"
-    [ -d "$STDLIB" ] || die "prepare: $STDLIB: no such folder (the standard library the CPU benches read)"
+    local stdlib  # the standard library the CPU benches read: the frozen checkout's Python's
+    stdlib=$("$frozen/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+    [ -d "$stdlib" ] || die "prepare: $stdlib: no such folder (the standard library the CPU benches read)"
     rm -rf "$G" && mkdir -p "$G/out" "$G/cache/data" "$G/configs"
+    echo "$stdlib" > "$G/stdlib"
     (cd "$frozen" && tar --exclude=__pycache__ --exclude='*.egg-info' -cf - src) | tar -C "$G" -xf -
     cp configs/scale-30m-fortunes.yaml configs/scale-30m-stdlib.yaml "$G/configs/"
     cp "$frozen/configs/scale-10m-fortunes.yaml" "$frozen/configs/scale-10m-stdlib.yaml" "$G/configs/"
     # the corpora, at their paths here, modification times kept to the nanosecond (the pax format: GNU
     # tar's own keeps whole seconds, and the cache key would miss)
-    (cd / && find "${STDLIB#/}" -path "${STDLIB#/}/site-packages" -prune -o -name __pycache__ -prune \
+    (cd / && find "${stdlib#/}" -path "${stdlib#/}/site-packages" -prune -o -name __pycache__ -prune \
         -o -name '*.py' -print0 | tar --format=posix --null -czf - -T -) > "$G/stdlib.tar.gz"
     local site dist
     site=$("$frozen/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -89,8 +91,8 @@ run() {
     [[ $seconds =~ ^[0-9]+$ ]] || die "run: SECONDS: a whole number of seconds, not '$seconds'"
     mkdir -p "$out"
     [ -d "$G/src/adloco" ] || die "run: no $G/src: run 'prepare' first, and carry $G"
-    local site; site=$(cat "$G/site")
-    [ -d "$STDLIB" ] || tar -C / -xzf "$G/stdlib.tar.gz"
+    local site stdlib; site=$(cat "$G/site") stdlib=$(cat "$G/stdlib")
+    [ -d "$stdlib" ] || tar -C / -xzf "$G/stdlib.tar.gz"
     [ -d "$site" ] || tar -C / -xzf "$G/fortunes.tar.gz"
     # the two changes to the carried code (see the top of this file)
     local sources=$G/src/adloco/data/sources.py driver=$G/src/adloco/engine/driver.py
@@ -98,7 +100,7 @@ run() {
         's|self.root = Path(sysconfig.get_paths()\["stdlib"\])|self.root = Path(os.environ.get("ADLOCO_STDLIB") or sysconfig.get_paths()["stdlib"])|' "$sources"
     sed -i 's|if device.type == "cuda" and cfg.switch.b_max is None:|if False:  # gpu_scale.sh: b_max null is 8, as on the CPU|' "$driver"
     grep -n 'ADLOCO_STDLIB' "$sources" && grep -n 'gpu_scale.sh' "$driver" || die "run: the carried code did not take the two changes"
-    export PYTHONPATH=$PWD/$G/src:$site ADLOCO_CACHE=$PWD/$G/cache ADLOCO_STDLIB=$STDLIB
+    export PYTHONPATH=$PWD/$G/src:$site ADLOCO_CACHE=$PWD/$G/cache ADLOCO_STDLIB=$stdlib
     export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HOME=/tmp/hf PYTHONUNBUFFERED=1 MPLBACKEND=Agg
     local py=${PYTHON:-python3}
     "$py" -c 'import torch, adloco; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-", "adloco from", adloco.__file__)'
