@@ -230,11 +230,14 @@ class Round(Event):
     )
     max_compute_s: float = field(metadata={"doc": "the slowest worker's compute seconds"})
     collectives: list[list[Any]] = field(
-        metadata={"doc": "[kind, op, workers, payload bytes, count] per counted collective"}
+        metadata={
+            "doc": "[kind, op, n, payload bytes, count, workers] per counted collective, in the order "
+            "issued (older runs' rows name no workers: they held every worker)"
+        }
     )
     sim_s: float = field(
         metadata={
-            "doc": "simulated seconds: the slowest worker's compute plus the network model (ALGORITHM.md §7)"
+            "doc": "simulated seconds: the workers' compute and collectives on the network model (ALGORITHM.md §7)"
         }
     )
     sim_total_s: float = field(metadata={"doc": "simulated seconds so far"})

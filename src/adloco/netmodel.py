@@ -5,10 +5,14 @@ latency α (s):
   all_reduce (ring):      2(n−1)/n · B/β + 2(n−1)·α
   broadcast (pipelined):  B/β + ⌈log2 n⌉·α
   all_gather (ring):      (n−1) · B/β + (n−1)·α
-A round's simulated time is the slowest worker's compute time (divided by its speed) plus the cost of
-every counted collective of the round, one after another as the engine issues them (collectives of
-disjoint trainers could overlap: the model is conservative there). A collective run behind the round's
-compute (``comm.overlap``) costs max(0, its time − that compute) (ALGORITHM.md §13).
+A round's simulated time is when its last worker is done, each worker having its own link: a worker
+computes (its compute time divided by its speed), then takes part in the round's counted collectives
+in the order the engine issued them; a collective starts when the last of its workers is free and holds
+all of them for its time. Collectives of disjoint workers (trainers' own Δ) overlap; one among all
+workers (the batch statistics) waits for every worker. A row that does not name its workers (runs
+recorded before rows did) is taken to hold every worker: the slowest compute plus every collective one
+after another. A collective run behind the round's compute (``comm.overlap``) costs max(0, its time −
+that compute) (ALGORITHM.md §13).
 
 A :class:`Link` is the same model handed to a communicator: with ``network.emulate`` every counted
 collective is held back until its wall time is what the model says (:attr:`adloco.comm.Comm.link`).
@@ -59,11 +63,37 @@ def _number(x: object) -> bool:
 
 
 def comm_seconds(collectives: Iterable[Sequence[Any]], bandwidth: float, latency: float) -> float:
-    """Total cost of ``[kind, op, n, payload, count]`` rows (as logged in a round event)."""
+    """Total cost of ``[kind, op, n, payload, count]`` rows (as logged in a round event; a sixth element,
+    the workers, is ignored): every collective one after another."""
     total = 0.0
-    for _kind, op, n, payload, count in collectives:
+    for _kind, op, n, payload, count, *_ in collectives:
         total += int(count) * collective_seconds(str(op), int(n), int(payload), bandwidth, latency)
     return total
+
+
+def schedule_seconds(
+    start: Mapping[int, float], collectives: Iterable[Sequence[Any]], bandwidth: float, latency: float
+) -> float:
+    """When the last worker is done: each worker free at ``start[w]``, then the ``[kind, op, n, payload,
+    count, workers]`` rows in order, each starting when the last of its workers is free and holding them
+    ``count`` times its cost. A row without its ``workers`` holds every worker of ``start`` and every
+    worker any row named."""
+    clock = dict(start) or {-1: 0.0}  # no worker computed: a worker that only communicates
+    rows = [list(r) for r in collectives]
+    for r in rows:
+        for w in r[5] if len(r) > 5 else ():
+            clock.setdefault(int(w), 0.0)
+    everyone = list(clock)
+    for r in rows:
+        _kind, op, n, payload, count = r[:5]
+        group = [int(w) for w in r[5]] if len(r) > 5 else everyone
+        if not group:
+            continue
+        t = int(count) * collective_seconds(str(op), int(n), int(payload), bandwidth, latency)
+        done = max(clock[w] for w in group) + t
+        for w in group:
+            clock[w] = done
+    return max(clock.values(), default=0.0)
 
 
 def round_seconds(
@@ -74,17 +104,42 @@ def round_seconds(
     speeds: Sequence[float] = (),
     behind: Iterable[Sequence[Any]] = (),
 ) -> float:
-    """Simulated time of one round: the slowest worker's compute (over its speed) plus communication.
+    """Simulated time of one round: each worker's compute (over its speed), then the counted collectives
+    scheduled on the workers' links (:func:`schedule_seconds`), then what ran behind.
 
     ``behind``: ``[kind, op, n, payload, count, share]`` rows of collectives that ran behind a ``share``
     of the round's compute (ALGORITHM.md §13), each costing only what that compute did not hide. Those
     behind the whole round (``comm.overlap``: share 1) share it, one after another on the background lane:
     max(0, their time − the compute). Those behind part of it (streaming: τ of H inner steps) each have a
     window of their own: max(0, its time − share · the compute), every one of them."""
-    slowest = max((s / (speeds[w] if speeds else 1.0) for w, s in compute_s.items()), default=0.0)
+    start = {w: s / (speeds[w] if speeds else 1.0) for w, s in compute_s.items()}
+    slowest = max(start.values(), default=0.0)
     whole = [r[:5] for r in behind if float(r[5]) >= 1.0]
     cost = max(0.0, comm_seconds(whole, bandwidth, latency) - slowest)
     for _kind, op, n, payload, count, share in (r for r in behind if float(r[5]) < 1.0):
         t = collective_seconds(str(op), int(n), int(payload), bandwidth, latency)
         cost += int(count) * max(0.0, t - float(share) * slowest)
-    return slowest + comm_seconds(collectives, bandwidth, latency) + cost
+    return schedule_seconds(start, collectives, bandwidth, latency) + cost
+
+
+PER_TRAINER = ("delta", "grad", "probe")  # kinds a trainer sends among its own workers only (ALGORITHM.md §7)
+
+
+def name_workers(collectives: Iterable[Sequence[Any]], trainers: Sequence[Sequence[int]]) -> list[list[Any]]:
+    """Rows of a run recorded before rows named their workers, with the per-trainer kinds' workers named
+    from the round's trainers (``trainers``: each trainer's workers): a row of ``count`` collectives among
+    n workers is split evenly among the trainers of n workers, one row each. A row that cannot be split
+    so (no trainer of n workers, a count that does not divide) and every other kind stay as they were:
+    they hold every worker."""
+    out: list[list[Any]] = []
+    for row in collectives:
+        r = list(row)
+        if len(r) > 5 or r[0] not in PER_TRAINER:
+            out.append(r)
+            continue
+        groups = [sorted(int(w) for w in g) for g in trainers if len(g) == int(r[2])]
+        if not groups or int(r[4]) % len(groups):
+            out.append(r)
+            continue
+        out += [[*r[:4], int(r[4]) // len(groups), g] for g in groups]
+    return out

@@ -153,7 +153,7 @@ class Totals:
 class Traffic:
     """What was communicated since the last count: bytes on the wire, messages, this process's seconds in
     the collectives on its critical path (waits for what ran behind compute included), and the counted
-    collectives as ``[kind, op, workers, payload bytes, count]`` rows; those that ran behind the workers'
+    collectives as ``[kind, op, n, payload bytes, count, workers]`` rows; those that ran behind the workers'
     compute (``comm.overlap``, streaming) apart, as ``[..., count, share]`` rows (the share of a round's
     compute each ran behind), with the seconds they took there."""
 
@@ -168,23 +168,48 @@ class Traffic:
     @classmethod
     def count(cls, recs: Sequence[CommRecord], waited: float, totals: Totals) -> Traffic:
         """The traffic of the collectives ``recs`` (and ``waited`` seconds waited for what ran behind),
-        added to ``totals``."""
+        added to ``totals``. Collectives in the way are ``[kind, op, n, payload, count, workers]`` rows in
+        the order they were issued; a collective joins an earlier row of its kind and workers when no
+        collective between them touched one of those workers, so the rows keep what the network model
+        schedules on (ALGORITHM.md §7) however many steps a round has."""
         nbytes = sum(r.wire for r in recs)
         msgs = sum(1 for r in recs if r.workers > 1)
         totals.bytes += nbytes
         totals.messages += msgs
-        counts: dict[tuple[str, str, int, int, float], int] = {}
+        rows: list[list[Any]] = []
+        last: dict[int, int] = {}  # worker -> index of the last row that held it
+        behind: dict[tuple[str, str, int, int, float], int] = {}
         for rec in recs:
             totals.by_kind[rec.kind] = totals.by_kind.get(rec.kind, 0) + rec.wire
-            if rec.workers > 1:
+            if rec.workers <= 1:
+                continue
+            if rec.behind:
                 key = (rec.kind, rec.op, rec.workers, rec.payload, rec.behind)
-                counts[key] = counts.get(key, 0) + 1
+                behind[key] = behind.get(key, 0) + 1
+                continue
+            head = [rec.kind, rec.op, rec.workers, rec.payload]
+            if not rec.group:  # a record that names no workers (a checkpoint's, from before): holds all
+                if rows and len(rows[-1]) == 5 and rows[-1][:4] == head:
+                    rows[-1][4] += 1
+                else:
+                    rows.append([*head, 1])
+                    last = dict.fromkeys(last, len(rows) - 1)
+                continue
+            group = sorted(rec.group)
+            at = {last.get(w) for w in group}
+            i = at.pop() if len(at) == 1 else None
+            if i is not None and rows[i][:4] == head and rows[i][5:] == [group]:
+                rows[i][4] += 1
+                continue
+            rows.append([*head, 1, group])
+            for w in group:
+                last[w] = len(rows) - 1
         return cls(
             nbytes,
             msgs,
             sum(r.seconds for r in recs if not r.behind) + waited,
-            [[*k[:4], c] for k, c in counts.items() if not k[4]],
-            [[*k[:4], c, k[4]] for k, c in counts.items() if k[4]],
+            rows,
+            [[*k[:4], c, k[4]] for k, c in behind.items()],
             sum(r.seconds for r in recs if r.behind),
             waited,
         )
@@ -209,7 +234,7 @@ class RoundReport:
     bytes: int
     messages: int
     comm_s: float  # this process's time in counted collectives, waits included
-    collectives: list[list[Any]]  # [kind, op, workers, payload bytes, count], counted ones only
+    collectives: list[list[Any]]  # [kind, op, n, payload bytes, count, workers], counted ones only
     compute_s: dict[int, float]  # every worker's compute time this round
     idle_share: float = 0.0  # mean over trainers of 1 − mean/max of their workers' compute times
     behind: list[list[Any]] = field(default_factory=list)  # collectives run behind this round's compute

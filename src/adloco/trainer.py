@@ -239,7 +239,7 @@ class Trainer:
         self, entry: Mapping[str, Any], buf: torch.Tensor, members: list[int], seq: int
     ) -> None:
         """A Δ that was in flight when a state was written, landed already (its average ``buf``)."""
-        records = [CommRecord(**r) for r in entry["records"]]
+        records = [CommRecord(**{**r, "group": tuple(r.get("group", ()))}) for r in entry["records"]]
         pending = Pending.landed(self.hosted, records)
         self.flights.append(
             Flight(self.id, 0, pending, buf, members, members, int(entry["round"]), seq, received=True)

@@ -39,7 +39,7 @@ def test_processes_hold_every_collective_to_the_link(tmp_path: Path, text_corpus
     assert len(rounds) == 3
     for r in rounds:
         modelled = comm_seconds(r["collectives"], BW, LAT)
-        assert r["collectives"] == [["delta", "all_reduce", 4, r["collectives"][0][3], 1]]
+        assert r["collectives"] == [["delta", "all_reduce", 4, r["collectives"][0][3], 1, [0, 1, 2, 3]]]
         # rank 0's time in the collective: at least the modelled time, and held once, not per worker hosted
         # (twice would be 0.9 s); more only by a sleep's overshoot or a wait for the other process
         assert modelled <= r["comm_s"] < modelled + 0.25

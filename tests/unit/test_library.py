@@ -93,9 +93,10 @@ def test_a_round_issues_one_delta_all_reduce_per_trainer_and_counts_its_bytes() 
     # construction broadcast each trainer's θ from its first worker to the other (sync_initial)
     assert [c.args[1:4] for c in fake.broadcast.call_args_list] == [(0, [0, 1], "init"), (2, [2, 3], "init")]
     assert algo.totals.by_kind == {"init": 2 * 4 * P, "delta": 2 * 2 * 4 * P, "stats": 4 * 3 * 32}
-    assert rep.messages == 3 and rep.collectives == [
-        ["stats", "all_gather", 4, 32, 1],
-        ["delta", "all_reduce", 2, 4 * P, 2],
+    assert rep.messages == 3 and rep.collectives == [  # in the order issued, each naming its workers
+        ["stats", "all_gather", 4, 32, 1, [0, 1, 2, 3]],
+        ["delta", "all_reduce", 2, 4 * P, 1, [0, 1]],
+        ["delta", "all_reduce", 2, 4 * P, 1, [2, 3]],
     ]
 
 

@@ -134,7 +134,7 @@ def test_ddp_averages_gradients_every_step() -> None:
     assert torch.equal(c.algo.theta(0), params[0]) and not torch.equal(c.algo.theta(0), theta0)
     n, p = cfg.algorithm.workers, c.n_params
     # one all-reduce of P float32 values among the N workers per step, and no Δ at all
-    assert out["summary"]["collectives"] == [["grad", "all_reduce", n, 4 * p, 3]]
+    assert out["summary"]["collectives"] == [["grad", "all_reduce", n, 4 * p, 3, list(range(n))]]
     assert out["summary"]["bytes"] == 3 * 2 * (n - 1) * 4 * p
 
 

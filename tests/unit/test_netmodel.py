@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from adloco.netmodel import collective_seconds, comm_seconds, round_seconds
+from adloco.comm.base import CommRecord, wire_bytes
+from adloco.netmodel import collective_seconds, comm_seconds, name_workers, round_seconds
+from adloco.report import results
+from adloco.round import Totals, Traffic
+from tests.helpers import run_main
 
 BW, LAT = 100e6, 2e-3  # 100 MB/s, 2 ms
 
@@ -34,3 +43,141 @@ def test_a_round() -> None:
     # worker 1 twice as fast, worker 3 four times slower: the slowest is now worker 3 (1.0 / 0.25 = 4.0)
     assert round_seconds(compute, rows, BW, LAT, [1, 2, 1, 0.25]) == pytest.approx(4.0 + comm)
     assert round_seconds(compute, rows, BW, LAT, [1, 2, 1, 1]) == pytest.approx(3.0 + comm)
+
+
+AR = 0.132  # one all-reduce of 8 MB among 4 workers (test_ring_all_reduce)
+AR2 = 2 * 1 / 2 * 8e6 / 1e8 + 2 * LAT  # one among 2 workers: 0.08 s + 4 ms
+
+
+def test_disjoint_trainers_all_reduce_at_the_same_time() -> None:
+    # two trainers of two workers each, their Δ among their own workers: one all-reduce's time, not two
+    rows = [
+        ["delta", "all_reduce", 2, 8_000_000, 1, [0, 1]],
+        ["delta", "all_reduce", 2, 8_000_000, 1, [2, 3]],
+    ]
+    compute = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}
+    assert round_seconds(compute, rows, BW, LAT) == pytest.approx(1.0 + AR2)
+    # the serial model (rows that name no workers) adds them
+    assert round_seconds(compute, [r[:5] for r in rows], BW, LAT) == pytest.approx(1.0 + 2 * AR2)
+    # each trainer waits for its own slowest worker: trainer 0's Δ runs while worker 3 still computes
+    slow = {0: 1.0, 1: 1.0, 2: 1.0, 3: 3.0}
+    assert round_seconds(slow, rows, BW, LAT) == pytest.approx(3.0 + AR2)
+    # a collective among everyone waits for every worker, then the trainers go on side by side
+    gather = ["stats", "all_gather", 4, 32, 1, [0, 1, 2, 3]]
+    g = collective_seconds("all_gather", 4, 32, BW, LAT)
+    assert round_seconds(slow, [gather, *rows], BW, LAT) == pytest.approx(3.0 + g + AR2)
+    # a trainer's count of collectives one after another on its workers
+    twice = [["grad", "all_reduce", 2, 8_000_000, 3, [0, 1]], ["grad", "all_reduce", 2, 8_000_000, 3, [2, 3]]]
+    assert round_seconds(compute, twice, BW, LAT) == pytest.approx(1.0 + 3 * AR2)
+    # overlapping groups serialise: a move from worker 1 to worker 2 after the two trainers' Δ
+    move = ["move", "broadcast", 2, 8_000_000, 1, [1, 2]]
+    b = collective_seconds("broadcast", 2, 8_000_000, BW, LAT)
+    assert round_seconds(compute, [*rows, move], BW, LAT) == pytest.approx(1.0 + AR2 + b)
+
+
+def test_rows_of_older_runs_get_their_trainers_workers() -> None:
+    old = [["stats", "all_gather", 4, 32, 1], ["delta", "all_reduce", 2, 8_000_000, 2]]
+    named = name_workers(old, [[0, 1], [2, 3]])
+    assert named == [
+        ["stats", "all_gather", 4, 32, 1],  # not a per-trainer kind: holds every worker
+        ["delta", "all_reduce", 2, 8_000_000, 1, [0, 1]],
+        ["delta", "all_reduce", 2, 8_000_000, 1, [2, 3]],
+    ]
+    # ddp's gradients: a count of steps × trainers split evenly; trainers of one worker send nothing
+    grads = [["grad", "all_reduce", 2, 8_000_000, 6]]
+    assert name_workers(grads, [[0, 1], [2], [3, 4]]) == [
+        ["grad", "all_reduce", 2, 8_000_000, 3, [0, 1]],
+        ["grad", "all_reduce", 2, 8_000_000, 3, [3, 4]],
+    ]
+    # what cannot be split evenly, or matches no trainer, stays serial; named rows stay as they are
+    assert name_workers([["delta", "all_reduce", 2, 8, 3]], [[0, 1], [2, 3]]) == [
+        ["delta", "all_reduce", 2, 8, 3]
+    ]
+    assert name_workers([["delta", "all_reduce", 3, 8, 1]], [[0, 1], [2, 3]]) == [
+        ["delta", "all_reduce", 3, 8, 1]
+    ]
+    assert name_workers([["delta", "all_reduce", 2, 8, 1, [2, 3]]], [[0, 1]]) == [
+        ["delta", "all_reduce", 2, 8, 1, [2, 3]]
+    ]
+    # a round of one trainer prices as before
+    one = [["delta", "all_reduce", 4, 8_000_000, 1]]
+    assert round_seconds({0: 1.0, 1: 2.0}, name_workers(one, [[0, 1, 2, 3]]), BW, LAT) == pytest.approx(
+        2.0 + AR
+    )
+
+
+def test_a_rounds_collectives_are_rows_in_the_order_issued_joined_where_nothing_came_between() -> None:
+    def rec(kind: str, op: str, group: tuple[int, ...], payload: int = 8, behind: float = 0.0) -> CommRecord:
+        return CommRecord(
+            kind, op, len(group), payload, wire_bytes(op, len(group), payload), 0.0, behind, group
+        )
+
+    a, b, everyone = (0, 1), (2, 3), (0, 1, 2, 3)
+    recs = [rec("grad", "all_reduce", a), rec("grad", "all_reduce", b)] * 3  # ddp, two trainers interleaved
+    recs += [
+        rec("stats", "all_gather", everyone),
+        rec("grad", "all_reduce", a),
+    ]  # after the gather: a new row
+    recs += [rec("delta", "all_reduce", (0,))]  # one worker: nothing on the network
+    recs += [rec("delta", "all_reduce", b, behind=1.0)] * 2  # behind compute: rows of their own, as before
+    old = CommRecord("move", "broadcast", 2, 8, 8)  # a checkpoint's record from before groups: every worker
+    recs += [old, old]
+    t = Traffic.count(recs, 0.0, Totals())
+    assert t.collectives == [
+        ["grad", "all_reduce", 2, 8, 3, [0, 1]],
+        ["grad", "all_reduce", 2, 8, 3, [2, 3]],
+        ["stats", "all_gather", 4, 8, 1, [0, 1, 2, 3]],
+        ["grad", "all_reduce", 2, 8, 1, [0, 1]],
+        ["move", "broadcast", 2, 8, 2],
+    ]
+    assert t.behind == [["delta", "all_reduce", 2, 8, 2, 1.0]]
+
+
+def test_a_run_prices_its_trainers_side_by_side_and_an_older_runs_rows_the_same(
+    tmp_path: Path, text_corpus: Path
+) -> None:
+    """Two trainers of two workers: each round's Δ all-reduces name their workers; the engine's simulated
+    time, the report's, and the report's of the same run with its rows as older runs logged them (no
+    workers) agree, and are below the price of the same collectives one after another."""
+    out = tmp_path / "runs"
+    sets = {
+        "model.name": "llama-micro",
+        "data.source": str(text_corpus),
+        "data.seq_len": 8,
+        "algorithm.method": "adloco",
+        "algorithm.workers": 4,
+        "algorithm.trainers": 2,
+        "algorithm.rounds": 2,
+        "algorithm.inner_steps": 1,
+        "batch.initial": 2,
+        "merge.policy": "none",
+        "eval.max_examples": 4,
+        "network.bandwidth": 1e5,
+        "logging.out_dir": str(out),
+        "logging.plots": "false",
+        "logging.save_model": "false",
+        "logging.progress": "off",
+    }
+    ran = run_main("train", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")])
+    assert ran.returncode == 0, ran.stderr
+    (run,) = list(out.iterdir())
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rounds = [e for e in lines if e["event"] == "round"]
+    for r in rounds:
+        deltas = [c for c in r["collectives"] if c[0] == "delta"]
+        assert [c[5] for c in deltas] == [[0, 1], [2, 3]] and all(c[4] == 1 for c in deltas)
+        serial = r["max_compute_s"] + comm_seconds(r["collectives"], 1e5, 1e-3)
+        assert r["sim_s"] < serial - 0.5 * collective_seconds("all_reduce", 2, deltas[0][3], 1e5, 1e-3)
+    engine = sum(r["sim_s"] for r in rounds)
+    assert results.load(run).end.sim_s == pytest.approx(engine)
+    old = tmp_path / "old"
+    shutil.copytree(run, old)
+    for e in lines:  # the rows as runs logged them before they named their workers
+        if e["event"] == "round":
+            merged: dict[tuple[Any, ...], int] = {}
+            for c in e["collectives"]:
+                merged[tuple(c[:4])] = merged.get(tuple(c[:4]), 0) + c[4]
+            e["collectives"] = [[*k, n] for k, n in merged.items()]
+    (old / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    assert any(c[4] == 2 for e in lines if e["event"] == "round" for c in e["collectives"])
+    assert results.load(old).end.sim_s == pytest.approx(engine)

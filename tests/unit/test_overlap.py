@@ -296,7 +296,7 @@ def test_delta_behind_compute_is_counted_behind_and_priced_at_what_compute_left(
     assert round_seconds({0: 0.0}, [], 1e4, 1e-3, behind=r2.behind) == pytest.approx(t)
     assert round_seconds({0: 10 * t}, [], 1e4, 1e-3, behind=r2.behind) == pytest.approx(10 * t)
     last = algo.settle()
-    assert last.collectives == [["delta", "all_reduce", 2, payload, 1]] and not last.behind
+    assert last.collectives == [["delta", "all_reduce", 2, payload, 1, [0, 1]]] and not last.behind
     assert algo.totals.by_kind["delta"] == 2 * 2 * payload  # two all-reduces of Δ, 2(n−1)·B each
 
 

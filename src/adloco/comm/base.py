@@ -55,6 +55,7 @@ class CommRecord:
     wire: int  # bytes moved over the network, summed over participants
     seconds: float = 0.0  # wall time this process spent in the collective (an emulated link's hold included)
     behind: float = 0.0  # the share of a round's compute it ran behind (comm.overlap: 1; 0: in the way)
+    group: tuple[int, ...] = ()  # the workers taking part (empty: records from before they were named)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -245,16 +246,25 @@ class Comm:
         return not set(self.local_workers).isdisjoint(workers)
 
     def _account(
-        self, kind: str, op: str, n: int, payload: int, seconds: float = 0.0, here: bool = True
+        self,
+        kind: str,
+        op: str,
+        workers: Sequence[int],
+        payload: int,
+        seconds: float = 0.0,
+        here: bool = True,
     ) -> None:
-        """Record a counted collective that took ``seconds``; with a :attr:`link`, first hold it back to
-        its modelled time where this process took part in it (``here``)."""
+        """Record a counted collective among ``workers`` that took ``seconds``; with a :attr:`link`, first
+        hold it back to its modelled time where this process took part in it (``here``)."""
+        n = len(workers)
         if self._link is not None and here and payload > 0:
             modelled = self._link.seconds(op, n, payload)
             if modelled > seconds:
                 seconds += hold(modelled - seconds)
         lane = getattr(self._lanes, "records", None)
-        rec = CommRecord(kind, op, n, payload, wire_bytes(op, n, payload), seconds, float(lane is not None))
+        rec = CommRecord(
+            kind, op, n, payload, wire_bytes(op, n, payload), seconds, float(lane is not None), tuple(workers)
+        )
         (self.records if lane is None else lane).append(rec)
 
     @property
@@ -374,9 +384,7 @@ class Comm:
         with _named(kind):
             self._all_reduce(tensor, workers)
         if nbytes > 0:
-            self._account(
-                kind, "all_reduce", len(workers), nbytes, time.perf_counter() - t0, self._hosts(workers)
-            )
+            self._account(kind, "all_reduce", workers, nbytes, time.perf_counter() - t0, self._hosts(workers))
 
     def _reduce_compressed(
         self,
@@ -408,7 +416,7 @@ class Comm:
                 lambda: compressed_all_reduce(vectors, codec, group_ops=ops, feedback=fb, numel=numel),
             )
         op, payload = collective(numel, len(workers), codec)
-        self._account(kind, op, len(workers), payload, time.perf_counter() - t0, bool(local))
+        self._account(kind, op, workers, payload, time.perf_counter() - t0, bool(local))
         return out
 
     def send(
@@ -446,7 +454,7 @@ class Comm:
         self._account(
             kind,
             "broadcast",
-            len(workers),
+            workers,
             tensor.numel() * tensor.element_size(),
             time.perf_counter() - t0,
             self._hosts(workers),
@@ -465,7 +473,7 @@ class Comm:
             out = self._all_gather_rows(rows, width)
         n = width if counted is None else counted
         if n > 0:
-            self._account(kind, "all_gather", self.n_workers, n * 8, time.perf_counter() - t0)
+            self._account(kind, "all_gather", range(self.n_workers), n * 8, time.perf_counter() - t0)
         return out
 
     def fetch(self, tensor: torch.Tensor, src: int) -> None:

@@ -39,7 +39,8 @@ def _what(runs: Sequence[Run]) -> str:
 def _sim_sentence(runs: Sequence[Run]) -> str:
     return (
         f"Simulated time: {compute_sentence(runs)} plus every counted collective on {network_text(runs)} "
-        "(ring all-reduce 2(n−1)/n·B/bandwidth + 2(n−1)·latency; ALGORITHM.md §7)."
+        "(ring all-reduce 2(n−1)/n·B/bandwidth + 2(n−1)·latency; disjoint trainers' collectives side by "
+        "side; ALGORITHM.md §7)."
     )
 
 

@@ -291,9 +291,13 @@ def _points(run: Run) -> None:
     sim = 0.0
     run.points = [Point(0, 0, 0, 0, 0.0, float(getattr(start, run.metric)))]
     run.end = run.points[0]
+    trainers: dict[int, list[list[int]]] = {}
+    for te in run.of(events.Trainer):
+        trainers.setdefault(te.round, []).append(te.workers)
     for e in run.of(events.Round):
+        rows = netmodel.name_workers(e.collectives, trainers.get(e.round, []))
         sim += netmodel.round_seconds(
-            compute.get(e.round, {}), e.collectives, run.bandwidth, run.latency, speeds, e.collectives_behind
+            compute.get(e.round, {}), rows, run.bandwidth, run.latency, speeds, e.collectives_behind
         )
         value = getattr(e, run.metric)
         if value is not None:
@@ -310,20 +314,20 @@ def compute_sentence(runs: Sequence[Run]) -> str:
     if r.compute == "profile" and r.profile is not None:
         p = r.profile
         return (
-            f"the slowest worker's compute per round, priced by a step-time profile ({r.compute_note}): a step "
+            f"each worker's compute per round, priced by a step-time profile ({r.compute_note}): a step "
             f"of a micro-batches of m rows costs a·(**{p.alpha * 1e3:.3g} ms + {p.beta * 1e3:.3g} ms·m**) + "
             f"{p.delta * 1e3:.3g} ms (fixed-cost share at b₀ = {first_request(runs)}: "
             f"{p.fixed_share(first_request(runs)):.2f}; `--profile`),"
         )
     if r.compute == "examples" and r.seconds_per_example is not None:
         return (
-            "the slowest worker's compute per round, priced as its examples in the round (optimizer steps "
+            "each worker's compute per round, priced as its examples in the round (optimizer steps "
             f"and gradient probes) x **{r.seconds_per_example * 1e3:.4g} ms per example** for every run "
             f"({r.compute_note}; `--compute examples`: independent of machine load, it also prices every "
             "batch size alike),"
         )
     return (
-        "the slowest worker's measured compute per round (with `runtime.emulate_speed`'s sleeps; "
+        "each worker's measured compute per round (with `runtime.emulate_speed`'s sleeps; "
         "`--compute measured`: it grows with machine load)"
     )
 
