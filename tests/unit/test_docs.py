@@ -193,10 +193,17 @@ def test_the_site_links_sections_as_github_does() -> None:
 # -- references to sections, everywhere --------------------------------------------------------------
 
 
+GENERATED = (ROOT / "benchmarks" / "out", ROOT / "build")  # bench outputs and builds: not the project's text
+
+
 def scanned_files() -> list[Path]:
     found: set[Path] = set()
     for pattern in SCANNED:
-        found.update(p for p in ROOT.glob(pattern) if p.is_file() and ".venv" not in p.parts)
+        found.update(
+            p
+            for p in ROOT.glob(pattern)
+            if p.is_file() and ".venv" not in p.parts and not any(p.is_relative_to(g) for g in GENERATED)
+        )
     return sorted(found)
 
 
