@@ -199,9 +199,22 @@ def test_the_sparse_comparison_runs_each_wire_on_each_method() -> None:
     assert small == large and small_bench == large_bench  # the model and the seeds alone differ
 
 
-def test_the_long_run_bench_runs_the_scaling_benchs_choices_eight_times_longer() -> None:
-    """configs/long-tiny-fortunes.yaml (benchmarks/RESULTS.md, "A run eight times longer"): the settings
-    configs/scale-tiny-fortunes.yaml chose on seed 0, nothing swept, 8 × its budget, two seeds."""
+CHOSEN = {  # RESULTS, the llama-tiny scaling benches' choices on seed 0 (the schedule: power law, D₀ 2,048)
+    "fortunes": {
+        "adloco": {"inner.lr": 0.002, "batch.eta": 0.9, "switch.b_max": 8},
+        "diloco": {"inner.lr": 0.004, "algorithm.inner_steps": 24, "batch.initial": 4},
+    },
+    "stdlib": {
+        "adloco": {"inner.lr": 0.001, "batch.eta": 0.9, "switch.b_max": 8},
+        "diloco": {"inner.lr": 0.004, "algorithm.inner_steps": 12, "batch.initial": 4},
+    },
+}
+
+
+@pytest.mark.parametrize("corpus", sorted(CHOSEN))
+def test_the_long_run_bench_runs_the_scaling_benchs_choices_eight_times_longer(corpus: str) -> None:
+    """configs/long-tiny-*.yaml (benchmarks/RESULTS.md, "A run eight times longer"): the settings
+    configs/scale-tiny-*.yaml chose on seed 0, nothing swept, 8 × its budget, two seeds."""
     import argparse
 
     from adloco.bench import plan, variants
@@ -219,8 +232,8 @@ def test_the_long_run_bench_runs_the_scaling_benchs_choices_eight_times_longer()
         settings, todo = variants(args)
         return settings, plan(settings, todo)
 
-    settings, runs = planned("long-tiny-fortunes.yaml")
-    scale, _ = planned("scale-tiny-fortunes.yaml")
+    settings, runs = planned(f"long-tiny-{corpus}.yaml")
+    scale, _ = planned(f"scale-tiny-{corpus}.yaml")
     assert settings["budget"] == 8 * scale["budget"]
     assert all(len(g) == 1 for g in settings["grids"].values())  # one setting each: nothing swept
     assert [(r.variant, r.seed) for r in runs if r.seed == 0] == [
@@ -228,17 +241,14 @@ def test_the_long_run_bench_runs_the_scaling_benchs_choices_eight_times_longer()
         ("diloco", 0),
         ("diloco-schedule", 0),
     ] and len(runs) == 6
-    chosen = {  # RESULTS: AdLoCo #6 of 12, DiLoCo #6 of 12, the schedule #3 of 4
-        "adloco": {"inner.lr": 0.002, "batch.eta": 0.9, "switch.b_max": 8},
-        "diloco": {"inner.lr": 0.004, "algorithm.inner_steps": 24, "batch.initial": 4},
-    }
+    chosen = CHOSEN[corpus]
     for r in runs:
         c = resolve(None, [*r.base, *r.extra], base=settings["raw"])
         want = chosen["adloco" if r.variant == "adloco" else "diloco"]
         got = {"inner.lr": c.inner.lr, "batch.eta": c.batch.eta, "switch.b_max": c.switch.b_max}
         got |= {"algorithm.inner_steps": c.algorithm.inner_steps, "batch.initial": c.batch.initial}
         assert all(got[k] == v for k, v in want.items()), (r.variant, got)
-        assert c.data.source == "fortunes" and c.model.name == "llama-tiny" and c.algorithm.budget == 32768
+        assert c.data.source == corpus and c.model.name == "llama-tiny" and c.algorithm.budget == 32768
         if r.variant == "diloco-schedule":
             assert (c.batch.schedule, c.batch.schedule_examples, c.batch.lr_scaling) == (
                 "power",
