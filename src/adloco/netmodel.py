@@ -122,6 +122,26 @@ def round_seconds(
     return schedule_seconds(start, collectives, bandwidth, latency) + cost
 
 
+def bad_row(collectives: Any, behind: bool = False) -> Any:
+    """The first row of a round event's ``collectives`` (``collectives_behind`` with ``behind``) that is
+    not ``[kind, op, n, payload, count]`` followed by its workers (a list of ids; optional) or, behind,
+    by its share (a number); None when every row is."""
+    ops = ("all_reduce", "broadcast", "all_gather")
+
+    def whole(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+    for r in collectives if isinstance(collectives, list) else [collectives]:
+        ok = isinstance(r, list) and len(r) in (5, 6) and isinstance(r[0], str) and r[1] in ops
+        ok = ok and all(whole(x) for x in r[2:5])
+        if ok and len(r) == 6:
+            tail = r[5]
+            ok = _number(tail) if behind else isinstance(tail, list) and all(whole(w) for w in tail)
+        if not ok or (behind and len(r) != 6):
+            return r
+    return None
+
+
 PER_TRAINER = ("delta", "grad", "probe")  # kinds a trainer sends among its own workers only (ALGORITHM.md §7)
 
 

@@ -121,15 +121,11 @@ def test_shape_messages_quote_any_value() -> None:
         resolve(None, ["batch={x}"])
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("scale-*.yaml")))
-def test_the_scale_benches_plan_what_results_says(name: str) -> None:
-    """configs/scale-*.yaml (benchmarks/RESULTS.md, "Does AdLoCo pay as models grow"): AdLoCo, DiLoCo and
-    DiLoCo with a batch schedule; every variant resolves at every setting; the runs as planned."""
+def _bench_args(name: str) -> Any:
+    """``adloco bench --config configs/NAME --methods adloco,diloco,diloco-schedule``'s arguments."""
     import argparse
 
-    from adloco.bench import plan, variants
-
-    args = argparse.Namespace(
+    return argparse.Namespace(
         config=str(CONFIGS / name),
         overrides=[],
         methods="adloco,diloco,diloco-schedule",
@@ -138,7 +134,15 @@ def test_the_scale_benches_plan_what_results_says(name: str) -> None:
         target=None,
         select="ppl",
     )
-    settings, todo = variants(args)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("scale-*.yaml")))
+def test_the_scale_benches_plan_what_results_says(name: str) -> None:
+    """configs/scale-*.yaml (benchmarks/RESULTS.md, "Does AdLoCo pay as models grow"): AdLoCo, DiLoCo and
+    DiLoCo with a batch schedule; every variant resolves at every setting; the runs as planned."""
+    from adloco.bench import plan, variants
+
+    settings, todo = variants(_bench_args(name))
     size, corpus = name.removesuffix(".yaml").split("-")[1:]
     assert settings["budget"] == 4096 and resolve(CONFIGS / name).data.source == corpus
     runs = {"tiny": 34, "10m": 17, "30m": 20}[size]
@@ -215,21 +219,10 @@ CHOSEN = {  # RESULTS, the llama-tiny scaling benches' choices on seed 0 (the sc
 def test_the_long_run_bench_runs_the_scaling_benchs_choices_eight_times_longer(corpus: str) -> None:
     """configs/long-tiny-*.yaml (benchmarks/RESULTS.md, "A run eight times longer"): the settings
     configs/scale-tiny-*.yaml chose on seed 0, nothing swept, 8 × its budget, two seeds."""
-    import argparse
-
     from adloco.bench import plan, variants
 
     def planned(name: str) -> tuple[dict[str, Any], list[Any]]:
-        args = argparse.Namespace(
-            config=str(CONFIGS / name),
-            overrides=[],
-            methods="adloco,diloco,diloco-schedule",
-            ablations="",
-            budget=None,
-            target=None,
-            select="ppl",
-        )
-        settings, todo = variants(args)
+        settings, todo = variants(_bench_args(name))
         return settings, plan(settings, todo)
 
     settings, runs = planned(f"long-tiny-{corpus}.yaml")

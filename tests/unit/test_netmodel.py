@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from adloco.comm.base import CommRecord, wire_bytes
-from adloco.netmodel import collective_seconds, comm_seconds, name_workers, round_seconds
+from adloco.netmodel import bad_row, collective_seconds, comm_seconds, name_workers, round_seconds
 from adloco.report import results
 from adloco.round import Totals, Traffic
 from tests.helpers import run_main
@@ -181,3 +181,32 @@ def test_a_run_prices_its_trainers_side_by_side_and_an_older_runs_rows_the_same(
     (old / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
     assert any(c[4] == 2 for e in lines if e["event"] == "round" for c in e["collectives"])
     assert results.load(old).end.sim_s == pytest.approx(engine)
+
+
+def test_a_corrupt_collectives_row_is_one_line_naming_the_run_and_the_round(tmp_path: Path) -> None:
+    from tests.unit.test_reporting import recorded_run
+
+    assert (
+        bad_row([["delta", "all_reduce", 2, 8, 1], ["stats", "all_gather", 4, 32, 1, [0, 1, 2, 3]]]) is None
+    )
+    assert bad_row([["delta", "all_reduce", 2, 8, 1, 1.0]], behind=True) is None
+    for row in (
+        ["delta", "all_reduce", 2, 8, 1, "ab"],  # workers not a list of ids
+        ["delta", "all_reduce", 2, 8],  # too short
+        ["delta", "scatter", 2, 8, 1],  # no such collective
+        ["delta", "all_reduce", 2, -8, 1],  # a negative payload
+        ["delta", "all_reduce", 2, 8, 1, [0, -1]],
+        "delta",
+    ):
+        assert bad_row([row]) == row
+    assert bad_row([["delta", "all_reduce", 2, 8, 1]], behind=True) is not None  # behind rows need a share
+    run = recorded_run(tmp_path, "r", "adloco", [50.0, 40.0], 1000)
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for e in lines:
+        if e["event"] == "round" and e["round"] == 2:
+            e["collectives"] = [["delta", "all_reduce", 2, 500, 1, "ab"]]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    ran = run_main("report", str(run), "--out", str(tmp_path / "rep"))
+    assert ran.returncode == 2 and not (tmp_path / "rep").exists()
+    (line,) = ran.stderr.strip().splitlines()
+    assert "metrics.jsonl, round 2: collectives row" in line and "Traceback" not in line

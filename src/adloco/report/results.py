@@ -295,6 +295,14 @@ def _points(run: Run) -> None:
     for te in run.of(events.Trainer):
         trainers.setdefault(te.round, []).append(te.workers)
     for e in run.of(events.Round):
+        for field_, behind in (("collectives", False), ("collectives_behind", True)):
+            bad = netmodel.bad_row(getattr(e, field_), behind)
+            if bad is not None:
+                raise UserError(
+                    f"run directory {str(run.path)!r}: metrics.jsonl, round {e.round}: {field_} row {bad!r} "
+                    "is not [kind, op, n, payload bytes, count, "
+                    + ("share]" if behind else "worker ids] (the ids optional)")
+                )
         rows = netmodel.name_workers(e.collectives, trainers.get(e.round, []))
         sim += netmodel.round_seconds(
             compute.get(e.round, {}), rows, run.bandwidth, run.latency, speeds, e.collectives_behind
