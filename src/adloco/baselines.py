@@ -10,6 +10,7 @@ config, a preset only fills what you leave unset: any dial passed explicitly win
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -30,8 +31,11 @@ from adloco.settings import (
     Precision,
     Switch,
     Wire,
+    outer_note,
     preset,
 )
+
+log = logging.getLogger(__name__)
 
 
 class DiLoCo(AdLoCo):
@@ -61,9 +65,10 @@ class DiLoCo(AdLoCo):
             ``torch.distributed.init_process_group()`` or pass ``comm``.
         loss_fn: ``loss_fn(model, batch)`` -> the mean loss over the batch's rows; default
             ``model(**batch).loss``.
-        outer: the outer step (None: DiLoCo's Nesterov, lr 0.7, momentum 0.9, or under ``comm.overlap``
-            delayed SGD at lr 0.7, since a momentum fed Δ one round stale diverges (ALGORITHM.md §13);
-            LocalSGD's and DDP's average).
+        outer: the outer step (None: DiLoCo's Nesterov, lr 0.7, momentum 0.9; with a codec that brings its
+            own step, that one (topk: SparseLoCo's SGD at lr 1, no momentum), or under ``comm.overlap``
+            delayed SGD at lr 0.7, since a momentum fed Δ one round stale diverges (ALGORITHM.md §13), each
+            said in one log line; LocalSGD's and DDP's average).
         batch: the batch dial (None: a constant batch, no test, no statistics).
         merge: merging (None: none).
         switch: switch mode (None: ``accumulate``, so a constant batch is honoured and never capped to
@@ -123,7 +128,11 @@ class DiLoCo(AdLoCo):
             if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
                 raise ValueError(f"batch_size = {batch_size!r}: must be an integer >= 1")
             batch = preset(m, AdaptiveBatch, initial=batch_size, max=max(batch_size, AdaptiveBatch().max))
-        overlap = wire.overlap if wire is not None else "none"  # delayed: a staleness-aware outer step
+        if outer is None:  # the preset's; a codec's own step, or under delayed a staleness-aware one
+            w = wire if wire is not None else Wire()
+            outer = preset(m, Outer, w.overlap, w.dtype)
+            if (note := outer_note(m, outer, w)) is not None:
+                log.info(note)
         super().__init__(
             model,
             inner_optimizer,
@@ -131,7 +140,7 @@ class DiLoCo(AdLoCo):
             trainers=trainers,
             comm=comm,
             loss_fn=loss_fn,
-            outer=outer if outer is not None else preset(m, Outer, overlap),
+            outer=outer,
             batch=batch if batch is not None else preset(m, AdaptiveBatch),
             merge=merge if merge is not None else preset(m, Merging),
             switch=switch if switch is not None else preset(m, Switch),

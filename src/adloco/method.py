@@ -24,7 +24,7 @@ from adloco import events, hooked, state
 from adloco.algorithms import allocation, lr_scaling
 from adloco.algorithms.outer import OuterOptimizer, model_shapes
 from adloco.batch_tests import BatchTests
-from adloco.comm import default_comm
+from adloco.comm import codecs, default_comm
 from adloco.comm.base import Comm, reduce_local
 from adloco.comm.quantize import ErrorFeedback
 from adloco.fields import check_round, check_speeds, check_trainers, choice, dial
@@ -159,13 +159,16 @@ class AdLoCo:
         self.wire = dial("wire", wire, Wire)
         self.wire.check_streaming(inner_steps, self.ddp)
         self.wire.check_codec(self.batch, self.ddp)
-        o = self.outer_spec
-        if self.wire.dtype == "topk" and o.optimizer == "nesterov" and o.momentum > 0:
+        o, own = self.outer_spec, codecs.rules(self.wire.dtype)
+        if own is not None and own.outer and o.optimizer == "nesterov" and o.momentum > 0:
             log.warning(
-                "comm.dtype = 'topk' with outer.momentum = %g: a top-k Δ with error feedback comes in spikes "
-                "that momentum carries on (DiLoCo's preset diverged so); SparseLoCo's outer step has none: "
-                "outer.momentum 0 (docs/guides/compression.md)",
+                "comm.dtype = %r with outer.momentum = %g: its error feedback, decaying at β %g, already plays "
+                "the momentum's part, and a momentum on top carries each sparse spike on (DiLoCo's preset "
+                "diverged so); the codec's own outer step is %s (docs/guides/compression.md)",
+                self.wire.dtype,
                 o.momentum,
+                self.wire.decay,
+                ", ".join(f"{k} {v}" for k, v in own.outer.items()),
             )
         if not self.ddp and (why := self.outer_spec.stale_momentum(self.wire.overlap)) is not None:
             log.warning(why)
@@ -192,7 +195,7 @@ class AdLoCo:
         self.device = next(iter(self.replicas.values())).device
         # this process's workers; error feedback of each one's Δ (reset when it moves; in its state dict)
         feedback = self.wire.feedback
-        self.workers = Workers(self.replicas, self.device, inner_state, snapshot, feedback)
+        self.workers = Workers(self.replicas, self.device, inner_state, snapshot, feedback, self.wire.decay)
         self.feedback: dict[int, ErrorFeedback] | None = self.workers.feedback
         self.scratch = torch.zeros(self.n_params, device=self.device)
         self.scratch2 = torch.zeros(self.n_params, device=self.device)

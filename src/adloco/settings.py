@@ -226,17 +226,19 @@ class Switch(Dial):
 @dataclass(frozen=True)
 class Wire(Dial):
     """What the round's all-reduces (Δ, the probe's mean gradient, DDP's gradients) travel as (ALGORITHM.md
-    §9.4): float32 as it is, or the compressed all-reduce (bfloat16, float16, int8 / int4 block-wise
-    absmax quantization in blocks of ``block`` values, or ``topk``: the largest ``topk_fraction`` of each
-    block of ``topk_block`` values in ``topk_bits`` bits each, gathered rather than summed). θ and the outer
-    momentum, sent when trainers merge and when workers move to another trainer, travel as ``theta_dtype``
-    (float32 unless set; never topk). ``error_feedback`` null: on for topk, off for the others."""
+    §9.4): float32 as it is, or through a codec (:mod:`adloco.comm.codecs`): bfloat16, float16, int8 / int4
+    block-wise absmax quantization in blocks of ``block`` values, or ``topk``, SparseLoCo's sparse codec (the
+    largest ``topk_fraction`` of each block of ``topk_block`` values in ``topk_bits`` bits each, gathered and
+    averaged over the workers that sent each value). θ and the outer state, sent when trainers merge and when
+    workers move to another trainer, travel as ``theta_dtype`` (null: as Δ where the codec can carry θ, int4
+    for topk). Error feedback and its decay β default to the codec's (on at β 0.95 for topk, off for the
+    others). Every rule that depends on the codec is read from its class, never its name."""
 
     SECTION: ClassVar[str] = "comm"
     dtype: WireDtype = setting(
         "float32",
         "what is all-reduced each round (Δ, probe and DDP gradients) travels as (ALGORITHM.md §9.4); topk: "
-        "a sparse top-k per block (comm.topk_*), all-gathered",
+        "SparseLoCo's sparse top-k per block (comm.topk_*), all-gathered",
     )
     block: int = setting(
         256,
@@ -248,13 +250,20 @@ class Wire(Dial):
     error_feedback: bool | None = setting(
         None,
         "each worker adds what its encoding dropped from its Δ to its next round's Δ (ALGORITHM.md §9.4); "
-        "null: on for topk, off for the other dtypes",
+        "null: the codec's default (on for topk, off for the other dtypes)",
     )
-    theta_dtype: WireDtype = setting(
-        "float32",
-        "what θ and the outer momentum travel as when trainers merge and when workers move to another "
-        "trainer: float32, or the compressed all-reduce (int8/int4 in blocks of comm.block), after which "
-        "every holder of the trainer keeps the same decoded values (ALGORITHM.md §9.4); not topk",
+    error_decay: float | None = setting(
+        None,
+        "β of the error feedback e ← β·e + Δ (ALGORITHM.md §9.4): what was not sent fades by β each round; "
+        "null: the codec's (0.95 for topk, SparseLoCo's; 1 for the others)",
+        at_least=0,
+        at_most=1,
+    )
+    theta_dtype: WireDtype | None = setting(
+        None,
+        "what θ and the outer state travel as when trainers merge and when workers move to another trainer "
+        "(ALGORITHM.md §9.4); null: as comm.dtype where its codec can carry θ (topk: int4); every holder of "
+        "the trainer keeps the same decoded values",
     )
     topk_fraction: float = setting(
         0.015625,
@@ -271,9 +280,15 @@ class Wire(Dial):
     )
     topk_bits: int = setting(
         2,
-        "topk: bits per value sent (a sign and bits − 1 of magnitude, against one float32 scale per block)",
+        "topk: bits per value sent: one of 2^bits bins, decoded as the mean of the block's values in it (a "
+        "table of 2^bits bfloat16 means per block)",
         at_least=1,
         at_most=8,
+    )
+    topk_mean: Literal["senders", "all"] = setting(
+        "senders",
+        "topk: each value of Δ averaged over the workers that sent it (senders, SparseLoCo's) or over all of "
+        "them (all: a value only one worker sent is divided by their number)",
     )
 
     overlap: Literal["none", "delayed", "eager"] = setting(
@@ -303,48 +318,70 @@ class Wire(Dial):
     )
 
     def check(self) -> None:
-        self.need(
-            self.theta_dtype != "topk",
-            "theta_dtype",
-            "float32, bfloat16, float16, int8 or int4: θ is not sparse (a top-k of θ would send a few "
-            "weights and zero the rest); topk is for comm.dtype",
-        )
-        # a topk key set for another dtype would be ignored: the run would not be the one meant
-        if self.dtype != "topk":
-            for f in fields(self):
-                if f.name.startswith("topk_") and getattr(self, f.name) != f.default:
+        if all(getattr(self, f.name) == f.default for f in fields(self)):
+            return  # nothing set: nothing to check (and the codecs need not be imported, FLOAT32 below)
+        from adloco.comm.codecs import CODECS, rules
+
+        if self.theta_dtype is not None:
+            carrier = rules(self.theta_dtype)
+            able = words(["float32", *(n for n, c in CODECS.items() if c.carries_theta), "null"])
+            self.need(
+                carrier is None or carrier.carries_theta,
+                "theta_dtype",
+                f"{able}: θ is not sparse (a top-k of θ would send a few weights and zero the rest); "
+                f"{self.theta_dtype} is for comm.dtype",
+            )
+        # a key of one codec set while another travels would be ignored: the run would not be the one meant
+        own = rules(self.dtype)
+        mine = set(own.keys) if own is not None else set()
+        defaults = {f.name: f.default for f in fields(self)}
+        for name, cls in CODECS.items():
+            for key in cls.keys:
+                if key not in mine and getattr(self, key) != defaults[key]:
                     self.need(
                         False,
-                        f.name,
-                        f"{f.default!r} (its default) unless comm.dtype is topk, the only dtype it applies to "
-                        f"(comm.dtype is {self.dtype!r})",
+                        key,
+                        f"{defaults[key]!r} (its default) unless comm.dtype is {name}, the only dtype it applies "
+                        f"to (comm.dtype is {self.dtype!r})",
                     )
         # float32 drops nothing: error feedback asked for there would silently do nothing
+        lossy = words(list(CODECS), "and")
         self.need(
-            not (self.error_feedback and self.dtype == "float32"),
+            not (self.error_feedback and own is None),
             "error_feedback",
             "false or null with comm.dtype float32 (nothing is dropped, so nothing is fed back); it applies "
-            "to bfloat16, float16, int8, int4 and topk",
+            f"to {lossy}",
+        )
+        self.need(
+            self.error_decay is None or self.feedback,
+            "error_decay",
+            "null unless error feedback is on (comm.error_feedback true, or null with a codec that turns it "
+            f"on: {words([n for n, c in CODECS.items() if c.feedback] or ['none'])}); it is the feedback's decay",
         )
 
     def check_codec(self, batch: AdaptiveBatch, ddp: bool) -> None:
-        """The rules across the codec and the round: a sparse Δ needs its error feedback, which the
-        probe's shared mean and DDP's gradients do not have (ValueError naming the key)."""
-        if self.dtype != "topk":
+        """The rules across the codec and the round: a codec whose values are not summed (gathered, with its
+        error feedback) cannot carry the probe's shared mean or DDP's gradients, which have no error
+        feedback (ValueError naming the key)."""
+        from adloco.comm.codecs import CODECS, rules
+
+        own = rules(self.dtype)
+        if own is None or own.sums:
             return
-        sums = "float32, bfloat16, float16, int8 or int4"
+        sums = words(["float32", *(n for n, c in CODECS.items() if c.sums)])
         if ddp:
             raise ValueError(
-                f"comm.dtype = 'topk': must be {sums} with DDP (its gradients are averaged every step with no "
-                "error feedback, which a top-k needs)"
+                f"comm.dtype = {self.dtype!r}: must be {sums} with DDP (its gradients are averaged every step "
+                f"with no error feedback, which {self.dtype} needs)"
             )
         from adloco.algorithms.batching import needs_shared_mean
 
         if batch.probing and needs_shared_mean(batch.test, batch.estimator, batch.exact_mean):
             raise ValueError(
-                f"comm.dtype = 'topk': must be {sums} when the batch test all-reduces the mean probe gradient "
-                "(batch.exact_mean, the inner-product tests, batch.estimator paper: its top-k, with no error "
-                "feedback, would bias ‖ḡ‖²), or keep topk with the norm test and the pooled estimator"
+                f"comm.dtype = {self.dtype!r}: must be {sums} when the batch test all-reduces the mean probe "
+                f"gradient (batch.exact_mean, the inner-product tests, batch.estimator paper: its "
+                f"{self.dtype}, with no error feedback, would bias ‖ḡ‖²), or keep {self.dtype} with the norm "
+                "test and the pooled estimator"
             )
 
     def check_streaming(self, inner_steps: int, ddp: bool) -> None:
@@ -379,16 +416,34 @@ class Wire(Dial):
                 "by comm.fragment_delay)"
             )
         if self.error_feedback or self.feedback:
-            why = " (comm.dtype = 'topk' turns it on unless set false)" if self.error_feedback is None else ""
+            why = (
+                f" (comm.dtype = {self.dtype!r} turns it on unless set false)"
+                if self.error_feedback is None
+                else ""
+            )
             raise ValueError(f"comm.error_feedback: must be false with comm.fragments > 1{why}")
 
     @property
     def feedback(self) -> bool:
         """Whether each worker keeps error feedback of its Δ: ``error_feedback``, or where it is null the
-        codec's default (on for topk, whose Δ is mostly dropped each round; off for the others). Never
-        for float32, where nothing is dropped."""
-        on = self.error_feedback if self.error_feedback is not None else self.dtype == "topk"
-        return on and self.compressed
+        codec's default (:attr:`adloco.comm.codecs.Codec.feedback`: on for topk, whose Δ is mostly dropped
+        each round; off for the others). Never for float32, where nothing is dropped."""
+        from adloco.comm.codecs import rules
+
+        own = rules(self.dtype)
+        if own is None:
+            return False
+        return self.error_feedback if self.error_feedback is not None else own.feedback
+
+    @property
+    def decay(self) -> float:
+        """β of the error feedback (``error_decay``, or the codec's where it is null; 1 for float32)."""
+        from adloco.comm.codecs import rules
+
+        own = rules(self.dtype)
+        if self.error_decay is not None:
+            return self.error_decay
+        return own.error_decay if own is not None else 1.0
 
     @property
     def compressed(self) -> bool:
@@ -396,9 +451,25 @@ class Wire(Dial):
         return self.dtype != "float32"
 
     @property
+    def theta_wire(self) -> str:
+        """The dtype θ travels as: ``theta_dtype``, or where it is null Δ's where its codec carries θ, else
+        the codec's choice for θ (:attr:`adloco.comm.codecs.Codec.theta`; topk: int4)."""
+        from adloco.comm.codecs import rules
+
+        if self.theta_dtype is not None:
+            return self.theta_dtype
+        own = rules(self.dtype)
+        if own is None:
+            return "float32"
+        if own.theta is not None:
+            return own.theta
+        return self.dtype
+
+    @property
     def theta(self) -> Wire:
-        """The wire of merges and moves: ``theta_dtype`` in this wire's blocks, without error feedback."""
-        return FLOAT32 if self.theta_dtype == "float32" else Wire(self.theta_dtype, self.block)
+        """The wire of merges and moves: :attr:`theta_wire` in this wire's blocks, without error feedback."""
+        name = self.theta_wire
+        return FLOAT32 if name == "float32" else Wire(name, self.block, error_feedback=False)  # type: ignore[arg-type]
 
 
 FLOAT32 = Wire()  # what merges, moves and initial broadcasts travel as
@@ -422,19 +493,62 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 assert set(PRESETS) == set(METHODS)
 
 
+def words(names: list[str], last: str = "or") -> str:
+    """'a, b or c'."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
+
+
 def preset_values(
-    method: str, section: str, overlap: str = "none", table: Mapping[str, Mapping[str, Any]] | None = None
+    method: str,
+    section: str,
+    overlap: str = "none",
+    table: Mapping[str, Mapping[str, Any]] | None = None,
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """What ``method`` fixes in ``section`` (``table``: default :data:`PRESETS`) under ``comm.overlap`` =
-    ``overlap``: a preset Nesterov outer step becomes ``sgd`` at the same lr under ``delayed``, where a
-    momentum fed Δ one round stale diverges (:meth:`Outer.stale_momentum`; ALGORITHM.md §13)."""
+    ``overlap`` and ``comm.dtype`` = ``dtype``. A preset Nesterov outer step gives way to the outer step the
+    codec brings (:attr:`adloco.comm.codecs.Codec.outer`: topk, SparseLoCo's plain descent at lr 1, whose
+    decaying error feedback plays the momentum's part), else under ``delayed`` to ``sgd`` at the same lr,
+    since a momentum fed Δ one round stale diverges (:meth:`Outer.stale_momentum`; ALGORITHM.md §13).
+    Whoever sets ``outer.optimizer`` or ``outer.momentum`` keeps the preset (:func:`outer_note` says which
+    step a run took and why)."""
     values = dict((PRESETS if table is None else table)[method].get(section, {}))
-    if section == Outer.SECTION and overlap == "delayed" and values.get("optimizer") == "nesterov":
-        values["optimizer"] = "sgd"
+    if section == Outer.SECTION and values.get("optimizer") == "nesterov":
+        from adloco.comm.codecs import rules
+
+        own = rules(dtype)
+        if own is not None and own.outer:
+            values.update(own.outer)
+        elif overlap == "delayed":
+            values["optimizer"] = "sgd"
     return values
 
 
-def preset(method: str, cls: type[D], overlap: str = "none", **changes: Any) -> D:
+def outer_note(method: str, outer: Outer, wire: Wire) -> str | None:
+    """One line saying why the outer step in effect is not ``method``'s preset, where it took the codec's
+    own or the one for ``comm.overlap: delayed`` (:func:`preset_values`); None where it is the preset or
+    what the user asked for."""
+    preset = PRESETS[method].get(Outer.SECTION, {}).get("optimizer")
+    if preset != "nesterov" or outer.optimizer != "sgd":
+        return None
+    from adloco.comm.codecs import rules
+
+    own = rules(wire.dtype)
+    if own is not None and own.outer.get("optimizer") == "sgd":
+        return (
+            f"outer step: sgd at lr {outer.lr:g}, no momentum, in place of {method}'s Nesterov: comm.dtype "
+            f"{wire.dtype} brings {own.outer_why} (set outer.optimizer or outer.momentum to choose)"
+        )
+    if wire.overlap == "delayed":
+        return (
+            f"outer step: sgd at lr {outer.lr:g}, no momentum, in place of {method}'s Nesterov: under "
+            "comm.overlap delayed a momentum fed Δ one round stale diverges (ALGORITHM.md §13; set "
+            "outer.optimizer or outer.momentum to choose)"
+        )
+    return None
+
+
+def preset(method: str, cls: type[D], overlap: str = "none", dtype: str = "float32", **changes: Any) -> D:
     """The dial ``cls`` as ``method`` sets it (its preset over the field defaults, :func:`preset_values`
-    under ``comm.overlap`` = ``overlap``), with ``changes``."""
-    return cls(**{**preset_values(method, cls.SECTION, overlap), **changes})
+    under ``comm.overlap`` = ``overlap`` and ``comm.dtype`` = ``dtype``), with ``changes``."""
+    return cls(**{**preset_values(method, cls.SECTION, overlap, dtype=dtype), **changes})

@@ -145,7 +145,7 @@ class Workers:
 
     ``inner_state``: keep, or reset the inner optimizer every round. ``snapshot``: keep each worker's inner
     state at the round's start in host memory, so an aborted round is undone in place. ``feedback``:
-    keep each worker's error feedback."""
+    keep each worker's error feedback, decaying at ``decay`` (β, ``comm.error_decay``)."""
 
     def __init__(
         self,
@@ -154,12 +154,13 @@ class Workers:
         inner_state: str,
         snapshot: bool,
         feedback: bool,
+        decay: float = 1.0,
     ) -> None:
         self.replicas = replicas
         self.device = device
         self.inner_state, self.keep_snapshot = inner_state, snapshot
         self.feedback: dict[int, ErrorFeedback] | None = (
-            {w: ErrorFeedback() for w in replicas} if feedback else None
+            {w: ErrorFeedback(decay) for w in replicas} if feedback else None
         )
         self.progress: dict[int, WorkerProgress] | None = None  # the round's, from its first step
         self._snap: dict[int, InnerSnapshot] = {}  # snapshot: each worker's inner state at the round's start

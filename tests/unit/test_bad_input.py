@@ -510,23 +510,76 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: comm.error_feedback = 'maybe': must be true or false or null",
     ),
     (
+        "error-decay-above-one",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "comm.error_decay=1.5")],
+        "config: comm.error_decay = 1.5: must be in [0, 1]",
+    ),
+    (
+        "error-decay-word",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "comm.error_decay=fast")],
+        "config: comm.error_decay = 'fast': must be a number or null",
+    ),
+    (
+        "error-decay-without-feedback",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=int4", "comm.error_decay=0.9")],
+        "config: comm.error_decay = 0.9: must be null unless error feedback is on (comm.error_feedback true, "
+        "or null with a codec that turns it on: topk); it is the feedback's decay",
+    ),
+    (
+        "error-decay-feedback-off",
+        [
+            "train",
+            *S(
+                "logging.out_dir={tmp}/runs",
+                "comm.dtype=topk",
+                "comm.error_feedback=false",
+                "comm.error_decay=0.9",
+            ),
+        ],
+        "config: comm.error_decay = 0.9: must be null unless error feedback is on (comm.error_feedback true, "
+        "or null with a codec that turns it on: topk); it is the feedback's decay",
+    ),
+    (
+        "topk-mean-word",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "comm.topk_mean=median")],
+        "config: comm.topk_mean = 'median': must be one of 'senders', 'all'",
+    ),
+    (
+        "topk-mean-with-int4",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=int4", "comm.topk_mean=all")],
+        "config: comm.topk_mean = 'all': must be 'senders' (its default) unless comm.dtype is topk, the only "
+        "dtype it applies to (comm.dtype is 'int4')",
+    ),
+    (
+        "outer-momentum-with-sgd",
+        ["train", *S("logging.out_dir={tmp}/runs", "outer.optimizer=sgd", "outer.momentum=0.5")],
+        "config: outer.momentum = 0.5: applies to outer.optimizer nesterov only (the outer step is sgd); set "
+        "outer.optimizer=nesterov to use a momentum",
+    ),
+    (
+        "outer-lr-with-average",
+        ["train", *S("logging.out_dir={tmp}/runs", "outer.lr=0.5")],
+        "config: outer.lr = 0.5: applies to outer.optimizer sgd and nesterov only (average steps the whole "
+        "mean, lr 1); set outer.optimizer=sgd to choose an lr",
+    ),
+    (
         "theta-topk",
         ["train", *S("logging.out_dir={tmp}/runs", "comm.theta_dtype=topk")],
-        "config: comm.theta_dtype = 'topk': must be float32, bfloat16, float16, int8 or int4: θ is not sparse "
+        "config: comm.theta_dtype = 'topk': must be float32, bfloat16, float16, int8, int4 or null: θ is not sparse "
         "(a top-k of θ would send a few weights and zero the rest); topk is for comm.dtype",
     ),
     (
         "topk-ddp",
         ["train", *S("logging.out_dir={tmp}/runs", "algorithm.method=ddp", "comm.dtype=topk")],
         "config: comm.dtype = 'topk': must be float32, bfloat16, float16, int8 or int4 with DDP (its gradients "
-        "are averaged every step with no error feedback, which a top-k needs)",
+        "are averaged every step with no error feedback, which topk needs)",
     ),
     (
         "topk-shared-mean",
         ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "batch.exact_mean=true")],
         "config: comm.dtype = 'topk': must be float32, bfloat16, float16, int8 or int4 when the batch test "
         "all-reduces the mean probe gradient (batch.exact_mean, the inner-product tests, batch.estimator "
-        "paper: its top-k, with no error feedback, would bias ‖ḡ‖²), or keep topk with the norm test and the "
+        "paper: its topk, with no error feedback, would bias ‖ḡ‖²), or keep topk with the norm test and the "
         "pooled estimator",
     ),
     (

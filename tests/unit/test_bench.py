@@ -269,27 +269,27 @@ def test_seeds_and_a_grid_end_to_end(fake: Path, tmp_path: Path, capsys: pytest.
         "--seeds",
         "0,1,2",
         "--sweep",
-        "outer.momentum=0.0,0.9",
+        "inner.clip=1.0,0.5",
         config=config,
     )
     printed = capsys.readouterr()
     assert code == 0, printed.err
     runs = sorted(p.name.removesuffix("-20260101-000000") for p in (out / "runs").iterdir())
-    # adloco's grid: outer.momentum (2); diloco's: outer.lr x outer.momentum (6), every one on seed 0
+    # adloco's grid: inner.clip (2); diloco's: outer.lr x inner.clip (6), every one on seed 0
     assert runs == sorted(
         [f"adloco-g{g}-s0" for g in range(2)]
-        + ["adloco-g0-s1", "adloco-g0-s2"]  # ties (momentum does not move the fake): the first
+        + ["adloco-g0-s1", "adloco-g0-s2"]  # ties (clipping does not move the fake): the first
         + [f"diloco-g{g}-s0" for g in range(6)]
-        + ["diloco-g2-s1", "diloco-g2-s2"]  # outer.lr 0.5, momentum 0.0: #2 in grid order
+        + ["diloco-g2-s1", "diloco-g2-s2"]  # outer.lr 0.5, clip 1.0: #2 in grid order
         + [f"adloco-no-merge-s{s}" for s in range(3)]
     )
-    assert "[1/15] adloco seed 0 started (outer.momentum=0.0)" in printed.out
-    assert "bench: diloco: selected outer.lr=0.5, outer.momentum=0.0 (#2 of 6) by ppl" in printed.out
+    assert "[1/15] adloco seed 0 started (inner.clip=1.0)" in printed.out
+    assert "bench: diloco: selected outer.lr=0.5, inner.clip=1.0 (#2 of 6) by ppl" in printed.out
     cfg = yaml.safe_load(next((out / "runs").glob("adloco-no-merge-s1-*/config.yaml")).read_text())
-    assert cfg["outer"]["momentum"] == "0.0" and cfg["merge"]["policy"] == "none"  # from adloco's best
+    assert cfg["inner"]["clip"] == "1.0" and cfg["merge"]["policy"] == "none"  # from adloco's best
     results = json.loads((out / "results.json").read_text())
     diloco = results["variants"]["diloco"]
-    assert diloco["setting"] == {"outer.lr": 0.5, "outer.momentum": 0.0} and diloco["setting_index"] == 2
+    assert diloco["setting"] == {"outer.lr": 0.5, "inner.clip": 1.0} and diloco["setting_index"] == 2
     assert [r["final"] for r in diloco["runs"]] == [40.0, 41.0, 42.0]
     final = diloco["aggregate"]["final"]
     half = math.sqrt(2 * 0.95**2 / (1 - 0.95**2)) * 1 / math.sqrt(3)  # s = 1
@@ -301,11 +301,10 @@ def test_seeds_and_a_grid_end_to_end(fake: Path, tmp_path: Path, capsys: pytest.
     text = (out / "report.md").read_text()
     assert "**the lowest final validation perplexity** on seed 0" in text
     assert (
-        "| diloco | diloco | outer.lr=0.5, outer.momentum=0.0 (#2 of 6) | 3 | 41.00 [40.00–42.00] ±2.48 |"
-        in text
+        "| diloco | diloco | outer.lr=0.5, inner.clip=1.0 (#2 of 6) | 3 | 41.00 [40.00–42.00] ±2.48 |" in text
     )
-    assert "| adloco-no-merge | adloco | AdLoCo's: outer.momentum=0.0 (#0 of 2) | 3 |" in text
-    assert "## Grid of diloco (seed 0)" in text and "| 2 | outer.lr=0.5, outer.momentum=0.0 | 40.00 |" in text
+    assert "| adloco-no-merge | adloco | AdLoCo's: inner.clip=1.0 (#0 of 2) | 3 |" in text
+    assert "## Grid of diloco (seed 0)" in text and "| 2 | outer.lr=0.5, inner.clip=1.0 | 40.00 |" in text
     assert "0.03 ms per example" not in text and "30 ms per example" in text
     assert "interpolated linearly onto a common x grid" in text
     assert (out / "plots" / "val_ppl_vs_bytes.png").stat().st_size > 1000
@@ -485,8 +484,14 @@ def test_report_only_prices_a_finished_bench_again(
     fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FAKE_BENCH", json.dumps({"fail": ["ddp-g1-s1"]}))
+    sweep = {"diloco": {"outer.lr": [0.3, 0.5]}, "ddp": {"inner.lr": [0.001, 0.002]}}
     code, out = fake_bench(
-        tmp_path, "--methods", "diloco,ddp", "--seeds", "0,1", "--sweep", "outer.lr=0.3,0.5"
+        tmp_path,
+        "--methods",
+        "diloco,ddp",
+        "--seeds",
+        "0,1",
+        config={"bench": {"budget": 300, "sweep": sweep}},
     )
     assert code == 1
     before = json.loads((out / "results.json").read_text())
@@ -527,8 +532,11 @@ def test_bad_bench_options(fake: Path, tmp_path: Path, capsys: pytest.CaptureFix
         "not swept"
     )
     assert err("--sweep", "outer.lr") == "--sweep 'outer.lr': must look like section.key=v1,v2,..."
-    assert err("--sweep", "outer.lr=0.5,-1").startswith(
-        "variant adloco at outer.lr=-1: config: outer.lr = -1"
+    assert err("--methods", "diloco", "--sweep", "outer.lr=0.5,-1").startswith(
+        "variant diloco at outer.lr=-1: config: outer.lr = -1"
+    )
+    assert err("--sweep", "outer.lr=0.5,0.7").startswith(  # AdLoCo averages: an lr would change nothing
+        "variant adloco at outer.lr=0.5: config: outer.lr = 0.5: applies to outer.optimizer sgd and nesterov only"
     )
     assert err("--select", "time") == "--select time: needs a target (--target or bench.target)"
     assert err("--jobs", "0") == "--jobs 0: must be >= 1"

@@ -29,10 +29,16 @@ class GatheredHalf(Codec):
     def __init__(self, block: int) -> None:
         self.name = "bfloat16"
 
+    @classmethod
+    def build(cls, wire: object) -> Codec:
+        return cls(0)
+
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(torch.bfloat16).view(torch.uint8)
 
-    def decode(self, buf: torch.Tensor, numel: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(
+        self, buf: torch.Tensor, numel: int, out: torch.Tensor | None = None, support: object = None
+    ) -> torch.Tensor:
         values = buf.clone().view(torch.bfloat16)
         return values.to(torch.float32) if out is None else out.copy_(values)
 
@@ -103,53 +109,66 @@ def test_a_codec_registered_outside_the_round_carries_delta_merges_and_moves(
 # --------------------------------------------------------------------------------------------------
 
 
+def _pack_by_hand(entries: list[int], width: int) -> list[int]:
+    """Little-endian bits: bit t of entry i is bit (i·W + t) mod 8 of byte ⌊(i·W + t) / 8⌋."""
+    bits = [(e >> t) & 1 for e in entries for t in range(width)]
+    bits += [0] * (-len(bits) % 8)
+    return [sum(b << j for j, b in enumerate(bits[i : i + 8])) for i in range(0, len(bits), 8)]
+
+
 def test_topk_encodes_a_hand_computed_block() -> None:
-    """Blocks of 8 (index 3 bits), 1/4 kept, 2 bits a value: block 0 keeps −0.8 and 0.5 (scale 0.8), the
-    short last block [1, 2, −3] keeps ⌈3/4⌉ = 1 value, −3. Entries index | code << 3 with code = sign << 1
-    | (q − 1): −0.8 → q 2, code 3, entry 1 + 24 = 25; 0.5 → 0.5/0.8·2 = 1.25 → q 1, code 0, entry 4; −3 →
-    entry 2 + 24 = 26. 15 bits, little-endian: 1,0,0,1,1 | 0,0,1,0,0 | 0,1,0,1,1 (and a 0) = 153, 104."""
-    c = codecs.TopK(0.25, 8, 2)
-    x = torch.tensor([0.1, -0.8, 0.3, 0.0, 0.5, -0.2, 0.05, 0.4, 1.0, 2.0, -3.0])
+    """Blocks of 8 (index 3 bits), 1/2 kept, 2 bits (4 bins): block 0 keeps, by index, −0.8, 0.3, 0.5,
+    0.4: μ 0.1, centred −0.9, 0.2, 0.4, 0.3, σ = √(1.1/3), bin width 6σ/4 = 0.9083, bins round(c/width + 2)
+    = 1, 2, 2, 2: bin 1 holds −0.8, bin 2 the mean of 0.3, 0.5, 0.4 = 0.4 (bfloat16: 0.400390625), bins 0
+    and 3 none (0). The short last block [1, −2, −3] keeps ⌈3/2⌉ = 2, −2 and −3: centred ±0.5, both in bin
+    2, decoded as their mean −2.5 (a block of 2 kept values lands in one bin: SparseLoCo's quantization
+    needs many values a block). Entries index | bin << 3, 5 bits each."""
+    c = codecs.TopK(0.5, 8, 2)
+    x = torch.tensor([0.1, -0.8, 0.3, 0.0, 0.5, -0.2, 0.05, 0.4, 1.0, -2.0, -3.0])
     buf = c.encode(x)
-    scales = torch.tensor([0.8, 3.0]).view(torch.uint8)
-    assert torch.equal(buf, torch.cat([scales, torch.tensor([153, 104], dtype=torch.uint8)]))
-    assert c.nbytes(11) == 8 + 2 == buf.numel()
+    tables = torch.tensor([0.0, -0.8, 0.4, 0.0, 0.0, 0.0, -2.5, 0.0], dtype=torch.bfloat16).view(torch.uint8)
+    entries = [1 | 1 << 3, 2 | 2 << 3, 4 | 2 << 3, 7 | 2 << 3, 1 | 2 << 3, 2 | 2 << 3]
+    assert torch.equal(buf, torch.cat([tables, torch.tensor(_pack_by_hand(entries, 5), dtype=torch.uint8)]))
+    assert c.nbytes(11) == 2 * 4 * 2 + 4 == buf.numel()
     want = torch.zeros(11)
-    want[1], want[4], want[10] = -0.8, torch.tensor(0.8) / 2, -3.0  # the largest exact, 0.5 → s/2
+    want[1] = torch.tensor(-0.8, dtype=torch.bfloat16).float()
+    want[[2, 4, 7]] = torch.tensor(0.4, dtype=torch.bfloat16).float()
+    want[[9, 10]] = -2.5
     assert torch.equal(c.decode(buf, 11), want)
+    sent = torch.zeros(11, dtype=torch.bool)
+    c.decode(buf, 11, support=sent)
+    assert sent.nonzero().flatten().tolist() == [1, 2, 4, 7, 9, 10]
     assert not c.sums and codecs.codec("topk", 8).nbytes(11) == codecs.TopK(1 / 64, 8, 2).nbytes(11)
 
 
 def test_topk_ties_zeros_and_faults() -> None:
     c = codecs.TopK(0.5, 4, 2)
-    # equal magnitudes: the lower index first
-    assert torch.equal(c.roundtrip(torch.tensor([0.5, -0.5, 0.5, 0.25])), torch.tensor([0.5, -0.5, 0.0, 0.0]))
+    # equal magnitudes: the lower index first (both in one bin: their mean, 0)
+    assert c.roundtrip(torch.tensor([0.5, -0.5, 0.5, 0.25])).nonzero().flatten().tolist() == []
+    sent = torch.zeros(4, dtype=torch.bool)
+    c.decode(c.encode(torch.tensor([0.5, -0.5, 0.5, 0.25])), 4, support=sent)
+    assert sent.tolist() == [True, True, False, False]
     # fewer values than k that are not 0: the largest is repeated, never a 0 sent as a value
     got = c.roundtrip(torch.tensor([0.0, 0.0, -0.3, 0.0, 0.0, 0.0, 0.0, 0.0]))
-    assert torch.equal(got, torch.tensor([0.0, 0.0, -0.3, 0.0, 0.0, 0.0, 0.0, 0.0]))
+    assert torch.equal(got, torch.tensor([0.0, 0.0, -0.3, 0.0, 0.0, 0.0, 0.0, 0.0]).bfloat16().float())
     # a NaN or an infinity is kept and leaves its block's values non-finite, the other block finite
     for bad in (float("nan"), float("-inf")):
         got = c.roundtrip(torch.tensor([1.0, bad, 2.0, 0.5, 1.0, 2.0, 3.0, 4.0]))
         assert not torch.isfinite(got[:4]).all() and torch.isfinite(got[4:]).all()
-    # one bit: the sign alone, ±scale
-    one = codecs.TopK(0.5, 4, 1)
-    assert torch.equal(
-        one.roundtrip(torch.tensor([0.1, -2.0, 1.0, 0.0])), torch.tensor([0.0, -2.0, 2.0, 0.0])
-    )
 
 
 @pytest.mark.parametrize(
     ("fraction", "block", "bits"), [(1 / 64, 4096, 2), (0.03, 100, 3), (1.0, 2, 8), (0.5, 7, 1)]
 )
 def test_topk_sends_exactly_the_bytes_it_counts(fraction: float, block: int, bits: int) -> None:
-    """4 bytes a block, then K entries of ⌈log2 S⌉ + b bits, K = Σ max(1, ⌈f·L_j⌉); k of a decimal
-    fraction is exact (0.03 of 100 keeps 3)."""
+    """2·2^b bytes of table a block, then K entries of ⌈log2 S⌉ + b bits, K = Σ max(1, ⌈f·L_j⌉); k of a
+    decimal fraction is exact (0.03 of 100 keeps 3)."""
     c = codecs.TopK(fraction, block, bits)
     w = (block - 1).bit_length()
     for n in (0, 1, block - 1, block, block + 1, 3 * block + 5, 10_001):
         full, rem = divmod(n, block)
         k = [max(1, min(L, round(fraction * L + 0.4999999))) for L in [block] * full + ([rem] if rem else [])]
-        assert c.nbytes(n) == 4 * len(k) + -(-sum(k) * (w + bits) // 8)
+        assert c.nbytes(n) == 2 * 2**bits * len(k) + -(-sum(k) * (w + bits) // 8)
         x = torch.randn(n)
         buf = c.encode(x)
         assert buf.dtype == torch.uint8 and buf.numel() == c.nbytes(n)
@@ -158,31 +177,37 @@ def test_topk_sends_exactly_the_bytes_it_counts(fraction: float, block: int, bit
     assert codecs.TopK(0.03, 100, 2).kept(100) == 3
     with pytest.raises(ValueError, match="topk fraction"):
         codecs.TopK(0.0, 8, 2)
+    with pytest.raises(ValueError, match="topk mean"):
+        codecs.TopK(0.5, 8, 2, mean="most")
 
 
-def test_topk_keeps_the_largest_and_rounds_them_within_half_a_level() -> None:
+def test_topk_keeps_the_largest_and_decodes_each_bin_as_its_mean() -> None:
+    """The kept set is each block's top k; each bin's decoded values sum to what its values sum to (the
+    bin's mean, in bfloat16), so a block's kept values are sent unbiased; more bits, smaller error."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4096 * 3 + 17, generator=g)
-    for bits in (2, 4, 8):
+    errors = []
+    for bits in (1, 2, 4, 8):
         c = codecs.TopK(1 / 64, 4096, bits)
         got = c.roundtrip(x)
-        M = 2 ** (bits - 1)
         for j, (xb, gb) in enumerate(zip(x.split(4096), got.split(4096), strict=True)):
             k = c.kept(xb.numel())
             top = xb.abs().topk(k).indices
-            assert set(gb.nonzero().flatten().tolist()) == set(top.tolist()), j
-            s = xb.abs().max()
-            err = (gb[top] - xb[top]).abs()
-            assert float(err.max()) <= float(s) / (2 * M) * (1 + 1e-6) + float(s) / M * float(
-                (xb[top].abs() < s / (2 * M)).any()
-            )
-            assert torch.equal(torch.sign(gb[top]), torch.sign(xb[top]))
+            sent = torch.zeros(xb.numel(), dtype=torch.bool)
+            sent[top] = True
+            assert set(gb.nonzero().flatten().tolist()) <= set(top.tolist()), j
+            for value in gb[sent].unique():  # the members of one bin decode to one value: their mean
+                members = sent & (gb == value)
+                torch.testing.assert_close(float(xb[members].mean()), float(value), rtol=2**-8, atol=1e-6)
+        errors.append(float((got - x)[got != 0].abs().mean()))
+    assert errors == sorted(errors, reverse=True) and errors[-1] < 0.05 * errors[0]
 
 
 def test_topk_error_feedback_keeps_what_was_not_sent() -> None:
     """e_m = v − dec(enc(v)): exactly v where nothing was sent, the rounding where something was; over
-    rounds what was sent is Σ Δ − e (ALGORITHM.md §9.4)."""
-    c = codecs.TopK(1 / 16, 64, 2)
+    rounds what was sent is Σ Δ − e (ALGORITHM.md §9.4). Averaged over all participants (``mean`` all) the
+    reduced vector is the sum of what each sent."""
+    c = codecs.TopK(1 / 16, 64, 2, mean="all")
     g = torch.Generator().manual_seed(1)
     deltas = [[torch.randn(1000, generator=g) for _ in range(3)] for _ in range(4)]
     fb = [ErrorFeedback() for _ in range(3)]
@@ -201,6 +226,47 @@ def test_topk_error_feedback_keeps_what_was_not_sent() -> None:
     left = sum(f.error for f in fb if f.error is not None)
     torch.testing.assert_close(total, meant - left, rtol=0, atol=1e-5)
     assert collective(1000, 3, c) == ("all_gather", c.nbytes(1000))
+
+
+def test_topk_averages_each_value_over_the_participants_that_sent_it() -> None:
+    """SparseLoCo's aggregation: value i is Σ_{m∈S_i} x_{m,i} · W / Σ_{m∈S_i} w_m. Three participants
+    weighted 1/2, 1/4, 1/4 (their vectors already weighted), blocks of 4 keeping 1 value each: where two
+    sent a value, their sum over their weight; where one sent it, its value over its own weight; where all
+    three sent it, the plain sum; where none, 0."""
+    c = codecs.TopK(0.25, 4, 2)
+    xs = [
+        torch.tensor([4.0, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]),
+        torch.tensor([2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 3.0, 0.0, 0.0, 0.0, 0.0, 1.0]),
+        torch.tensor([0.0, 5.0, 0.0, 0.0, 0.0, 0.0, 7.0, 0.0, 0.0, 0.0, 0.0, 2.0]),
+    ]
+    w = [0.5, 0.25, 0.25]
+    got = compressed_all_reduce(xs, c, weights=w)
+    assert got is not None
+    want = torch.tensor([(4 + 2) / 0.75, 5 / 0.25, 0, 0, 0, 2 / 0.5, (3 + 7) / 0.5, 0, 0, 0, 0, 1 + 1 + 2])
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # unweighted: the mean over the senders times n; mean "all": the plain sum
+    got = compressed_all_reduce(xs, c)
+    assert got is not None and float(got[0]) == 3 * (4 + 2) / 2 and float(got[1]) == 3 * 5
+    flat = compressed_all_reduce(xs, codecs.TopK(0.25, 4, 2, mean="all"))
+    assert flat is not None and torch.equal(flat, xs[0] + xs[1] + xs[2])
+    with pytest.raises(ValueError, match="2 weights for 3 participants"):
+        compressed_all_reduce(xs, c, weights=[0.5, 0.5])
+
+
+def test_error_feedback_decays_by_beta_each_round() -> None:
+    """e ← β·e + Δ, then what was sent subtracted (SparseLoCo's accumulator): against a hand-computed
+    sequence, with a codec that sends nothing, then one that sends half."""
+    fb = ErrorFeedback(0.5)
+    d = [torch.tensor([1.0, 2.0]), torch.tensor([4.0, 0.0]), torch.tensor([0.0, 8.0])]
+    fb.step(d[0], torch.zeros_like)
+    assert torch.equal(fb.error, torch.tensor([1.0, 2.0]))
+    fb.step(d[1], torch.zeros_like)
+    assert torch.equal(fb.error, torch.tensor([4.5, 1.0]))
+    sent = fb.step(d[2], lambda v: v / 2)  # v = Δ + β·e = [2.25, 8.5]
+    assert torch.equal(sent, torch.tensor([1.125, 4.25])) and torch.equal(fb.error, sent)
+    assert ErrorFeedback().decay == 1.0
+    with pytest.raises(ValueError, match="decay must be in"):
+        ErrorFeedback(1.5)
 
 
 def test_topk_through_adloco_train_in_threads_bitwise(tmp_path: Path) -> None:
@@ -253,7 +319,7 @@ def test_topk_in_the_library_counts_its_exact_bytes_and_is_refused_where_it_cann
     g = torch.Generator().manual_seed(3)
     for _ in range(2 * 2):
         algo.step_all({w: (torch.randn(2, 40, generator=g), torch.randn(2, generator=g)) for w in range(3)})
-    B = 4 * 6 + -(-(5 * 2 + 1) * (3 + 2) // 8)  # 6 scales; 5 blocks of 8 keep 2, the last keeps 1
+    B = 2 * 4 * 6 + -(-(5 * 2 + 1) * (3 + 2) // 8)  # 6 tables of 4 bins; 5 blocks of 8 keep 2, the last 1
     assert codecs.TopK(0.25, 8, 2).nbytes(41) == B
     assert algo.totals.by_kind["delta"] == 2 * wire_bytes("all_gather", 3, B)
     assert algo.feedback is not None and all(f.error is not None for f in algo.feedback.values())
@@ -303,21 +369,34 @@ def test_topk_through_adloco_train(tmp_path: Path, text_corpus: Path) -> None:
     assert comm["dtype"] == "topk" and comm["error_feedback"] is None and comm["topk_bits"] == 2
 
 
-def test_topk_with_an_outer_momentum_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+def test_topk_brings_its_own_outer_step_and_warns_of_a_momentum_asked_for(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """DiLoCo's preset with topk takes SparseLoCo's outer step (SGD, lr 1, no momentum), said in one line;
+    a Nesterov momentum asked for is kept, with a warning; int4 keeps the preset."""
     from torch import nn
 
     from adloco import DiLoCo, Outer, Wire
 
     ms = [nn.Linear(4, 1) for _ in range(2)]
     sgd = [torch.optim.SGD(m.parameters(), lr=0.05) for m in ms]
-    with caplog.at_level("WARNING", logger="adloco"):
-        DiLoCo(ms, sgd, inner_steps=2, batch_size=2, wire=Wire("topk"))  # the preset: Nesterov, 0.9
-    assert "comm.dtype = 'topk' with outer.momentum = 0.9" in caplog.text
+    with caplog.at_level("INFO", logger="adloco"):
+        algo = DiLoCo(ms, sgd, inner_steps=2, batch_size=2, wire=Wire("topk"))
+    assert algo.outer_spec == Outer("sgd", 1.0, Outer().momentum)
+    assert (
+        "outer step: sgd at lr 1, no momentum, in place of diloco's Nesterov: comm.dtype topk" in caplog.text
+    )
+    assert "WARNING" not in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="adloco"):
+        algo = DiLoCo(ms, sgd, inner_steps=2, batch_size=2, wire=Wire("topk"), outer=Outer.nesterov(0.7, 0.9))
+    assert algo.outer_spec.optimizer == "nesterov"
+    assert "comm.dtype = 'topk' with outer.momentum = 0.9" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="adloco"):
         DiLoCo(ms, sgd, inner_steps=2, batch_size=2, wire=Wire("topk"), outer=Outer.nesterov(0.5, 0.0))
-        DiLoCo(ms, sgd, inner_steps=2, batch_size=2, wire=Wire("int4"))
-    assert "topk" not in caplog.text
+        algo = DiLoCo(ms, sgd, inner_steps=2, batch_size=2, wire=Wire("int4"))
+    assert "topk" not in caplog.text and algo.outer_spec.optimizer == "nesterov"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

@@ -184,14 +184,14 @@ def test_the_sparse_comparison_runs_each_wire_on_each_method() -> None:
         for t in tasks[:6]:
             assert t.setting is not None
             c = resolve(None, [*t.base, *t.setting.sets, *t.extra], base=settings["raw"])
-            wires[t.variant] = (c.algorithm.method, c.comm.dtype, c.comm.feedback, c.comm.theta_dtype)
+            wires[t.variant] = (c.algorithm.method, c.comm.dtype, c.comm.feedback, c.comm.theta_wire)
         assert wires == {
             "adloco": ("adloco", "float32", False, "float32"),
             "adloco-int4": ("adloco", "int4", True, "int4"),
             "adloco-topk": ("adloco", "topk", True, "int4"),
             "diloco": ("diloco", "float32", False, "float32"),
-            "diloco-int4": ("diloco", "int4", True, "float32"),
-            "diloco-topk": ("diloco", "topk", True, "float32"),
+            "diloco-int4": ("diloco", "int4", True, "int4"),  # θ follows Δ (DiLoCo has no merges or moves)
+            "diloco-topk": ("diloco", "topk", True, "int4"),
         }
     small, large = (
         load_yaml(CONFIGS / "bench-cpu-sparse.yaml"),

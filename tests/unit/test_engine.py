@@ -170,10 +170,10 @@ def test_outer_step_average_equals_mean_of_workers() -> None:
     captured = {}
     orig = c.comm.reduce
 
-    def spy(parts, workers, kind, *args):  # type: ignore[no-untyped-def]
+    def spy(parts, workers, kind, *args, **kwargs):  # type: ignore[no-untyped-def]
         if kind == "delta":
             captured["mean"] = torch.stack([c.algo.replicas[w].flat.param.clone() for w in workers]).mean(0)
-        return orig(parts, workers, kind, *args)
+        return orig(parts, workers, kind, *args, **kwargs)
 
     c.comm.reduce = spy
     run_round(c)

@@ -287,6 +287,7 @@ class Comm:
         wire: Wire = FLOAT32,
         feedback: Mapping[int, ErrorFeedback] | None = None,
         control: int = 0,
+        weights: Mapping[int, float] | None = None,
     ) -> bool:
         """The one reducer of the round: ``out`` ← Σ over ``workers`` of each worker's float32 part.
 
@@ -299,8 +300,11 @@ class Comm:
         ``control``: the last values of ``out`` are not part of the sum over workers but control that each
         process writes before the call (a stop request); they are summed over processes and never
         counted. Returns whether this process hosts a worker of the group (only then is ``out`` the
-        sum). Counted as one all-reduce of the body's bytes on the wire (ALGORITHM.md §7, ALGORITHM.md §9.4)."""
-        self._summed(parts, workers, kind, out, wire, feedback, control)()
+        sum). Counted as one all-reduce of the body's bytes on the wire (ALGORITHM.md §7, ALGORITHM.md §9.4).
+        ``weights``: every worker's weight in the sum (its part already weighted by it), which a codec that
+        averages each value over its senders needs (:func:`adloco.comm.compressed.compressed_all_reduce`);
+        None: all 1."""
+        self._summed(parts, workers, kind, out, wire, feedback, control, weights)()
         return any(w in self.local_workers for w in workers)
 
     def _summed(
@@ -312,6 +316,7 @@ class Comm:
         wire: Wire,
         feedback: Mapping[int, ErrorFeedback] | None,
         control: int = 0,
+        weights: Mapping[int, float] | None = None,
     ) -> Callable[[], None]:
         """:meth:`reduce`'s two halves: this process's parts are added now (float32: into ``out``'s body;
         compressed: one vector each); the collective that completes ``out`` is returned, to run now or
@@ -329,7 +334,7 @@ class Comm:
             add(vectors[w])
 
         def run() -> None:
-            got = self._reduce_compressed(vectors, workers, kind, wire, body.numel(), feedback)
+            got = self._reduce_compressed(vectors, workers, kind, wire, body.numel(), feedback, weights)
             if got is not None:
                 body.copy_(got)
             if control:
@@ -345,13 +350,14 @@ class Comm:
         out: torch.Tensor,
         wire: Wire = FLOAT32,
         feedback: Mapping[int, ErrorFeedback] | None = None,
+        weights: Mapping[int, float] | None = None,
     ) -> Pending:
         """:meth:`reduce` behind compute: the parts are added now (they read the workers' parameters, which
         the caller may then change), the collective runs on the background lane, and ``out`` (with
         ``feedback``) belongs to it until :meth:`Pending.wait` returns. Every process calls it where it
         would call :meth:`reduce`; lanes keep the launch order."""
         hosted = any(w in self.local_workers for w in workers)
-        run = self._summed(parts, workers, kind, out, wire, feedback)
+        run = self._summed(parts, workers, kind, out, wire, feedback, weights=weights)
         self._prepare_lane(workers)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adloco-comm")
@@ -394,6 +400,7 @@ class Comm:
         wire: Wire,
         numel: int,
         feedback: Mapping[int, ErrorFeedback] | None,
+        weights: Mapping[int, float] | None = None,
     ) -> torch.Tensor | None:
         """The compressed all-reduce (:mod:`adloco.comm.compressed`) through the wire's codec, every worker
         of ``workers`` a participant, this process's with their vectors (``parts``); the sum where this
@@ -413,7 +420,14 @@ class Comm:
         with _named(kind):
             out = self._guarded(
                 "all_to_all",
-                lambda: compressed_all_reduce(vectors, codec, group_ops=ops, feedback=fb, numel=numel),
+                lambda: compressed_all_reduce(
+                    vectors,
+                    codec,
+                    group_ops=ops,
+                    feedback=fb,
+                    numel=numel,
+                    weights=None if weights is None else [weights[w] for w in workers],
+                ),
             )
         op, payload = collective(numel, len(workers), codec)
         self._account(kind, op, workers, payload, time.perf_counter() - t0, bool(local))

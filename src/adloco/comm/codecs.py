@@ -12,43 +12,77 @@ structural choice, :attr:`Codec.sums`:
   counted as a ring all-reduce of the encoded vector). The casts and the block-wise quantizations.
 - ``sums = False``: a sum of encodings is not an encoding (the sparse :class:`TopK`: the sum of n top-k sets
   is not a top-k set). Every participant's whole encoding is all-gathered, and every participant decodes the n of
-  them and sums them in participant order (counted as an all-gather of the encoded vector).
+  them and combines them in participant order (counted as an all-gather of the encoded vector): summed, or,
+  where :attr:`Codec.averages_senders`, each value averaged over the participants that sent it.
 
-Error feedback (``comm.error_feedback``) is the codec's too, whichever it is: a participant keeps what its
-own encoding dropped (:class:`adloco.comm.quantize.ErrorFeedback`, v − decode(encode(v))).
+A codec also owns the rules the configuration reads (:class:`adloco.settings.Wire` asks the class, never its
+name): whether its values are summed (:attr:`Codec.sums`), whether error feedback is on by default
+(:attr:`Codec.feedback`) and how it decays (:attr:`Codec.error_decay`), whether θ may travel as it and what θ
+travels as by default (:attr:`Codec.carries_theta`, :attr:`Codec.theta`), its own ``comm.*`` keys
+(:attr:`Codec.keys`), and the outer step it brings in place of a preset's momentum (:attr:`Codec.outer`).
 
 A codec is registered under its wire name (:data:`CODECS`); ``comm.dtype`` and ``comm.theta_dtype`` name
-it (the names are the ``WireDtype`` choices of :mod:`adloco.settings`). Adding one is a class here and its
-name there: nothing in the round changes.
+it (the names are the ``WireDtype`` choices of :mod:`adloco.settings`, which a test holds to this registry).
+Adding one is a class here, its registration, and its name among those choices: nothing in the round and
+nothing in the configuration's checks changes.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import cast
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from adloco.comm.quantize import DEFAULT_BLOCK, Quantized, dequantize, encoded_bytes, quantize
-from adloco.settings import WIRE_DTYPES, Wire, WireDtype
+
+if TYPE_CHECKING:
+    from adloco.settings import Wire
 
 
 class Codec:
     """How a float32 vector travels: :meth:`encode`, :meth:`decode`, :meth:`nbytes` and :attr:`sums`.
 
     Contract: ``encode(x)`` of a flat float32 tensor is a flat uint8 tensor of exactly ``nbytes(x.numel())``
-    bytes, a pure function of x's values (the same bits on every device and process); ``decode(buf, n)``
-    returns n float32 values (into ``out`` when given); decoding what was encoded is deterministic, so
-    every process that decodes the same bytes holds the same bits."""
+    bytes, a pure function of x's values; ``decode(buf, n)`` returns n float32 values (into ``out`` when
+    given); decoding what was encoded is deterministic, so every process that decodes the same bytes holds
+    the same bits.
+
+    The class attributes are the codec's rules, read by the configuration's checks
+    (:class:`adloco.settings.Wire`) and by the reducer."""
 
     name: str = ""  # the wire name it is registered under
-    sums: bool = True  # see the module docstring
+    sums: ClassVar[bool] = True  # see the module docstring
+    # each value averaged over the participants that sent it, not summed over all (a gathered codec)
+    averages_senders: bool = False
+    feedback: ClassVar[bool] = False  # error feedback on unless comm.error_feedback says otherwise
+    error_decay: ClassVar[float] = 1.0  # β of e ← β·e + Δ where comm.error_decay is null
+    carries_theta: ClassVar[bool] = True  # θ (merges, moves) may travel as this codec
+    theta: ClassVar[str | None] = None  # θ's wire where comm.theta_dtype is null (None: this codec's own)
+    keys: ClassVar[tuple[str, ...]] = ()  # the comm.* keys that are this codec's alone
+    # the outer step this codec brings in place of a preset's momentum step ({} : none), and why
+    outer: ClassVar[Mapping[str, Any]] = {}
+    outer_why: ClassVar[str] = ""
+
+    @classmethod
+    def build(cls, wire: Wire) -> Codec:
+        """The codec as ``wire`` configures it (its block, its own keys)."""
+        raise NotImplementedError
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def decode(self, buf: torch.Tensor, numel: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(
+        self,
+        buf: torch.Tensor,
+        numel: int,
+        out: torch.Tensor | None = None,
+        support: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``buf`` decoded to ``numel`` float32 values (into ``out`` when given). ``support``: a bool vector of
+        ``numel`` a codec that :attr:`averages_senders` sets True where a value was sent (and False
+        elsewhere)."""
         raise NotImplementedError
 
     def nbytes(self, numel: int) -> int:
@@ -62,13 +96,25 @@ class Codec:
 class Cast(Codec):
     """bfloat16 / float16: a cast, rounding to nearest even; decoding casts back to float32, exactly."""
 
-    def __init__(self, name: str, dtype: torch.dtype) -> None:
-        self.name, self.dtype = name, dtype
+    DTYPES: ClassVar[Mapping[str, torch.dtype]] = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+    def __init__(self, name: str, dtype: torch.dtype | None = None) -> None:
+        self.name, self.dtype = name, dtype if dtype is not None else self.DTYPES[name]
+
+    @classmethod
+    def build(cls, wire: Wire) -> Codec:
+        return cls(wire.dtype)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(self.dtype).view(torch.uint8)
 
-    def decode(self, buf: torch.Tensor, numel: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(
+        self,
+        buf: torch.Tensor,
+        numel: int,
+        out: torch.Tensor | None = None,
+        support: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if buf.storage_offset() % 2:  # a slice of a received buffer: viewing as 2-byte values needs alignment
             buf = buf.clone()
         if out is None:
@@ -83,13 +129,25 @@ class Absmax(Codec):
     """int8 / int4: block-wise absmax quantization in blocks of ``block`` values, a float32 scale per block
     (:mod:`adloco.comm.quantize`, which fixes the arithmetic bit for bit)."""
 
-    def __init__(self, name: str, bits: int, block: int = DEFAULT_BLOCK) -> None:
-        self.name, self.bits, self.block = name, bits, block
+    BITS: ClassVar[Mapping[str, int]] = {"int8": 8, "int4": 4}
+
+    def __init__(self, name: str, bits: int | None = None, block: int = DEFAULT_BLOCK) -> None:
+        self.name, self.bits, self.block = name, bits if bits is not None else self.BITS[name], block
+
+    @classmethod
+    def build(cls, wire: Wire) -> Codec:
+        return cls(wire.dtype, block=wire.block)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         return quantize(x, self.bits, self.block).to_bytes()
 
-    def decode(self, buf: torch.Tensor, numel: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(
+        self,
+        buf: torch.Tensor,
+        numel: int,
+        out: torch.Tensor | None = None,
+        support: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         return dequantize(Quantized.from_bytes(buf, numel, self.bits, self.block), out)
 
     def nbytes(self, numel: int) -> int:
@@ -97,11 +155,13 @@ class Absmax(Codec):
 
 
 class TopK(Codec):
-    """topk: the largest ``fraction`` of each block of ``block`` values, each kept value in ``bits`` bits
-    with one float32 scale per block (ALGORITHM.md §9.4, SparseLoCo's scheme in its own arithmetic).
+    """topk: SparseLoCo's sparse codec (arXiv 2508.15706; ALGORITHM.md §9.4): the largest ``fraction`` of
+    each block of ``block`` values, each kept value one of 2^``bits`` bins whose decoded value is the mean
+    of the block's kept values in it.
 
     Encoding, block by block (the last block shorter when S = ``block`` does not divide P; blocks run over
-    the flat vector, across tensors, as the block-wise quantizations' do):
+    the flat vector, across tensors, as the block-wise quantizations' do; the reference cuts each matrix in
+    64×64 tiles, the same 4096 values to a block):
 
     - keep k_j = max(1, ⌈f·L_j⌉) of the block's L_j values, the largest magnitudes; equal magnitudes are
       ordered by position (the lower index first), so the choice is a pure function of the values on any
@@ -109,33 +169,57 @@ class TopK(Codec):
     - a kept value that is 0 (a block with fewer than k_j values that are not) is replaced by a copy of the
       block's largest one, same index and code: a zero never travels as a value, and decoding writes
       (duplicates write the same value) rather than adds;
-    - scale s_j = max |kept| = max_{i∈j} |x_i| (float32);
-    - code: a sign bit and b − 1 bits of magnitude q − 1, with M = 2^(b−1) levels,
-      q = clamp(round((|v| / s_j)·M), 1, M) (round half to even; a zero block divides by 1), decoded as
-      ±(q / M)·s_j: the block's largest magnitude comes back exact, and every kept value within s_j/(2M)
-      of itself (a value under s_j/(2M) comes back as s_j/M); b = 1 sends the sign alone (±s_j);
-    - a NaN or an infinity is kept first (it is the largest) and makes its block's sent values decode
-      non-finite (the fault stays visible).
+    - the reference's statistical quantization, over the block's k kept values v (in float64): shift
+      μ = mean v, σ = ‖v − μ‖ / √(k − 1) (0 for k = 1), bin width s = 6σ / L with L = 2^b bins (1 where
+      that is 0 or not finite), bin q = clamp(round((v − μ)/s + ⌊L/2⌋), 0, L − 1) (round half to even);
+      the block's table holds each bin's mean of the v in it (0 for an empty bin), rounded to bfloat16:
+      a value decodes as its bin's mean, so each bin is unbiased over the values in it;
+    - a NaN or an infinity is kept first (it is the largest) and makes its block's table NaN (the fault
+      stays visible).
 
-    Bytes: 4·J scales, then the K = Σ_j k_j entries of W = w + b bits each, packed little-endian into
-    ⌈K·W / 8⌉ bytes, w = ⌈log₂ S⌉ the bits an index into a block needs; entry = index | code << w, in block
-    order and, within a block, by ascending index. Exactly :meth:`nbytes`, whatever the values.
+    Bytes: 2·L·J table entries (bfloat16, block by block), then the K = Σ_j k_j entries of W = w + b bits
+    each, packed little-endian into ⌈K·W / 8⌉ bytes, w = ⌈log₂ S⌉ the bits an index into a block needs;
+    entry = index | q << w, in block order and, within a block, by ascending index. Exactly
+    :meth:`nbytes`, whatever the values.
 
     It does not sum (``sums`` False): the sum of n top-k sets is not a top-k set, so every participant's
-    encoding is all-gathered and decoded by everyone (:mod:`adloco.comm.compressed`)."""
+    encoding is all-gathered and decoded by everyone (:mod:`adloco.comm.compressed`); with ``mean``
+    ``senders`` (the reference's) each value is averaged over the participants that sent it, weighted as
+    the round weighs them, not over all of them."""
 
     sums = False
+    feedback = True
+    error_decay = 0.95
+    carries_theta = False
+    theta = "int4"
+    keys = ("topk_fraction", "topk_block", "topk_bits", "topk_mean")
+    outer = {"optimizer": "sgd", "lr": 1.0}
+    outer_why = (
+        "SparseLoCo's: plain descent on the averaged sparse Δ, its error feedback (decaying at comm.error_decay) "
+        "in the momentum's place"
+    )
+    RANGE: ClassVar[float] = (
+        6.0  # the bins span RANGE standard deviations (the reference's quantization_range)
+    )
 
-    def __init__(self, fraction: float, block: int, bits: int) -> None:
+    def __init__(self, fraction: float, block: int, bits: int, mean: str = "senders") -> None:
         if not 0 < fraction <= 1:
             raise ValueError(f"topk fraction must be in (0, 1], not {fraction}")
         if not 2 <= block <= 1 << 24:
             raise ValueError(f"topk block must be between 2 and 16777216 values, not {block}")
         if not 1 <= bits <= 8:
             raise ValueError(f"topk bits must be between 1 and 8, not {bits}")
+        if mean not in ("senders", "all"):
+            raise ValueError(f"topk mean must be 'senders' or 'all', not {mean!r}")
         self.name, self.fraction, self.block, self.bits = "topk", fraction, block, bits
+        self.averages_senders = mean == "senders"
+        self.bins = 1 << bits  # L
         self.index_bits = (block - 1).bit_length()  # w: an index into a block, 0 .. S − 1
         self.width = self.index_bits + bits  # W: one entry
+
+    @classmethod
+    def build(cls, wire: Wire) -> Codec:
+        return cls(wire.topk_fraction, wire.topk_block, wire.topk_bits, wire.topk_mean)
 
     def kept(self, length: int) -> int:
         """k of a block of ``length`` values: max(1, ⌈f·L⌉) (the product taken to 6 decimals first, so a
@@ -153,34 +237,60 @@ class TopK(Codec):
     def nbytes(self, numel: int) -> int:
         segs = self._segments(numel)
         entries = sum(rows * k for _, rows, _, k in segs)
-        return 4 * sum(rows for _, rows, _, _ in segs) + -(-entries * self.width // 8)
+        return 2 * self.bins * sum(rows for _, rows, _, _ in segs) + -(-entries * self.width // 8)
+
+    def bin(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bins of each row's kept values ``v`` (rows × k float32) and each row's table (rows × L
+        bfloat16): the statistical quantization of the class docstring."""
+        rows, k = v.shape
+        big = self.bins
+        v64 = v.to(torch.float64)
+        shift = v64.mean(dim=1, keepdim=True)
+        centred = v64 - shift
+        if k > 1:
+            sigma = torch.linalg.vector_norm(centred, dim=1, keepdim=True).div_(math.sqrt(k - 1))
+        else:
+            sigma = torch.zeros_like(shift)
+        width = sigma.mul_(self.RANGE / big)
+        width = torch.where((width > 0) & torch.isfinite(width), width, 1.0)
+        q = centred.div_(width).add_(big // 2).round_().clamp_(0, big - 1)
+        code = torch.nan_to_num(q, nan=0.0).to(torch.int64)
+        # each bin's mean, bin by bin (no scatter: the same sums in the same order on every device)
+        table = torch.empty(rows, big, dtype=torch.float64, device=v.device)
+        for b in range(big):
+            hit = code == b
+            n = hit.sum(dim=1)
+            table[:, b] = torch.where(hit, v64, 0.0).sum(dim=1) / n.clamp(min=1)
+        finite = torch.isfinite(v64).all(dim=1, keepdim=True)
+        table = torch.where(finite, table, math.nan)
+        return code, table.to(torch.bfloat16)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32:
             raise TypeError(f"topk expects float32, got {x.dtype}")
         x = x.reshape(-1)
-        levels = 1 << (self.bits - 1)
-        scales, entries = [], []
+        tables, entries = [], []
         for start, rows, width, k in self._segments(x.numel()):
-            for r0 in range(0, rows, _slab_rows(width, x.device)):
-                r1 = min(rows, r0 + _slab_rows(width, x.device))
+            slab = _slab_rows(width, x.device)
+            for r0 in range(0, rows, slab):
+                r1 = min(rows, r0 + slab)
                 xs = x[start + r0 * width : start + r1 * width].view(r1 - r0, width)
                 idx = _select(xs, k)  # (rows, k), ascending within each row
-                v = torch.gather(xs, 1, idx)
-                mag = v.abs()
-                s = mag.amax(dim=1)  # NaN propagates: the block's values decode non-finite
-                divisor = torch.where(s == 0, 1.0, s)
-                q = torch.div(mag, divisor[:, None]).mul_(levels).round_().clamp_(1, levels)
-                q = torch.nan_to_num(q, nan=float(levels))  # codes of a non-finite block: any, never NaN
-                code = (q.to(torch.int64) - 1) | (torch.signbit(v).to(torch.int64) << (self.bits - 1))
-                scales.append(s)
+                code, table = self.bin(torch.gather(xs, 1, idx))
+                tables.append(table.reshape(-1))
                 entries.append((idx | (code << self.index_bits)).reshape(-1))
-        if not scales:
+        if not tables:
             return torch.empty(0, dtype=torch.uint8, device=x.device)
-        head = torch.cat(scales).view(torch.uint8)
+        head = torch.cat(tables).view(torch.uint8)
         return torch.cat([head, _pack(torch.cat(entries), self.width)])
 
-    def decode(self, buf: torch.Tensor, numel: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(
+        self,
+        buf: torch.Tensor,
+        numel: int,
+        out: torch.Tensor | None = None,
+        support: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if buf.dtype != torch.uint8 or buf.numel() != self.nbytes(numel):
             raise ValueError(f"expected {self.nbytes(numel)} uint8 bytes, got {buf.numel()} {buf.dtype}")
         if out is None:
@@ -188,28 +298,28 @@ class TopK(Codec):
         elif out.shape != (numel,) or out.dtype != torch.float32:
             raise ValueError(f"topk decode: out must be a float32 vector of {numel} values")
         out.zero_()
+        if support is not None:
+            if support.shape != (numel,) or support.dtype != torch.bool:
+                raise ValueError(f"topk decode: support must be a bool vector of {numel} values")
+            support.zero_()
         segs = self._segments(numel)
-        n_scales = sum(rows for _, rows, _, _ in segs)
-        head = buf[: 4 * n_scales]
-        if head.storage_offset() % 4:  # a slice of a received buffer: viewing as float32 needs alignment
+        n_tables = sum(rows for _, rows, _, _ in segs)
+        head = buf[: 2 * self.bins * n_tables]
+        if head.storage_offset() % 2:  # a slice of a received buffer: viewing as bfloat16 needs alignment
             head = head.clone()
-        scales = head.view(torch.float32)
-        entries = _unpack(buf[4 * n_scales :], sum(rows * k for _, rows, _, k in segs), self.width)
+        tables = head.view(torch.bfloat16).to(torch.float32).view(n_tables, self.bins)
+        entries = _unpack(
+            buf[2 * self.bins * n_tables :], sum(rows * k for _, rows, _, k in segs), self.width
+        )
         idx = entries & ((1 << self.index_bits) - 1)
         code = entries >> self.index_bits
-        levels = 1 << (self.bits - 1)
-        # (q / M)·s with q and M as tensors (as :func:`adloco.comm.quantize.dequantize` divides): M is a
-        # power of two, so q / M is exact and the product rounds once
-        m = torch.full((1,), float(levels), device=out.device)
-        q = ((code & (levels - 1)) + 1).to(torch.float32).div_(m)
-        negative = (code >> (self.bits - 1)).bool()
         j = e = 0
         for start, rows, width, k in segs:
-            s = scales[j : j + rows]
-            vals = q[e : e + rows * k].view(rows, k).mul_(s[:, None])
-            vals = torch.where(negative[e : e + rows * k].view(rows, k), -vals, vals)
-            seg = out[start : start + rows * width].view(rows, width)
-            seg.scatter_(1, idx[e : e + rows * k].view(rows, k), vals)
+            at = idx[e : e + rows * k].view(rows, k)
+            vals = torch.gather(tables[j : j + rows], 1, code[e : e + rows * k].view(rows, k))
+            out[start : start + rows * width].view(rows, width).scatter_(1, at, vals)
+            if support is not None:
+                support[start : start + rows * width].view(rows, width).scatter_(1, at, True)
             j, e = j + rows, e + rows * k
         return out
 
@@ -274,21 +384,27 @@ def _unpack(buf: torch.Tensor, n: int, width: int) -> torch.Tensor:
     return out
 
 
-# wire name -> the codec, given the wire (its comm.block, and topk's comm.topk_* keys)
-CODECS: dict[str, Callable[[Wire], Codec]] = {
-    "bfloat16": lambda wire: Cast("bfloat16", torch.bfloat16),
-    "float16": lambda wire: Cast("float16", torch.float16),
-    "int8": lambda wire: Absmax("int8", 8, wire.block),
-    "int4": lambda wire: Absmax("int4", 4, wire.block),
-    "topk": lambda wire: TopK(wire.topk_fraction, wire.topk_block, wire.topk_bits),
+# wire name -> the codec's class (its rules are class attributes; ``build`` reads its keys from the wire)
+CODECS: dict[str, type[Codec]] = {
+    "bfloat16": Cast,
+    "float16": Cast,
+    "int8": Absmax,
+    "int4": Absmax,
+    "topk": TopK,
 }
+
+
+def rules(dtype: str) -> type[Codec] | None:
+    """The class (the rules) of the codec registered as ``dtype``; None for float32 (nothing encoded)."""
+    return None if dtype == "float32" else CODECS[dtype]
 
 
 def codec(dtype: str | torch.dtype, block: int = DEFAULT_BLOCK) -> Codec | None:
     """The codec of a wire dtype (its name, or torch's bfloat16 / float16), in blocks of ``block`` values
-    where it has blocks (the values per scale of int8 / int4, per top-k block of topk, whose fraction and
-    bits are then :class:`~adloco.settings.Wire`'s defaults); None for float32 (the backend's plain
-    all-reduce)."""
+    where it has blocks (the values per scale of int8 / int4, per top-k block of topk, whose other keys are
+    then :class:`~adloco.settings.Wire`'s defaults); None for float32 (the backend's plain all-reduce)."""
+    from adloco.settings import WIRE_DTYPES, Wire
+
     if isinstance(dtype, torch.dtype):
         names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
         if dtype not in names:
@@ -298,14 +414,13 @@ def codec(dtype: str | torch.dtype, block: int = DEFAULT_BLOCK) -> Codec | None:
         return None
     if dtype not in CODECS:
         raise ValueError(f"wire dtype must be one of {', '.join(WIRE_DTYPES)}, not {dtype!r}")
-    name = cast(WireDtype, dtype)
-    wire = Wire(name, block=block, topk_block=block) if name == "topk" else Wire(name, block=block)
-    return CODECS[dtype](wire)
+    wire = Wire(dtype, block=block, topk_block=block) if dtype == "topk" else Wire(dtype, block=block)  # type: ignore[arg-type]
+    return CODECS[dtype].build(wire)
 
 
 def of(wire: Wire) -> Codec | None:
     """The codec a :class:`~adloco.settings.Wire` names (None: float32)."""
-    return None if wire.dtype == "float32" else CODECS[wire.dtype](wire)
+    return None if wire.dtype == "float32" else CODECS[wire.dtype].build(wire)
 
 
-__all__ = ["CODECS", "Absmax", "Cast", "Codec", "TopK", "codec", "of"]
+__all__ = ["CODECS", "Absmax", "Cast", "Codec", "TopK", "codec", "of", "rules"]

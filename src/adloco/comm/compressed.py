@@ -352,9 +352,16 @@ def compressed_all_reduce(
     group_ops: GroupOps | None = None,
     feedback: Sequence[ErrorFeedback] | None = None,
     numel: int | None = None,
+    weights: Sequence[float] | None = None,
 ) -> torch.Tensor | None:
     """Σ over the n participants of their float32 vectors, through a codec on the wire (``dtype``: a
     :class:`~adloco.comm.codecs.Codec`, or a wire name with ``block``).
+
+    A codec that :attr:`~adloco.comm.codecs.Codec.averages_senders` (topk) combines the n decoded vectors
+    per value over the participants that sent it: value i is Σ_{m∈S_i} x_{m,i} · W / Σ_{m∈S_i} w_m, S_i the
+    participants whose encoding holds i, ``weights`` w_m every participant's weight in the sum (each x_m
+    already weighted by it; None: all 1) and W = Σ_m w_m; a value every participant sent is their plain
+    sum, one that none sent is 0 (SparseLoCo's average of the sparse pseudo-gradients, arXiv 2508.15706).
 
     ``tensors``: the vectors of the local participants (``group_ops.local``): one in a torch.distributed
     group, all n in process, none on a process or thread that only takes part in what every process must
@@ -386,8 +393,10 @@ def compressed_all_reduce(
         return flat[0].clone() if flat else None
     if c is None:
         return ops.all_reduce(flat) if flat else None
+    if weights is not None and len(weights) != n:
+        raise ValueError(f"{len(weights)} weights for {n} participants")
     if not c.sums:
-        return _gathered(flat, c, ops, feedback, numel)
+        return _gathered(flat, c, ops, feedback, numel, weights)
 
     counts = chunk_sizes(numel, n)
     sizes = [c.nbytes(k) for k in counts]
@@ -423,9 +432,12 @@ def _gathered(
     ops: GroupOps,
     feedback: Sequence[ErrorFeedback] | None,
     numel: int,
+    weights: Sequence[float] | None = None,
 ) -> torch.Tensor | None:
     """A codec whose encodings do not sum (``sums`` False): every participant's whole encoding is
-    all-gathered, and everyone decodes the n of them and sums them in float32, in participant order."""
+    all-gathered, and everyone decodes the n of them and sums them in float32, in participant order; where
+    the codec :attr:`~adloco.comm.codecs.Codec.averages_senders`, each value is then scaled by W over the
+    weight of the participants that sent it (:func:`compressed_all_reduce`)."""
     mine = []
     for i, v in enumerate(flat):
         if feedback is not None:
@@ -436,11 +448,22 @@ def _gathered(
     every = ops.all_gather(mine, [c.nbytes(numel)] * ops.n)
     if not flat:
         return None
-    out = c.decode(every[0], numel)
-    scratch = torch.empty_like(out)
-    for piece in every[1:]:
-        out.add_(c.decode(piece, numel, out=scratch))
-    return out
+    if not c.averages_senders:
+        out = c.decode(every[0], numel)
+        scratch = torch.empty_like(out)
+        for piece in every[1:]:
+            out.add_(c.decode(piece, numel, out=scratch))
+        return out
+    w = [1.0] * ops.n if weights is None else [float(x) for x in weights]
+    out = torch.zeros(numel, dtype=torch.float32, device=flat[0].device)
+    held = torch.zeros_like(out)  # Σ of the senders' weights, value by value
+    scratch, sent = torch.empty_like(out), torch.empty(numel, dtype=torch.bool, device=out.device)
+    for m, piece in enumerate(every):
+        out.add_(c.decode(piece, numel, out=scratch, support=sent))
+        held.add_(sent.to(torch.float32), alpha=w[m])
+    some = held > 0
+    out.mul_(sum(w)).div_(held.clamp_(min=torch.finfo(torch.float32).tiny))
+    return torch.where(some, out, 0.0)
 
 
 def _decode_all(

@@ -216,34 +216,41 @@ def quantize_roundtrip(x: torch.Tensor, bits: int, block: int = DEFAULT_BLOCK) -
 
 
 class ErrorFeedback:
-    """Error feedback of one worker: e_m, the part of its updates its own quantization has not sent yet.
+    """Error feedback of one worker: e_m, the part of its updates its own encoding has not sent yet.
 
-    ALGORITHM.md §9.4: worker m sends Q(Δ_m + e_m) and keeps e_m ← Δ_m + e_m − Q(Δ_m + e_m). Only the worker's own
-    quantization (what it sends) is fed back, not that of the reduced sum. e_m starts at zero; reset it
-    when the worker moves (its Δ no longer continues the one the error was left by), and save it in
-    checkpoints (:meth:`state_dict`), so a resumed run sends the same bits.
+    ALGORITHM.md §9.4: worker m sends Q(Δ_m + β·e_m) and keeps e_m ← Δ_m + β·e_m − Q(Δ_m + β·e_m). Only the
+    worker's own encoding (what it sends) is fed back, not that of the reduced sum. e_m starts at zero;
+    reset it when the worker moves (its Δ no longer continues the one the error was left by), and save it
+    in checkpoints (:meth:`state_dict`), so a resumed run sends the same bits.
 
-    Over k rounds the worker has sent Σ Δ − e_m exactly (the sum telescopes), so what it sent differs from
-    what it meant to send by one round's quantization error, not k of them.
+    ``decay`` β = 1 (the default): over k rounds the worker has sent Σ Δ − e_m exactly (the sum telescopes),
+    so what it sent differs from what it meant to send by one round's encoding error, not k of them.
+    β < 1 (SparseLoCo's accumulator, β 0.95 for topk): what was not sent fades by β each round, so e_m is a
+    decaying sum of the recent Δ not yet sent, the role DiLoCo's outer momentum plays (arXiv 2508.15706).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, decay: float = 1.0) -> None:
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"error feedback decay must be in [0, 1], not {decay}")
+        self.decay = decay
         self.error: torch.Tensor | None = None
 
     def compensate(self, delta: torch.Tensor) -> torch.Tensor:
-        """v = Δ_m + e_m (a new float32 tensor), the vector to quantize and send."""
+        """v = Δ_m + β·e_m (a new float32 tensor), the vector to encode and send."""
         if self.error is None:
             return delta.to(torch.float32, copy=True)
         if self.error.shape != delta.shape:
             raise ValueError(f"error feedback: Δ has shape {tuple(delta.shape)}, e {tuple(self.error.shape)}")
-        return torch.add(delta, self.error.to(delta.device))
+        if self.decay == 1.0:
+            return torch.add(delta, self.error.to(delta.device))
+        return torch.add(delta, self.error.to(delta.device), alpha=self.decay)
 
     def remember(self, target: torch.Tensor, sent: torch.Tensor) -> None:
-        """e_m ← v − Q(v), with ``target`` = v = Δ_m + e_m and ``sent`` = Q(v) dequantized."""
+        """e_m ← v − Q(v), with ``target`` = v = Δ_m + β·e_m and ``sent`` = Q(v) decoded."""
         self.error = torch.sub(target, sent.reshape(target.shape))
 
     def step(self, delta: torch.Tensor, compress: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """Q(Δ_m + e_m) with ``compress`` = Q (dequantized output), e_m updated."""
+        """Q(Δ_m + β·e_m) with ``compress`` = Q (decoded output), e_m updated."""
         v = self.compensate(delta)
         sent = compress(v)
         self.remember(v, sent)

@@ -211,16 +211,39 @@ def resolve(
     given = {s: _read_section(s, v) for s, v in user.items()}
     # The method decides the preset (read like any other key).
     method = given.get("algorithm", {}).get("method", "adloco")
-    overlap = given.get("comm", {}).get("overlap", "none")  # the outer step under delayed: ALGORITHM.md §13
+    # the preset's outer step gives way to the codec's, or under delayed to sgd (ALGORITHM.md §13), unless
+    # the user chose the step: a momentum they set is never dropped
+    chosen = {"optimizer", "momentum"} & set(given.get("outer", {}))
+    overlap = "none" if chosen else given.get("comm", {}).get("overlap", "none")
+    dtype = "float32" if chosen else given.get("comm", {}).get("dtype", "float32")
     values: dict[str, dict[str, Any]] = {}
     for section in SECTIONS:
-        values[section] = {**preset_values(method, section, overlap), **given.get(section, {})}
+        values[section] = {**preset_values(method, section, overlap, dtype), **given.get(section, {})}
     model = values["model"].get("name", SECTION_TYPES["model"]().name)  # type: ignore[attr-defined]
     if "tokenizer" not in given.get("data", {}) and model not in SHAPES:
         values["data"]["tokenizer"] = model  # a checkpoint: its own tokenizer, not one trained anew
     cfg = build(values)
+    _ignored_outer(cfg, given.get("outer", {}))
     checks.check(cfg, resuming)
     return cfg
+
+
+def _ignored_outer(cfg: Config, given: dict[str, Any]) -> None:
+    """An outer key the user set away from its default that the outer step in effect does not read is
+    refused, never dropped: ``outer.momentum`` is Nesterov's alone, ``outer.lr`` is not averaging's (lr 1).
+    (A run's own config.yaml names every key, at the defaults where nothing was set: those pass.)"""
+    step, default = cfg.outer.optimizer, type(cfg.outer)()
+    given = {k: v for k, v in given.items() if v != getattr(default, k, v)}
+    if "momentum" in given and step != "nesterov":
+        raise UserError(
+            f"config: outer.momentum = {given['momentum']!r}: applies to outer.optimizer nesterov only (the "
+            f"outer step is {step}); set outer.optimizer=nesterov to use a momentum"
+        )
+    if "lr" in given and step == "average":
+        raise UserError(
+            f"config: outer.lr = {given['lr']!r}: applies to outer.optimizer sgd and nesterov only (average "
+            "steps the whole mean, lr 1); set outer.optimizer=sgd to choose an lr"
+        )
 
 
 def field_docs() -> list[tuple[str, str, Any, str]]:

@@ -30,6 +30,7 @@ from adloco.engine.placement import Placement, place
 from adloco.engine.signals import Signals
 from adloco.events import Summary
 from adloco.method import DecisionMismatch, RoundAborted
+from adloco.settings import outer_note
 from adloco.telemetry.metrics import MetricsSink
 from adloco.telemetry.progress import Progress, library_log_to, make_progress
 
@@ -172,6 +173,8 @@ class Run:
             f"{a.trainers} trainers{procs}, {data.n_train} train / {data.n_val} validation {unit}, device "
             f"{device.type}"
         )
+        if (note := outer_note(a.method, cfg.outer, cfg.comm)) is not None:
+            self.say(note)
         return driver
 
     def _rounds(self, driver: Driver, sink: MetricsSink) -> Summary:
