@@ -454,3 +454,84 @@ def test_topk_resumes_its_error_feedback_bit_for_bit(overlap: str) -> None:
     assert a.feedback is not None and b.feedback is not None
     for w in (0, 1):
         assert torch.equal(a.feedback[w].error, b.feedback[w].error)
+
+
+# --------------------------------------------------------------------------------------------------
+# The codec's rules drive the configuration (ALGORITHM.md §9.4)
+# --------------------------------------------------------------------------------------------------
+
+
+class RuledHalf(GatheredHalf):
+    """A codec with every rule unlike bfloat16's, registered in its place: the checks must follow it."""
+
+    feedback = True
+    error_decay = 0.5
+    carries_theta = False
+    theta = "int8"
+    keys = ("topk_mean",)
+    outer = {"optimizer": "sgd", "lr": 0.3}
+    outer_why = "a test's own step"
+
+
+def test_the_codecs_rules_not_its_name_drive_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from adloco.settings import AdaptiveBatch, Wire, outer_note, preset, preset_values
+    from adloco.settings import Outer as OuterDial
+
+    monkeypatch.setitem(codecs.CODECS, "bfloat16", RuledHalf)
+    w = Wire("bfloat16")
+    assert w.feedback and w.decay == 0.5 and w.theta_wire == "int8"
+    assert Wire("bfloat16", error_decay=0.9).decay == 0.9
+    assert Wire("bfloat16", topk_mean="all").topk_mean == "all"  # its own key now
+    with pytest.raises(
+        ValueError, match="comm.topk_mean = 'all': must be 'senders' .* unless comm.dtype is bfloat16"
+    ):
+        Wire("int4", topk_mean="all")  # named as the first codec that owns it
+    with pytest.raises(
+        ValueError, match="comm.theta_dtype = 'bfloat16': must be float32, float16, int8, int4 or null"
+    ):
+        Wire("int4", theta_dtype="bfloat16")
+    with pytest.raises(
+        ValueError, match="comm.dtype = 'bfloat16': must be float32, float16, int8 or int4 with DDP"
+    ):
+        w.check_codec(AdaptiveBatch(), ddp=True)
+    assert preset_values("diloco", "outer", dtype="bfloat16") == {"optimizer": "sgd", "lr": 0.3}
+    step = preset("diloco", OuterDial, dtype="bfloat16")
+    assert "brings a test's own step" in (outer_note("diloco", step, w) or "")
+    # the registered codecs as they are
+    monkeypatch.undo()
+    assert [Wire(d).theta_wire for d in ("float32", "bfloat16", "float16", "int8", "int4", "topk")] == [
+        "float32",
+        "bfloat16",
+        "float16",
+        "int8",
+        "int4",
+        "int4",
+    ]
+    assert Wire("int4", theta_dtype="float32").theta.dtype == "float32"  # an explicit θ wire is honoured
+    assert [Wire(d).feedback for d in ("float32", "int4", "topk")] == [False, False, True]
+    assert [Wire(d).decay for d in ("int4", "topk")] == [1.0, 0.95]
+    assert preset_values("diloco", "outer", "delayed", dtype="topk") == {"optimizer": "sgd", "lr": 1.0}
+    assert preset_values("diloco", "outer", "delayed") == {"optimizer": "sgd"}
+    assert preset_values("adloco", "outer", dtype="topk") == {}  # averaging is the codec's step already
+
+
+def test_int4_on_the_default_adloco_run_compresses_merges_and_moves() -> None:
+    """With comm.theta_dtype null θ follows Δ: AdLoCo's default shape (4 workers, 4 trainers merging)
+    with comm.dtype int4 sends at most 0.2× the bytes of the float32 run, most of them θ."""
+    from tests.unit.test_several_processes import reference_and_threaded
+
+    def sent(dtype: str) -> dict[str, int]:
+        cfg = tiny_config(
+            **{
+                "algorithm": {"workers": 4, "trainers": 4, "rounds": 4},
+                "merge": {"every": 1},
+                "comm": {"dtype": dtype},
+            }
+        )
+        ref, _ = reference_and_threaded(cfg, {w: 0 for w in range(4)}, 1)
+        return dict(ref.totals.by_kind)
+
+    f32, int4 = sent("float32"), sent("int4")
+    assert f32.get("merge", 0) + f32.get("move", 0) > 0
+    assert sum(int4.values()) <= 0.2 * sum(f32.values())
+    assert int4["merge"] <= 0.2 * f32["merge"]

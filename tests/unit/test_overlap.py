@@ -375,6 +375,8 @@ def test_diloco_under_delayed_takes_sgd_at_its_lr_and_converges(caplog: pytest.L
 
 
 def test_the_config_under_delayed_takes_sgd_unless_told() -> None:
+    """Under delayed DiLoCo's preset takes SGD at its lr, with topk the codec's own step (SGD lr 1); a
+    step or a momentum the user set is kept as set, and the run says which step it took."""
     from adloco.config.load import resolve
 
     diloco = ["algorithm.method=diloco"]
@@ -386,6 +388,24 @@ def test_the_config_under_delayed_takes_sgd_unless_told() -> None:
     assert (told.outer.optimizer, told.outer.lr) == ("nesterov", 0.5)
     assert resolve(None, ["algorithm.method=localsgd", "comm.overlap=delayed"]).outer.optimizer == "average"
     assert resolve(None, ["comm.overlap=delayed"]).outer.optimizer == "average"  # adloco's own
+    # a momentum the user set is never dropped: the preset (Nesterov) is kept with it, and warned of
+    kept = resolve(None, [*diloco, "comm.overlap=delayed", "outer.momentum=0.5"])
+    assert (kept.outer.optimizer, kept.outer.lr, kept.outer.momentum) == ("nesterov", 0.7, 0.5)
+    assert kept.outer.stale_momentum("delayed") is not None
+    # the line that says which step a run took, and why
+    from adloco.settings import outer_note
+
+    note = outer_note("diloco", cfg.outer, cfg.comm)
+    assert note is not None and note.startswith(
+        "outer step: sgd at lr 0.7, no momentum, in place of diloco's"
+    )
+    assert "under comm.overlap delayed" in note
+    assert outer_note("diloco", kept.outer, kept.comm) is None
+    topk = resolve(None, [*diloco, "comm.dtype=topk", "comm.overlap=delayed"])
+    assert (topk.outer.optimizer, topk.outer.lr) == ("sgd", 1.0)
+    assert "comm.dtype topk brings SparseLoCo's" in (outer_note("diloco", topk.outer, topk.comm) or "")
+    own = resolve(None, [*diloco, "comm.dtype=topk", "outer.lr=0.5"])  # an lr is kept, on the codec's step
+    assert (own.outer.optimizer, own.outer.lr) == ("sgd", 0.5)
 
 
 # -- streaming fragments ---------------------------------------------------------------------------
