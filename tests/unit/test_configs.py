@@ -121,14 +121,14 @@ def test_shape_messages_quote_any_value() -> None:
         resolve(None, ["batch={x}"])
 
 
-def _bench_args(name: str) -> Any:
-    """``adloco bench --config configs/NAME --methods adloco,diloco,diloco-schedule``'s arguments."""
+def _bench_args(name: str, methods: str = "adloco,diloco,diloco-schedule") -> Any:
+    """``adloco bench --config configs/NAME --methods METHODS``'s arguments."""
     import argparse
 
     return argparse.Namespace(
         config=str(CONFIGS / name),
         overrides=[],
-        methods="adloco,diloco,diloco-schedule",
+        methods=methods,
         ablations="",
         budget=None,
         target=None,
@@ -250,3 +250,37 @@ def test_the_long_run_bench_runs_the_scaling_benchs_choices_eight_times_longer(c
             )
     for method, values in chosen.items():  # each choice is a point of the scaling bench's grid
         assert any(values.items() <= g.values.items() for g in scale["grids"][method])
+
+
+COMPRESS_LONG = "adloco,adloco-int4,adloco-muon,diloco,diloco-int4,diloco-topk,diloco-muon,diloco-int4-muon,diloco-topk-muon"
+
+
+@pytest.mark.parametrize("corpus", sorted(CHOSEN))
+def test_the_compression_bench_varies_the_wire_and_the_inner_optimizer_alone(corpus: str) -> None:
+    """configs/compress-long-tiny-*.yaml (benchmarks/RESULTS.md, "Compression on long runs"): each
+    variant is its method at the long run's setting with the wire, the inner optimizer or both changed
+    and nothing else, but topk's outer step, SparseLoCo's (SGD lr 1); 9 variants x 2 seeds."""
+    from adloco.bench import plan, variants
+
+    settings, todo = variants(_bench_args(f"compress-long-tiny-{corpus}.yaml", COMPRESS_LONG))
+    runs = plan(settings, todo)
+    long_settings, _ = variants(_bench_args(f"long-tiny-{corpus}.yaml"))
+    assert settings["budget"] == long_settings["budget"] == 32768 and len(runs) == 18
+    from adloco.config import load_yaml
+
+    methods = [
+        load_yaml(CONFIGS / f"{b}-tiny-{corpus}.yaml")["bench"]["methods"] for b in ("compress-long", "long")
+    ]
+    assert methods[0] == methods[1]  # the long run's settings, unchanged
+    for r in runs:
+        c = resolve(None, [*r.base, *r.extra], base=settings["raw"])
+        wire = "topk" if "topk" in r.variant else "int4" if "int4" in r.variant else "float32"
+        assert c.comm.dtype == wire and c.comm.feedback == (wire != "float32")
+        assert c.comm.theta_wire == {"float32": "float32", "int4": "int4", "topk": "int4"}[wire]
+        assert c.inner.optimizer == ("muon" if "muon" in r.variant else "adamw")
+        if wire == "topk":
+            assert (c.outer.optimizer, c.outer.lr, c.comm.decay) == ("sgd", 1.0, 0.95)
+        elif r.variant.startswith("diloco"):
+            assert (c.outer.optimizer, c.outer.lr, c.outer.momentum) == ("nesterov", 0.5, 0.0)
+        else:
+            assert c.outer.optimizer == "average"

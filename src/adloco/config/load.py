@@ -234,7 +234,7 @@ def _ignored_outer(cfg: Config, given: dict[str, Any]) -> None:
     (A run's own config.yaml names every key, at the defaults where nothing was set: those pass.)"""
     step, default = cfg.outer.optimizer, type(cfg.outer)()
     given = {k: v for k, v in given.items() if v != getattr(default, k, v)}
-    if "momentum" in given and step != "nesterov":
+    if given.get("momentum", 0) and step != "nesterov":  # a momentum of 0 asks for none: honoured
         raise UserError(
             f"config: outer.momentum = {given['momentum']!r}: applies to outer.optimizer nesterov only (the "
             f"outer step is {step}); set outer.optimizer=nesterov to use a momentum"
