@@ -284,7 +284,7 @@ def test_cuda_graphs_without_cuda_is_one_line(tmp_path: Path) -> None:
     ran = run_main("train", "--set", "runtime.cuda_graphs=true", "--set", f"logging.out_dir={tmp_path}")
     assert ran.returncode == 2 and not any(tmp_path.iterdir())
     assert ran.stderr.strip().splitlines() == [
-        "adloco: error: config: runtime.cuda_graphs = True: CUDA graphs need CUDA (this run is on cpu); leave it off"
+        "adloco: error: config: runtime.cuda_graphs = True: CUDA graphs need CUDA (this run is on cpu); use auto or false"
     ]
 
 

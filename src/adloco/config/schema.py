@@ -264,11 +264,14 @@ class RuntimeConfig(Dial):
         [],
         "emulation of heterogeneous devices: worker w takes 1/s_w as long per step by sleeping (empty: none)",
     )
-    cuda_graphs: bool = setting(
-        False,
+    cuda_graphs: bool | Literal["auto"] = setting(
+        "auto",
         "each worker's inner step captured as a CUDA graph and replayed on its own stream, so the workers of "
-        "a process train at once on their GPU (ALGORITHM.md §14); needs CUDA; the inner optimizer becomes "
-        "capturable and fused (within float tolerance of a run without); not with fp16, ddp or runtime.shards > 1",
+        "a process train at once on their GPU (ALGORITHM.md §14); the inner optimizer becomes capturable and "
+        "fused (within float tolerance of a run without); not with fp16, ddp, runtime.shards > 1, "
+        "inner.optimizer muon, batch.wd_scaling timescale or a compile_mode that captures graphs itself. auto: "
+        "on where the run is on CUDA and none of those stands in the way (the run's first lines say which, "
+        "and why); true: on, refused in one line where it cannot work; false: off",
     )
     compile: bool = setting(
         False,

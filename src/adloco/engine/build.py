@@ -15,6 +15,7 @@ import torch
 from adloco.baselines import METHOD_CLASSES
 from adloco.comm.base import Comm
 from adloco.config import Config
+from adloco.config.checks import cuda_graphs_choice
 from adloco.engine.inner import make_optimizer
 from adloco.flat import flatten
 from adloco.method import AdLoCo
@@ -90,6 +91,7 @@ def build_algorithm(
     flat parameter groups."""
     a, b, m = cfg.algorithm, cfg.batch, cfg.merge
     trainers = min(a.trainers, a.workers)  # a run continuing on fewer workers merges down to them
+    graphs, _ = cuda_graphs_choice(cfg, device.type == "cuda")  # runtime.cuda_graphs, auto resolved
     models, optimizers = [], []
     for model in build_replicas(cfg, comm, factory, device, log):
         model.train()
@@ -98,7 +100,7 @@ def build_algorithm(
             mode = cfg.runtime.compile_mode
             model.compile(backend=cfg.runtime.compile_backend, mode=None if mode == "default" else mode)
         models.append(model)
-        optimizers.append(make_optimizer(flat, cfg.inner, capturable=cfg.runtime.cuda_graphs))
+        optimizers.append(make_optimizer(flat, cfg.inner, capturable=graphs))
     return METHOD_CLASSES[a.method](
         models,
         optimizers,
@@ -122,7 +124,7 @@ def build_algorithm(
         on_resize=cfg.elastic.batch,
         snapshot=True,  # a signal stops a round part-way: undo it in place
         sync_initial=False,  # every process built its replicas from the same seeds
-        cuda_graphs=cfg.runtime.cuda_graphs,
+        cuda_graphs=graphs,
     )
 
 
