@@ -86,8 +86,8 @@ def describe(tp: Any) -> str:
     """What a value of type ``tp`` must be, in words ('an integer', "one of 'a', 'b'")."""
     origin = typing.get_origin(tp)
     if origin is Literal:
-        args = typing.get_args(tp)
-        return repr(args[0]) if len(args) == 1 else "one of " + ", ".join(repr(a) for a in args)
+        words = typing.get_args(tp)
+        return repr(words[0]) if len(words) == 1 else "one of " + ", ".join(repr(a) for a in words)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         null = " or null" if type(None) in typing.get_args(tp) else ""

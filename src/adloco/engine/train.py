@@ -22,7 +22,7 @@ from adloco.comm.base import CommFailure
 from adloco.config import Config
 from adloco.config.checks import check_placement, cuda_graphs_choice
 from adloco.data.tokens import Data, prepare
-from adloco.engine import rundir
+from adloco.engine import compiling, rundir
 from adloco.engine.checkpoint.files import Folder
 from adloco.engine.checkpoint.saver import Checkpointer
 from adloco.engine.driver import Driver, TooManyBadRounds
@@ -94,6 +94,7 @@ class Run:
         with self._failures():
             self._say_graphs()
             data, start = self._data()
+            compiled = compiling.CacheCounts.now() if self.cfg.runtime.compile else None
             driver = self.driver = self._driver(data, start)
             run_dir, sink = (
                 rundir.open_run(self.cfg, start, driver, self.say)
@@ -104,6 +105,8 @@ class Run:
             if run_dir is not None and self.cfg.logging.trace:
                 driver.trace_dir = run_dir / "trace"  # logging.trace: rank 0 records that round
             summary = self._rounds(driver, sink)
+            if compiled is not None:  # what compiling cost: graphs, and what the caches already held
+                self.say(compiling.CacheCounts.now().since(compiled).line())
             self._write(driver, data, summary)
         self.finished = True
         return summary.to_dict()
