@@ -154,8 +154,8 @@ def test_cuda_run_checkpoints_and_resumes(tmp_path: Path, text_corpus: Path) -> 
 @needs_cuda
 @pytest.mark.parametrize("numel", [1, 255, 4096, 100_003])
 def test_cuda_topk_round_trips_as_on_the_cpu(numel: int) -> None:
-    """comm.dtype topk through the codec's public face on CUDA: exactly nbytes bytes, the CPU's bytes, and a
-    decoding the CPU's bit for bit, which keeps every block's largest magnitude exactly."""
+    """comm.dtype topk through the codec's public face on CUDA: exactly nbytes bytes, the CPU's bytes (a
+    codec's encoding is a function of the values alone, on any device), and the CPU's decoding bit for bit."""
     from adloco.comm.codecs import codec
 
     c = codec("topk")
@@ -166,7 +166,6 @@ def test_cuda_topk_round_trips_as_on_the_cpu(numel: int) -> None:
     assert torch.equal(on_gpu.cpu(), on_cpu)
     back = c.decode(on_gpu, numel)
     assert back.device.type == "cuda" and torch.equal(back.cpu(), c.decode(on_cpu, numel))
-    assert float(back.abs().max()) == float(x.abs().max())
 
 
 @needs_cuda
