@@ -429,6 +429,91 @@ def overhead(dry: bool, ceiling_tflops: float | None, save: Save) -> dict[str, A
     return out
 
 
+def compile_plain(
+    dry: bool, ceiling_tflops: float | None, save: Save, scope: str, backend: str
+) -> dict[str, Any]:
+    """The plain loop at the engine's overhead shape (microllama-300m with a 4,096-token vocabulary, 16 x
+    1,024 tokens, bf16 autocast, AdamW foreach, clip 1.0), compiled as the engine compiles it: each
+    decoder layer on its own (``scope`` ``blocks``, ``nn.Module.compile`` in place) or the whole model
+    (``model``). The first step pays for compilation (into whatever cache folder this process was
+    given: a fresh one is a cold cache); compile seconds = the first step's time minus a warm step's.
+    Then tokens/s and MFU of warm steps."""
+    dev = _device()
+    shape, seq, batch = (TINY_125M, 32, 2) if dry else (MICROLLAMA_4K, 1024, 16)
+    steps = 2 if dry else 10
+    ceiling = (ceiling_tflops or 0.0) * 1e12
+    torch.manual_seed(0)
+    model = hf_llama(shape, seq, "sdpa").to(dev)
+    fpt, n = flops_per_token(model, shape, seq)
+    opt = _adamw(list(model.parameters()), foreach=True)
+    parts = list(model.model.layers) if scope == "blocks" else [model]
+    for part in parts:
+        part.compile(backend=backend)
+    g = torch.Generator(device=dev).manual_seed(1)
+    data = [torch.randint(0, shape["vocab"], (batch, seq), device=dev, generator=g) for _ in range(2)]
+    amp = dev.type == "cuda"
+    out: dict[str, Any] = {
+        "scope": scope,
+        "backend": backend,
+        "compiled": f"{len(parts)} LlamaDecoderLayer, each on its own"
+        if scope == "blocks"
+        else "the whole model",
+        "shape": shape,
+        "seq": seq,
+        "batch": batch,
+        "params": n_params(model),
+        "flops_per_token": fpt,
+        "params_counted": n,
+        "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+    }
+
+    def step(i: int) -> torch.Tensor:
+        ids = data[i % 2]
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    _sync(dev)
+    t0 = time.perf_counter()
+    step(0)
+    _sync(dev)
+    out["first_step_s"] = round(time.perf_counter() - t0, 2)
+    save(out)
+    step(1)  # the second input (the same shape: no recompilation)
+    _sync(dev)
+    t0 = time.perf_counter()
+    for i in range(steps):
+        loss = step(i)
+    _sync(dev)
+    dt = (time.perf_counter() - t0) / steps
+    tps = batch * seq / dt
+    out.update(
+        step_ms=round(dt * 1e3, 2),
+        compile_s=round(out["first_step_s"] - dt, 2),
+        tokens_per_s=round(tps),
+        tflops=round(tps * fpt / 1e12, 1),
+        mfu_measured=round(tps * fpt / ceiling, 4) if ceiling else None,
+        mfu_datasheet=round(tps * fpt / H100_DENSE_BF16, 4),
+        loss=round(float(loss), 4),
+        peak_gib=round(torch.cuda.max_memory_allocated(dev) / 2**30, 1) if dev.type == "cuda" else None,
+    )
+    try:
+        from torch._dynamo.utils import counters
+
+        out["unique_graphs"] = counters["stats"]["unique_graphs"]
+        out["fx_graph_cache"] = {
+            "hits": counters["inductor"]["fxgraph_cache_hit"],
+            "misses": counters["inductor"]["fxgraph_cache_miss"],
+        }
+    except Exception as exc:  # noqa: BLE001 - counters are torch's internals
+        out["counters"] = _err(exc)
+    return out
+
+
 # --------------------------------------------------------------------------------------------------
 # 7. several small workers on one GPU
 # --------------------------------------------------------------------------------------------------

@@ -86,7 +86,8 @@ def describe(tp: Any) -> str:
     """What a value of type ``tp`` must be, in words ('an integer', "one of 'a', 'b'")."""
     origin = typing.get_origin(tp)
     if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+        words = typing.get_args(tp)
+        return repr(words[0]) if len(words) == 1 else "one of " + ", ".join(repr(a) for a in words)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         null = " or null" if type(None) in typing.get_args(tp) else ""
@@ -217,7 +218,9 @@ def _choices(tp: Any) -> tuple[Any, ...]:
     if typing.get_origin(tp) is Literal:
         return typing.get_args(tp)
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return tuple(a for arg in typing.get_args(tp) for a in _choices(arg))
+        args = typing.get_args(tp)
+        words = tuple(a for arg in args for a in _choices(arg))
+        return words + ("true", "false") if words and bool in args else words  # auto, true or false
     return ()
 
 

@@ -87,3 +87,80 @@ def test_dry_run_on_cuda(tmp_path: Path) -> None:
     assert multi["micro"]["checks"]["graph_vs_eager"]["param_rel_err"] < 1e-3
     overhead = sections["overhead"]["result"]
     assert overhead["engine"]["trace"]["device_ms_per_step"] > 0
+
+
+SESSION_FILES = [
+    "gpu.json",
+    "paper.png",
+    "rest.tgz",
+    "session.json",
+    "session.log",
+    "session.md",
+    "unit-cuda.txt",
+]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant of the session's dry run")
+@pytest.mark.timeout(600)
+def test_the_gpu_session_dry_run_writes_every_part_and_its_files(tmp_path: Path) -> None:
+    """benchmarks/gpu_session.sh with DRY=1: every part starts and ends within its box, and what comes back
+    is the few flat files a GPU machine returns (the unit part narrowed to the CPU tests of the choice)."""
+    out = tmp_path / "session"
+    env = dict(os.environ)
+    env.update(DRY="1", PYTHON=sys.executable, UNIT_WORKERS="1", UNIT_SELECT="cuda_graphs_auto")
+    proc = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_session.sh"), str(out), "500"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=580,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == SESSION_FILES
+    assert all(p.is_file() and p.stat().st_size < 16 * 2**20 for p in out.iterdir())
+    session = json.loads((out / "session.json").read_text())
+    parts = session["parts"]
+    assert [(k, v["status"]) for k, v in parts.items()] == [
+        ("env", "ok"),
+        ("unit", "ok"),
+        ("default", "ok"),
+        ("compile+paper", "ok"),
+    ]
+    assert " passed" in parts["unit"]["result"] and "failed" not in parts["unit"]["result"]
+    assert parts["default"]["cuda_graphs_line"] == "cuda graphs: off (auto: no CUDA)"
+    assert parts["compile+paper"]["compile"]["status"] == parts["compile+paper"]["paper"]["status"] == "ok"
+    sections = json.loads((out / "gpu.json").read_text())["sections"]
+    compiled = sections["compile"]["result"]
+    assert compiled["backend"] == "aot_eager"  # a CPU: tracing, no code generated
+    for scope in ("blocks", "model"):
+        assert (
+            compiled["plain"][scope]["compile_s"] is not None and compiled["plain"][scope]["tokens_per_s"] > 0
+        )
+    assert compiled["plain"]["blocks"]["compiled"] == "2 LlamaDecoderLayer, each on its own"
+    for run in ("blocks, cold cache", "blocks, warm cache"):
+        assert compiled["engine"][run]["rc"] == 0 and compiled["engine"][run]["tokens_per_s"] > 0
+    paper = sections["paper"]["result"]
+    assert set(paper["runs"]) == {"AdLoCo", "DiLoCo"}
+    for run in paper["runs"].values():
+        assert run["rc"] == 0 and len(run["curve"]) == 1 + paper["plan"]["rounds"]
+        assert run["bytes_total"] > 0 and run["graphs_line"] == "cuda graphs: off (auto: no CUDA)"
+    assert paper["runs"]["AdLoCo"]["overrides"]["batch.test"] == "augmented_inner_product"  # the paper's
+    assert (out / "paper.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "## 9. The paper's setting (Figure 1)" in (out / "session.md").read_text()
+    # the figure again from the results alone, as on a machine where the session had no matplotlib
+    again = tmp_path / "again"
+    redraw = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu.py"),
+            "--draw-paper",
+            str(out / "gpu.json"),
+            "--out",
+            str(again),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert redraw.returncode == 0 and (again / "paper.png").is_file(), redraw.stderr[-2000:]

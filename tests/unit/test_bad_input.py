@@ -655,7 +655,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "wd-scaling-in-a-cuda-graph",
         ["train", *S("logging.out_dir={tmp}/runs", "batch.wd_scaling=timescale", "runtime.cuda_graphs=true")],
-        "config: runtime.cuda_graphs = True: must be false with batch.wd_scaling timescale (a captured step keeps the weight decay it was captured with)",
+        "config: runtime.cuda_graphs = True: must be false or auto with batch.wd_scaling timescale (a captured step keeps the weight decay it was captured with)",
     ),
     (
         "wd-scaling-unknown",
@@ -680,7 +680,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "muon-in-a-cuda-graph",
         ["train", *S("logging.out_dir={tmp}/runs", "inner.optimizer=muon", "runtime.cuda_graphs=true")],
-        "config: runtime.cuda_graphs = True: must be false with inner.optimizer muon (torch.optim.Muon reads its learning rate on the host at every step)",
+        "config: runtime.cuda_graphs = True: must be false or auto with inner.optimizer muon (torch.optim.Muon reads its learning rate on the host at every step)",
     ),
     (
         "muon-sharded",
@@ -718,6 +718,11 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: runtime.device = 'cpu': must be auto or cuda with runtime.cuda_graphs",
     ),
     (
+        "cuda-graphs-maybe",
+        ["train", *S("logging.out_dir={tmp}/runs", "runtime.cuda_graphs=maybe")],
+        "config: runtime.cuda_graphs = 'maybe': must be true or false or 'auto'",
+    ),
+    (
         "cuda-graphs-with-compiles-own-graphs",
         [
             "train",
@@ -743,7 +748,7 @@ CASES: list[tuple[str, list[str], str]] = [
             "--nproc",
             "2",
         ],
-        "config: runtime.shards = 2: must be 1 with runtime.compile (a model sharded with FSDP2 is compiled per block, which the engine does not do)",
+        "config: runtime.shards = 2: must be 1 with runtime.compile (the engine does not compile a model sharded with FSDP2)",
     ),
     (
         "compile-mode-unknown",

@@ -23,7 +23,7 @@ from adloco.engine.evaluation import evaluate
 from adloco.graphs import GraphedStep, capturable
 from adloco.replica import Replica
 from adloco.snapshot import InnerSnapshot
-from tests.helpers import synthetic_data, train_once
+from tests.helpers import synthetic_data, train_once, train_with_output
 
 CUDA = torch.cuda.is_available()
 
@@ -213,9 +213,14 @@ def _summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
-def test_compile_trains_as_eager_with_the_probe(tmp_path: Path, text_corpus: Path) -> None:
+def test_compile_trains_as_eager_with_the_probe(
+    tmp_path: Path, text_corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """adloco train with runtime.compile (AdLoCo: the probe's chunks and the steps are micro-batches of
-    several sizes) ends where the eager run ends, within float tolerance."""
+    several sizes) ends where the eager run ends, within float tolerance, and says what it compiled."""
+    from adloco.engine.compiling import ENV
+
+    monkeypatch.delenv(ENV, raising=False)  # the run points it at its cache: put back afterwards
     base = {
         "data.source": str(text_corpus),
         "model.name": "llama-micro",
@@ -235,14 +240,111 @@ def test_compile_trains_as_eager_with_the_probe(tmp_path: Path, text_corpus: Pat
 
     eager = _summary(train_once(tmp_path / "eager", base))
     counters.clear()
-    compiled = _summary(
-        train_once(
-            tmp_path / "compiled", {**base, "runtime.compile": "true", "runtime.compile_backend": "aot_eager"}
-        )
+    run, out = train_with_output(
+        tmp_path / "compiled",
+        {
+            **base,
+            "runtime.compile": "true",
+            "runtime.compile_backend": "aot_eager",
+            "runtime.compile_cache": str(tmp_path / "cache"),
+            "logging.progress": "plain",
+        },
     )
+    compiled = _summary(run)
     assert counters["stats"]["unique_graphs"] > 0  # the model was compiled (not eager under another name)
+    lines = [ln for ln in out.splitlines() if ln.startswith("compile: ")]
+    assert lines[0] == (
+        "compile: 1 block (LlamaDecoderLayer), each on its own, backend aot_eager, mode default, at the "
+        f"first steps; caches in {tmp_path / 'cache'} (runtime.compile_cache)"
+    )
+    assert lines[1].startswith("compile: ") and lines[1].endswith("(no inductor cache used by this backend)")
     assert compiled["requests_final"] == eager["requests_final"]
     assert math.isclose(compiled["final_val_loss"], eager["final_val_loss"], rel_tol=1e-4)
+
+
+def _llama(layers: int) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    shape = dict(hidden_size=16, num_attention_heads=2, num_key_value_heads=2, intermediate_size=32)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, num_hidden_layers=layers, use_cache=False, **shape))
+
+
+def _loss_and_grads(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("scope", ["blocks", "model"])
+def test_compile_by_block_or_whole_gives_the_eager_loss_and_gradients(scope: str) -> None:
+    """runtime.compile_scope: blocks compiles each decoder layer on its own, and one graph serves all four;
+    model compiles the whole model. Either way the loss and every gradient are eager's within float
+    tolerance, and the parameters keep their names (the flat buffer and checkpoints see the same model)."""
+    from torch._dynamo.utils import counters
+
+    from adloco.engine.compiling import blocks, compile_in_place
+
+    eager, compiled = _llama(4), _llama(4)
+    names = [n for n, _ in compiled.named_parameters()]
+    torch._dynamo.reset()
+    counters.clear()
+    what = compile_in_place(compiled, scope, "aot_eager", "default")
+    layers = blocks(compiled)
+    assert [type(b).__name__ for b in layers] == ["LlamaDecoderLayer"] * 4
+    wrapped = [getattr(b, "_compiled_call_impl", None) is not None for b in layers]
+    whole = getattr(compiled, "_compiled_call_impl", None) is not None
+    if scope == "blocks":
+        assert what == "4 blocks (LlamaDecoderLayer), each on its own" and all(wrapped) and not whole
+    else:
+        assert what == "the whole model" and not any(wrapped) and whole
+    assert [n for n, _ in compiled.named_parameters()] == names
+    ids = torch.randint(0, 64, (3, 8), generator=torch.Generator().manual_seed(1))
+    (le, ge), (lc, gc) = _loss_and_grads(eager, ids), _loss_and_grads(compiled, ids)
+    torch.testing.assert_close(lc, le, rtol=1e-5, atol=1e-6)
+    assert len(gc) == len(ge) == len(names)
+    for a, b in zip(gc, ge, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    if scope == "blocks":  # the block's code was traced once, not once per layer
+        assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_model_that_names_no_block_is_compiled_whole() -> None:
+    from adloco.engine.compiling import compile_in_place
+
+    model = mlp(7)
+    what = compile_in_place(model, "blocks", "eager", "default")
+    assert what == "the whole model (Sequential names no repeated block in _no_split_modules)"
+    assert getattr(model, "_compiled_call_impl", None) is not None
+
+
+def test_the_compile_caches_go_where_the_config_or_the_environment_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """runtime.compile_cache, else $TORCHINDUCTOR_CACHE_DIR as the user set it, else <adloco cache>/compile;
+    the folder torch writes there itself (its default under the temporary directory) is not a choice."""
+    import os
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from adloco.engine.compiling import ENV, use_cache
+    from tests.helpers import tiny_config
+
+    monkeypatch.setenv("ADLOCO_CACHE", str(tmp_path / "adloco"))
+    monkeypatch.delenv(ENV, raising=False)
+    cfg = tiny_config("runtime.compile=true")
+    assert use_cache(cfg) == f"{tmp_path / 'adloco' / 'compile'} (the adloco cache)"
+    assert (
+        os.environ[ENV] == str(tmp_path / "adloco" / "compile") and (tmp_path / "adloco" / "compile").is_dir()
+    )
+    monkeypatch.setenv(ENV, default_cache_dir())  # what torch set itself when it first asked
+    assert use_cache(cfg).endswith("(the adloco cache)")
+    monkeypatch.setenv(ENV, str(tmp_path / "mine"))
+    assert use_cache(cfg) == f"{tmp_path / 'mine'} ($TORCHINDUCTOR_CACHE_DIR)"
+    own = tiny_config("runtime.compile=true", f"runtime.compile_cache={tmp_path / 'set'}")
+    assert use_cache(own) == f"{tmp_path / 'set'} (runtime.compile_cache, over $TORCHINDUCTOR_CACHE_DIR)"
+    assert os.environ[ENV] == str(tmp_path / "set")
 
 
 def test_a_traced_round_says_where_its_steps_time_went(tmp_path: Path, text_corpus: Path) -> None:
@@ -284,7 +386,7 @@ def test_cuda_graphs_without_cuda_is_one_line(tmp_path: Path) -> None:
     ran = run_main("train", "--set", "runtime.cuda_graphs=true", "--set", f"logging.out_dir={tmp_path}")
     assert ran.returncode == 2 and not any(tmp_path.iterdir())
     assert ran.stderr.strip().splitlines() == [
-        "adloco: error: config: runtime.cuda_graphs = True: CUDA graphs need CUDA (this run is on cpu); leave it off"
+        "adloco: error: config: runtime.cuda_graphs = True: CUDA graphs need CUDA (this run is on cpu); use auto or false"
     ]
 
 

@@ -107,10 +107,10 @@ def check_muon(cfg: Config) -> None:
         return
     rt = cfg.runtime
     _need(
-        not rt.cuda_graphs,
+        rt.cuda_graphs is not True,
         "runtime.cuda_graphs",
         rt.cuda_graphs,
-        "false with inner.optimizer muon (torch.optim.Muon reads its learning rate on the host at every step)",
+        "false or auto with inner.optimizer muon (torch.optim.Muon reads its learning rate on the host at every step)",
     )
     _need(
         rt.shards == 1,
@@ -131,17 +131,18 @@ def check_wd_scaling(cfg: Config) -> None:
         "none with inner.weight_decay = 0 (there is no weight decay to scale)",
     )
     _need(
-        not cfg.runtime.cuda_graphs,
+        cfg.runtime.cuda_graphs is not True,
         "runtime.cuda_graphs",
         cfg.runtime.cuda_graphs,
-        "false with batch.wd_scaling timescale (a captured step keeps the weight decay it was captured with)",
+        "false or auto with batch.wd_scaling timescale (a captured step keeps the weight decay it was captured with)",
     )
 
 
 def check_compute(cfg: Config) -> None:
-    """runtime.cuda_graphs and runtime.compile: the combinations that cannot work (ALGORITHM.md §14)."""
+    """runtime.cuda_graphs and runtime.compile: the combinations that cannot work (ALGORITHM.md §14). Only
+    ``cuda_graphs: true`` is refused; ``auto`` turns itself off for them (:func:`cuda_graphs_choice`)."""
     rt, a = cfg.runtime, cfg.algorithm
-    if rt.cuda_graphs:
+    if rt.cuda_graphs is True:
         _need(
             cfg.model.precision != "fp16",
             "model.precision",
@@ -174,7 +175,7 @@ def check_compute(cfg: Config) -> None:
             rt.shards == 1,
             "runtime.shards",
             rt.shards,
-            "1 with runtime.compile (a model sharded with FSDP2 is compiled per block, which the engine does not do)",
+            "1 with runtime.compile (the engine does not compile a model sharded with FSDP2)",
         )
         from torch._dynamo import list_backends
 
@@ -185,6 +186,41 @@ def check_compute(cfg: Config) -> None:
             rt.compile_backend,
             f"a backend of torch.compile ({', '.join(shown)})",
         )
+
+
+# What keeps a captured step from working, in the order runtime.cuda_graphs: auto names them (the
+# first that holds is the reason it gives): (holds, what the run's line says)
+def _graph_obstacles(cfg: Config) -> list[tuple[bool, str]]:
+    rt = cfg.runtime
+    return [
+        (rt.device == "cpu", "runtime.device cpu"),
+        (cfg.model.precision == "fp16", "model.precision fp16: its loss scaling decides on the host"),
+        (cfg.algorithm.method == "ddp", "algorithm.method ddp: gradients are averaged inside the step"),
+        (rt.shards > 1, f"runtime.shards {rt.shards}: a sharded step runs collectives"),
+        (
+            rt.compile and rt.compile_mode in ("reduce-overhead", "max-autotune"),
+            f"runtime.compile_mode {rt.compile_mode}: it captures CUDA graphs of its own",
+        ),
+        (cfg.inner.optimizer == "muon", "inner.optimizer muon: it reads its learning rate on the host"),
+        (
+            cfg.batch.wd_scaling != "none",
+            f"batch.wd_scaling {cfg.batch.wd_scaling}: a captured step keeps its weight decay",
+        ),
+    ]
+
+
+def cuda_graphs_choice(cfg: Config, cuda: bool) -> tuple[bool, str]:
+    """Whether a run whose process is on CUDA (``cuda``) captures its workers' steps, and why, in words
+    (ALGORITHM.md §14): ``runtime.cuda_graphs`` true or false as written (true where it cannot work is
+    refused before, by :func:`check` and :func:`check_placement`); ``auto``: on where the process is on
+    CUDA and nothing the engine refuses with graphs is set, else off, naming the first obstacle."""
+    rt = cfg.runtime
+    if rt.cuda_graphs != "auto":
+        return bool(rt.cuda_graphs), f"runtime.cuda_graphs: {str(rt.cuda_graphs).lower()}"
+    if not cuda:
+        return False, "auto: " + ("runtime.device cpu" if rt.device == "cpu" else "no CUDA")
+    why = next((what for holds, what in _graph_obstacles(cfg) if holds), None)
+    return (False, f"auto: {why}") if why else (True, "auto: CUDA")
 
 
 def check_memory(cfg: Config) -> None:
@@ -308,9 +344,9 @@ def check_placement(cfg: Config, world: int | None, flexible: bool = False) -> N
     from adloco.telemetry.metrics import check_sinks
 
     check_sinks(cfg.logging)  # a metrics sink set on whose package is missing
-    if rt.cuda_graphs and not uses_cuda(rt.device):
+    if rt.cuda_graphs is True and not uses_cuda(rt.device):
         raise UserError(
-            "config: runtime.cuda_graphs = True: CUDA graphs need CUDA (this run is on cpu); leave it off"
+            "config: runtime.cuda_graphs = True: CUDA graphs need CUDA (this run is on cpu); use auto or false"
         )
     if cfg.model.precision != "fp32" and not uses_cuda(rt.device):
         raise UserError(

@@ -264,16 +264,33 @@ class RuntimeConfig(Dial):
         [],
         "emulation of heterogeneous devices: worker w takes 1/s_w as long per step by sleeping (empty: none)",
     )
-    cuda_graphs: bool = setting(
-        False,
+    cuda_graphs: bool | Literal["auto"] = setting(
+        "auto",
         "each worker's inner step captured as a CUDA graph and replayed on its own stream, so the workers of "
-        "a process train at once on their GPU (ALGORITHM.md §14); needs CUDA; the inner optimizer becomes "
-        "capturable and fused (within float tolerance of a run without); not with fp16, ddp or runtime.shards > 1",
+        "a process train at once on their GPU (ALGORITHM.md §14); the inner optimizer becomes capturable and "
+        "fused (within float tolerance of a run without); not with fp16, ddp, runtime.shards > 1, "
+        "inner.optimizer muon, batch.wd_scaling timescale or a compile_mode that captures graphs itself. auto: "
+        "on where the run is on CUDA and none of those stands in the way (the run's first lines say which, "
+        "and why); true: on, refused in one line where it cannot work; false: off",
     )
     compile: bool = setting(
         False,
-        "torch.compile each worker's model (its forward pass, the loss it computes and their backward pass) "
-        "before training; results within float tolerance of eager",
+        "torch.compile each worker's model before training (runtime.compile_scope says which parts; the "
+        "backward pass through AOT autograd); results within float tolerance of eager (ALGORITHM.md §14)",
+    )
+    compile_scope: Literal["blocks", "model"] = setting(
+        "blocks",
+        "with runtime.compile: blocks compiles each repeated decoder block on its own (the blocks a "
+        "Hugging Face model names in _no_split_modules, as FSDP2 shards them; the embeddings, final norm, "
+        "head and loss stay eager), so one compilation serves every layer of every worker; model compiles "
+        "the whole model with its loss as one graph (longer to compile)",
+    )
+    compile_cache: str | None = setting(
+        None,
+        "with runtime.compile: the folder of torch.compile's caches (inductor's FX graph and AOT autograd "
+        "caches, Triton's kernels), which a later run with the same model, shapes and torch reuses instead "
+        "of compiling again; null: $TORCHINDUCTOR_CACHE_DIR when it is set, else <data.cache_dir, "
+        "$ADLOCO_CACHE or ~/.cache/adloco>/compile. Deleting the folder clears it",
     )
     compile_backend: str = setting(
         "inductor",

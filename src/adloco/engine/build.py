@@ -1,7 +1,7 @@
 """The algorithm object of a config (``adloco train``): each worker's replica built per trainer (one
 seed, or one per trainer; sharded workers start from their shards, ALGORITHM.md §12), compiled when asked
-(ALGORITHM.md §14), with its inner optimizer on the flat parameter groups; the method's class with the
-config's dials.
+(by block or whole, :mod:`adloco.engine.compiling`; ALGORITHM.md §14), with its inner optimizer on the
+flat parameter groups; the method's class with the config's dials.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import torch
 from adloco.baselines import METHOD_CLASSES
 from adloco.comm.base import Comm
 from adloco.config import Config
+from adloco.config.checks import cuda_graphs_choice
+from adloco.engine import compiling
 from adloco.engine.inner import make_optimizer
 from adloco.flat import flatten
 from adloco.method import AdLoCo
@@ -90,15 +92,23 @@ def build_algorithm(
     flat parameter groups."""
     a, b, m = cfg.algorithm, cfg.batch, cfg.merge
     trainers = min(a.trainers, a.workers)  # a run continuing on fewer workers merges down to them
-    models, optimizers = [], []
+    rt = cfg.runtime
+    graphs, _ = cuda_graphs_choice(cfg, device.type == "cuda")  # runtime.cuda_graphs, auto resolved
+    cache = compiling.use_cache(cfg) if rt.compile else ""  # before anything compiles
+    models: list[torch.nn.Module] = []
+    optimizers: list[torch.optim.Optimizer] = []
     for model in build_replicas(cfg, comm, factory, device, log):
         model.train()
         flat = flatten(model)
-        if cfg.runtime.compile:  # in place: the module, its parameters and its state dict's names stay
-            mode = cfg.runtime.compile_mode
-            model.compile(backend=cfg.runtime.compile_backend, mode=None if mode == "default" else mode)
+        if rt.compile:  # in place: the module, its parameters and its state dict's names stay
+            what = compiling.compile_in_place(model, rt.compile_scope, rt.compile_backend, rt.compile_mode)
+            if not models:
+                log(
+                    f"compile: {what}, backend {rt.compile_backend}, mode {rt.compile_mode}, at the first "
+                    f"steps; caches in {cache}"
+                )
         models.append(model)
-        optimizers.append(make_optimizer(flat, cfg.inner, capturable=cfg.runtime.cuda_graphs))
+        optimizers.append(make_optimizer(flat, cfg.inner, capturable=graphs))
     return METHOD_CLASSES[a.method](
         models,
         optimizers,
@@ -122,7 +132,7 @@ def build_algorithm(
         on_resize=cfg.elastic.batch,
         snapshot=True,  # a signal stops a round part-way: undo it in place
         sync_initial=False,  # every process built its replicas from the same seeds
-        cuda_graphs=cfg.runtime.cuda_graphs,
+        cuda_graphs=graphs,
     )
 
 

@@ -20,9 +20,9 @@ from typing import Any
 from adloco import events, models
 from adloco.comm.base import CommFailure
 from adloco.config import Config
-from adloco.config.checks import check_placement
+from adloco.config.checks import check_placement, cuda_graphs_choice
 from adloco.data.tokens import Data, prepare
-from adloco.engine import rundir
+from adloco.engine import compiling, rundir
 from adloco.engine.checkpoint.files import Folder
 from adloco.engine.checkpoint.saver import Checkpointer
 from adloco.engine.driver import Driver, TooManyBadRounds
@@ -93,7 +93,9 @@ class Run:
 
     def train(self) -> dict[str, Any]:
         with self._failures():
+            self._say_graphs()
             data, start = self._data()
+            compiled = compiling.CacheCounts.now() if self.cfg.runtime.compile else None
             driver = self.driver = self._driver(data, start)
             run_dir, sink = (
                 rundir.open_run(self.cfg, start, driver, self.say)
@@ -104,6 +106,8 @@ class Run:
             if run_dir is not None and self.cfg.logging.trace:
                 driver.trace_dir = run_dir / "trace"  # logging.trace: rank 0 records that round
             summary = self._rounds(driver, sink)
+            if compiled is not None:  # what compiling cost: graphs, and what the caches already held
+                self.say(compiling.CacheCounts.now().since(compiled).line())
             self._write(driver, data, summary)
         self.finished = True
         return summary.to_dict()
@@ -128,6 +132,15 @@ class Run:
             raise DistributedFailure(join.failure_line(ctx, exc, r)) from exc
         except DecisionMismatch as exc:
             raise DistributedFailure(f"rank {self.comm.rank}: {exc}") from exc
+
+    def _say_graphs(self) -> None:
+        """The run's first line: whether its workers' steps are CUDA graphs, and why (``runtime.cuda_graphs``,
+        ``auto`` resolved as :func:`adloco.engine.build.build_algorithm` resolves it)."""
+        on, why = cuda_graphs_choice(self.cfg, self.where.device.type == "cuda")
+        if on and why.startswith("auto"):
+            n = len(self.comm.local_workers)
+            why += f", {n} worker{'s' if n != 1 else ''} on one device"
+        self.say(f"cuda graphs: {'on' if on else 'off'} ({why})")
 
     def _data(self) -> tuple[Data, rundir.Start | None]:
         """The tokens, and (rank 0) where the run starts. Everything that can fail on bad input happens
