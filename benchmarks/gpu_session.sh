@@ -26,6 +26,14 @@
 #
 # Environment: PYTHON (default python3), DRY=1 (tiny sizes), UNIT_WORKERS (pytest -n; default 8, dry 2),
 # UNIT_SELECT (pytest -k; default "cuda or gpu_paths").
+#
+# Python packages the machine lacks travel as wheels in .whl/ beside this checkout (ignored by git), installed
+# into a temporary folder on PYTHONPATH before anything runs. The tests that read a text corpus need
+# Hugging Face datasets, which a bare GPU image may lack (seen on one: 18 of the CUDA tests failed so); on a
+# machine with pip's access to PyPI, for Python 3.12 (datasets 4.x needs dill < 0.4.1, multiprocess < 0.70.19):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#       datasets==4.4.1 dill==0.4.0 multiprocess==0.70.18
 set -u
 if [ $# -lt 1 ] || [ $# -gt 2 ] || { [ $# -eq 2 ] && ! [[ $2 =~ ^[0-9]+$ ]]; }; then
   echo "usage: [DRY=1] bash benchmarks/gpu_session.sh OUT [BUDGET_S=500]" >&2
@@ -45,6 +53,10 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/adloco-session.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 cd "$root" || exit 2
 export PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}"
+if [ "$dry" != 1 ] && compgen -G "$root/.whl/*.whl" >/dev/null; then # wheels the machine lacks
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" "$root"/.whl/*.whl &&
+    export PYTHONPATH="$work/site:$PYTHONPATH"
+fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export HF_HOME="$work/hf" ADLOCO_CACHE="$work/adloco-cache" # one tokenizer cache for every part
 rm -f "$out"/session.log "$out"/session.json "$out"/session.md "$out"/unit-cuda.txt "$out"/gpu.json \
