@@ -16,8 +16,12 @@ example`; by default the quiet one-core CPU price of benchmarks/cpu_price.py for
 the machine's load does not enter, and every counted collective on the link (ALGORITHM.md §7). Cells
 are means over seeds [min–max]. `--plot FILE` draws perplexity against bytes, one panel per method.
 
+The runs are grouped by what else they vary (the method and its inner optimizer: ``diloco-int4-muon`` is
+the int4 run of ``diloco-muon``), each group's wires side by side; a run's wire is read from its config.
+
 Usage:  python benchmarks/sparse.py --config configs/bench-cpu-sparse.yaml --out bench-sparse [--resume]
         python benchmarks/sparse.py --report-only bench-sparse [--target 450] [--plot sparse.png]
+        python benchmarks/sparse.py --config configs/compress-long-tiny-stdlib.yaml --methods adloco,... --out DIR
 """
 
 from __future__ import annotations
@@ -36,11 +40,7 @@ from adloco.errors import UserError
 from adloco.report import results
 
 VARIANTS = ["adloco", "adloco-int4", "adloco-topk", "diloco", "diloco-int4", "diloco-topk"]
-WIRE = {
-    "": "float32",
-    "int4": "int4 + error feedback",
-    "topk": "topk (1/64 of 4096, 2 bits) + error feedback",
-}
+CODECS = ("int8", "int4", "topk", "bfloat16", "float16")  # a variant's name part that names its wire
 # seconds of one core per training example (benchmarks/cpu_price.py; RESULTS.md, "Does AdLoCo pay")
 PRICE = {"llama-tiny": 0.0241, "llama-10m": 0.1181}
 
@@ -54,9 +54,52 @@ def finished(out: Path) -> dict[str, dict[int, results.Run]]:
             continue
         name = yaml.safe_load((path / "config.yaml").read_text()).get("logging", {}).get("name", "")
         variant, _, seed = str(name).rpartition("-s")
-        if variant in VARIANTS and seed.isdigit():
+        if variant and seed.isdigit():
             runs.setdefault(variant, {})[int(seed)] = results.load(path)
     return runs
+
+
+def group(variant: str) -> str:
+    """What a variant varies besides its wire: its name without the codec's part (diloco-int4-muon ->
+    diloco-muon)."""
+    return "-".join(p for p in variant.split("-") if p not in CODECS)
+
+
+def wire(run: results.Run) -> str:
+    """The wire of Δ a run used, from its config (error feedback and, for topk, its keys)."""
+    comm = run.config.get("comm") or {}
+    dtype = str(comm.get("dtype", "float32"))
+    if dtype == "float32":
+        return "float32"
+    from adloco.settings import Wire
+
+    keys = {k: v for k, v in comm.items() if k in {f for f in Wire.__dataclass_fields__} and v is not None}
+    try:
+        w = Wire(**{k: _num(v) for k, v in keys.items()})
+    except (TypeError, ValueError):
+        return dtype
+    fb = f" + error feedback{f' (β {w.decay:g})' if w.decay != 1 else ''}" if w.feedback else ""
+    if dtype == "topk":
+        return f"topk ({w.topk_fraction * w.topk_block:g} of {w.topk_block}, {w.topk_bits} bits){fb}"
+    return f"{dtype}{fb}"
+
+
+def _num(v: Any) -> Any:
+    """A config value as written (the run's config.yaml holds some numbers as strings)."""
+    if isinstance(v, str):
+        for cast in (int, float):
+            try:
+                return cast(v)
+            except ValueError:
+                pass
+        return {"true": True, "false": False}.get(v, v)
+    return v
+
+
+def ordered(runs: dict[str, dict[int, results.Run]]) -> list[str]:
+    """Variants by group, then float32, int4, topk, others."""
+    rank = {c: i for i, c in enumerate(("", "int8", "int4", "topk"))}
+    return sorted(runs, key=lambda v: (group(v), rank.get(v.replace(group(v), "").strip("-"), 9), v))
 
 
 def cell(values: Sequence[float | None], fmt: str = "{:.1f}") -> str:
@@ -86,10 +129,9 @@ def table(runs: dict[str, dict[int, results.Run]], target: float, spe: float, mb
         "bytes → target | " + " | ".join(f"time → target, {m:g} Mbit/s" for m in mbits) + " |",
         "|---|---|---|---|---|---|---|" + "---|" * len(mbits),
     ]
-    for method in ("adloco", "diloco"):
-        mine = {v: runs[v] for v in VARIANTS if v.split("-")[0] == method and v in runs}
-        if not mine:
-            continue
+    names = ordered(runs)
+    for g in dict.fromkeys(group(v) for v in names):
+        mine = {v: runs[v] for v in names if group(v) == g}
         budget = min(
             statistics.fmean(r.end.bytes for r in by_seed.values() if r.end) for by_seed in mine.values()
         )
@@ -102,9 +144,8 @@ def table(runs: dict[str, dict[int, results.Run]], target: float, spe: float, mb
                 results.price(rs, "examples", spe)
                 times.append([p.sim_s if (p := results.reach(r, target)) else None for r in rs])
             reached = [results.reach(r, target) for r in rs]
-            wire = WIRE[variant.partition("-")[2]]
             rows.append(
-                f"| {variant} | {wire} | {len(rs)} | {cell([r.final for r in rs])} | "
+                f"| {variant} | {wire(rs[0])} | {len(rs)} | {cell([r.final for r in rs])} | "
                 f"{mb(statistics.fmean(r.end.bytes for r in rs if r.end))} | "
                 f"{cell([at_bytes(r, budget) for r in rs])} at {mb(budget)} | "
                 f"{cell([p.bytes / 1e6 if p else None for p in reached], '{:,.1f} MB')} | "
@@ -115,32 +156,40 @@ def table(runs: dict[str, dict[int, results.Run]], target: float, spe: float, mb
 
 
 def plot(path: Path, runs: dict[str, dict[int, results.Run]], target: float) -> None:
-    """Perplexity against bytes sent (log scale), one panel per method, each run a line."""
+    """Perplexity against bytes sent (log scale), one panel per group (method and inner optimizer), each
+    run a line, coloured by its wire."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, 4.2))
-    colors = {"": "C0", "int4": "C1", "topk": "C2"}
-    for i, method in enumerate(("adloco", "diloco")):
-        ax = fig.add_subplot(1, 2, i + 1)
-        for variant in [v for v in VARIANTS if v.split("-")[0] == method and v in runs]:
-            codec = variant.partition("-")[2]
-            for j, (_seed, r) in enumerate(sorted(runs[variant].items())):
+    names = ordered(runs)
+    groups = list(dict.fromkeys(group(v) for v in names))
+    cols = min(len(groups), 2)
+    rows_n = -(-len(groups) // cols)
+    fig = Figure(figsize=(5 * cols, 4.2 * rows_n))
+    colors = {"float32": "C0", "int4": "C1", "topk": "C2"}
+    for i, g in enumerate(groups):
+        ax = fig.add_subplot(rows_n, cols, i + 1)
+        seen: set[str] = set()
+        for variant in [v for v in names if group(v) == g]:
+            for _seed, r in sorted(runs[variant].items()):
+                label = wire(r)
+                kind = label.split(" ")[0]
                 pts = [p for p in r.points if p.bytes > 0]
                 ax.plot(
                     [p.bytes for p in pts],
                     [p.value for p in pts],
-                    color=colors[codec],
+                    color=colors.get(kind, "C3"),
                     alpha=0.8,
                     linewidth=1,
-                    label=WIRE[codec].split(" (")[0] if j == 0 else None,
+                    label=label if label not in seen else None,
                 )
+                seen.add(label)
         ax.axhline(target, color="grey", linestyle=":", linewidth=1)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("bytes on the wire (cumulative)")
         ax.set_ylabel("validation perplexity")
-        ax.set_title(method, fontsize=10)
-        ax.legend(fontsize=8)
+        ax.set_title(g, fontsize=10)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -150,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--config", help="the bench's config (configs/bench-cpu-sparse.yaml or its 10m twin)")
+    p.add_argument("--methods", default=",".join(VARIANTS), help="the bench's variants (with --config)")
     p.add_argument("--out", type=Path, help="the bench's folder (with --config: where it runs)")
     p.add_argument("--resume", action="store_true", help="go on with an unfinished bench in --out")
     p.add_argument("--set", dest="extra", action="append", default=[], help="more --set for every run")
@@ -172,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--config",
                 args.config,
                 "--methods",
-                ",".join(VARIANTS),
+                args.methods,
             ]
             cmd += ["--out", str(out), *(["--resume"] if args.resume else [])]
             for s in ["runtime.threads=1", *args.extra]:
@@ -193,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"sparse: --mbits {args.mbits!r}: comma-separated positive numbers")
         runs = finished(out)
         if not runs:
-            raise UserError(f"sparse: {str(out)!r}: no finished run of {', '.join(VARIANTS)}")
+            raise UserError(f"sparse: {str(out)!r}: no finished run of an adloco bench")
         first: Any = next(iter(next(iter(runs.values())).values()))
         model = str((first.config.get("model") or {}).get("name", "?"))
         spe = args.seconds_per_example or PRICE.get(model)

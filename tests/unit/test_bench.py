@@ -864,6 +864,8 @@ def test_sparse_tables_a_partial_bench_at_equal_bytes(tmp_path: Path) -> None:
         "adloco-topk": ([60.0, 35.0, 25.0], 100_000),
         "diloco": ([40.0, 22.0, 18.0], 1_000_000),
         "diloco-topk": ([45.0, 30.0, 24.0], 100_000),
+        "diloco-muon": ([30.0, 20.0, 15.0], 1_000_000),  # a group of its own: diloco-topk-muon its sparsest
+        "diloco-topk-muon": ([35.0, 25.0, 19.0], 500_000),
     }
     for variant, (ppls, nbytes) in spec.items():
         for seed in (0, 1) if variant.startswith("adloco") else (0,):  # DiLoCo's seed 1 not finished
@@ -900,6 +902,9 @@ def test_sparse_tables_a_partial_bench_at_equal_bytes(tmp_path: Path) -> None:
     assert rows["adloco-topk"][5] == "25.5 [25.0–26.0] at 0.3 MB"
     assert rows["diloco"][2:4] == ["1", "18.0"] and rows["diloco"][6] == "2.0 MB"
     assert "diloco-int4" not in rows
+    assert rows["diloco-muon"][5] == "30.0 at 1.5 MB"  # at the muon group's sparsest bytes, not diloco-topk's
+    lines = [line.split(" | ")[0].lstrip("| ") for line in done.stdout.splitlines() if line.startswith("| d")]
+    assert lines == ["diloco", "diloco-topk", "diloco-muon", "diloco-topk-muon"]  # grouped, float32 first
     bad = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "sparse.py"), "--report-only", str(tmp_path)],
         capture_output=True,
