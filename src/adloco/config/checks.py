@@ -63,6 +63,7 @@ def check(cfg: Config, resuming: bool = False) -> None:
             a.method,
             "adloco, diloco or localsgd with runtime.shards > 1",
         )
+    check_sites(cfg.network.sites, a.workers)
     check_checkpoint_dir(cfg.checkpoint.dir)
     check_compute(cfg)
     check_muon(cfg)
@@ -253,6 +254,16 @@ def check_memory(cfg: Config) -> None:
     sizing.refuse_if_over(train, available, where, field, value, what)
     what = f"a validation batch of {eval_rows:,} x {d.seq_len:,} tokens through {name}"
     sizing.refuse_if_over(val, available, where, "eval.batch_size", cfg.eval.batch_size, what)
+
+
+def check_sites(sites: list[int], workers: int) -> None:
+    """``network.sites``: empty, or workers per site summing to the run's workers."""
+    _need(
+        not sites or sum(sites) == workers,
+        "network.sites",
+        sites,
+        f"empty or workers per site summing to algorithm.workers ({workers}), in worker order",
+    )
 
 
 def check_layout(workers: int, processes: int, workers_per_process: int, shards: int, flexible: bool) -> None:
