@@ -22,6 +22,24 @@ def _need(ok: bool, name: str, value: Any, allowed: str) -> None:
         raise UserError(f"config: {name} = {value!r}: must be {allowed}")
 
 
+def check_plan(cfg: Config) -> None:
+    """The rules of a run that ``adloco simulate`` prices without running it: the algorithm's sections
+    between themselves and the links, not this machine (its memory, devices, checkpoint location)."""
+    a = cfg.algorithm
+    _need(
+        a.trainers <= a.workers,
+        "algorithm.trainers",
+        a.trainers,
+        f"<= algorithm.workers ({a.workers}): every trainer needs at least one worker",
+    )
+    check_sites(cfg.network.sites, a.workers)
+    try:
+        cfg.comm.check_streaming(a.inner_steps, a.method == "ddp")
+        cfg.comm.check_codec(cfg.batch, a.method == "ddp")
+    except ValueError as exc:
+        raise UserError(f"config: {exc}") from None
+
+
 def check(cfg: Config, resuming: bool = False) -> None:
     """``resuming``: a run that continues may have more trainers than workers (they merge, ALGORITHM.md
     §9.2)."""

@@ -499,6 +499,7 @@ SECTION_TYPES: dict[str, type[Dial]] = {
 }
 assert all(name == cls.SECTION for name, cls in SECTION_TYPES.items())
 BENCH = "bench"  # `adloco bench`'s own section of a config file; every other command ignores it
+SIMULATE = "simulate"  # `adloco simulate`'s own section (adloco.plan.command.SimulateConfig); likewise
 
 # Method presets (ALGORITHM.md §6): the library's (:data:`adloco.settings.PRESETS`), and LocalSGD's inner
 # plain SGD (Stich 2019), which only the application builds. They fill only the keys a user leaves unset.
