@@ -274,9 +274,11 @@ def price(s: Setup, workers: Sequence[int], joiners: Sequence[int] = ()) -> Roun
 
     ws = sorted(workers)
     rows, behind = round_rows(s, ws)
-    if joiners:
-        src = min(w for w in ws if w not in joiners) if len(joiners) < len(ws) else ws[0]
-        moves = [_move(s, src, j) for j in sorted(joiners) if j != src]
+    if joiners:  # each joiner is sent θ by a different member, side by side (sources in turn)
+        sources = [w for w in ws if w not in joiners] or ws[:1]
+        moves = [
+            _move(s, sources[i % len(sources)], j) for i, j in enumerate(sorted(joiners)) if j not in sources
+        ]
         rows = [*moves, *rows]
     rows_of = {w: s.device.rows for w in ws}
     if s.balance == "speed" and s.method != "ddp":
