@@ -1,7 +1,7 @@
 """``adloco simulate`` calibrated and at scale: the tables and plots of benchmarks/RESULTS.md, "Planning a
 run", and of docs/guides/planning.md.
 
-    python benchmarks/simulate.py                       # seconds of CPU; plots into benchmarks/plots/simulate
+    python benchmarks/simulate.py                       # seconds of CPU; plots into benchmarks/plots (simulate-*.png)
 
 Prints markdown tables: the published calibration points against the simulator, the utilization at N = 8
 to 1,024, goodput against the failure rate under restart and live recovery, and what H, codec and
@@ -112,7 +112,7 @@ def at_scale(out: Path) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("10B, 0.8 s a step, H = 100, links of 1 Gbit/s and 10 ms")
-    fig.savefig(out / "utilization-against-workers.png", dpi=110, bbox_inches="tight")
+    fig.savefig(out / "simulate-utilization-against-workers.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -137,7 +137,7 @@ def at_scale(out: Path) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("DiLoCo, 64 workers, 10B, 0.8 s a step, H = 100")
-    fig.savefig(out / "utilization-against-bandwidth.png", dpi=110, bbox_inches="tight")
+    fig.savefig(out / "simulate-utilization-against-bandwidth.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -213,7 +213,7 @@ def failures(out: Path) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     ax.set_title("restart every process (10.5 s) against live recovery")
-    fig.savefig(out / "goodput-against-failures.png", dpi=110, bbox_inches="tight")
+    fig.savefig(out / "simulate-goodput-against-failures.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -237,7 +237,7 @@ def needs() -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--plots", default="benchmarks/plots/simulate")
+    p.add_argument("--plots", default="benchmarks/plots")
     args = p.parse_args()
     out = Path(args.plots)
     out.mkdir(parents=True, exist_ok=True)
