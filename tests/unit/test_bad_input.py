@@ -947,7 +947,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "argparse-unknown-command",
         ["trian"],
-        "unknown command 'trian' (commands: train, bench, analyze-gradients, profile, launch, report, config)",
+        "unknown command 'trian' (commands: train, bench, analyze-gradients, profile, launch, simulate, report, config)",
     ),
     (
         "config-unknown-section",

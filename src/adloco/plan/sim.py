@@ -103,6 +103,7 @@ class Setup:
     momentum: bool | None = None  # the outer step keeps a momentum (moved with θ); None: the method's preset
 
     def speed(self, w: int) -> float:
+        """Worker ``w``'s relative compute speed."""
         return self.speeds[w % len(self.speeds)] if self.speeds else 1.0
 
 
@@ -162,13 +163,16 @@ class Simulation:
 
     @property
     def utilization(self) -> float:
+        """The failure-free round's compute utilization."""
         return self.round.utilization
 
     @property
     def goodput(self) -> float:
+        """Useful compute over the machines' time, failures and all."""
         return self.timeline.goodput
 
     def to_dict(self) -> dict[str, Any]:
+        """The numbers, as ``--json`` writes them."""
         s, r, t = self.setup, self.round, self.timeline
         idle = r.idle()
         return {

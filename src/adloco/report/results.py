@@ -54,7 +54,6 @@ class Run:
     events: list[events.Event]
     bandwidth: float = 125e6  # the network simulated time was priced on
     latency: float = 1e-3
-    net: Any = None  # the run's links (netmodel.network: its upload and sites), at the bandwidth above
     metric: str = "val_ppl"  # or val_accuracy
     points: list[Point] = field(default_factory=list)
     end: Point | None = None  # the last round (its value: the final metric)
@@ -117,16 +116,6 @@ def load(
     net = config.get("network", {})
     run.bandwidth = bandwidth or float(net.get("bandwidth", 125e6))
     run.latency = latency if latency is not None else float(net.get("latency", 1e-3))
-    sites = [int(m) for m in net.get("sites") or []]
-    upload = net.get("upload")
-    run.net = netmodel.network(
-        run.bandwidth,
-        run.latency,
-        None if upload is None else float(upload),
-        sites if len(sites) > 1 else [],
-        float(net.get("site_bandwidth", 12.5e6)),
-        float(net.get("site_latency", 0.05)),
-    )
     start = next(iter(run.of(events.Start)), None)
     if start is None:
         raise UserError(f"{where}: no start event (the run stopped before its first evaluation)")
@@ -316,7 +305,13 @@ def _points(run: Run) -> None:
                 )
         rows = netmodel.name_workers(e.collectives, trainers.get(e.round, []))
         sim += netmodel.round_seconds(
-            compute.get(e.round, {}), rows, run.bandwidth, run.latency, speeds, e.collectives_behind, run.net
+            compute.get(e.round, {}),
+            rows,
+            run.bandwidth,
+            run.latency,
+            speeds,
+            e.collectives_behind,
+            _net(run),
         )
         value = getattr(e, run.metric)
         if value is not None:
@@ -540,3 +535,18 @@ def mean_curve(
         mn.append(min(vals))
         mx.append(max(vals))
     return xs, mean, mn, mx
+
+
+def _net(run: Run) -> Any:
+    """The run's links (its config's upload and sites) at the bandwidth and latency it is priced on now."""
+    net = run.config.get("network", {}) or {}
+    sites = [int(m) for m in net.get("sites") or []]
+    upload = net.get("upload")
+    return netmodel.network(
+        run.bandwidth,
+        run.latency,
+        None if upload is None else float(upload),
+        sites if len(sites) > 1 else [],
+        float(net.get("site_bandwidth", 12.5e6)),
+        float(net.get("site_latency", 0.05)),
+    )
