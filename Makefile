@@ -5,7 +5,7 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 
-.PHONY: train test test-integration test-e2e test-all lint docs bench bench-cpu bench-cpu-10m clean
+.PHONY: train test test-integration test-slow test-e2e test-all lint docs bench bench-cpu bench-cpu-10m clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,13 +24,16 @@ test: $(BIN)/.installed  ## the default tier: unit and in-process tests (no netw
 	$(BIN)/python -m pytest -q -n 2 tests/unit --durations=10
 
 test-integration: $(BIN)/.installed  ## real torch.distributed processes on gloo, faults, elastic agents
-	$(BIN)/python -m pytest -q -n 2 tests/integration --durations=10
+	$(BIN)/python -m pytest -q -n 2 tests/integration -m "not slow" --durations=10
+
+test-slow: $(BIN)/.installed  ## sixteen gloo processes against their in-process twins (about 15 minutes on 2 cores)
+	$(BIN)/python -m pytest -q -n 1 tests/integration -m slow --durations=10
 
 test-e2e: $(BIN)/.installed  ## the command line, the examples and the demo, in processes of their own
 	$(BIN)/python -m pytest -q -n 2 tests/e2e --durations=10
 
 test-all: test lint  ## every tier and lint, as CI runs them
-	$(BIN)/python -m pytest -q -n 2 tests/integration tests/e2e --durations=15
+	$(BIN)/python -m pytest -q -n 2 tests/integration tests/e2e -m "not slow" --durations=15
 
 lint: $(BIN)/.installed  ## ruff and mypy
 	$(BIN)/ruff check src tests benchmarks examples

@@ -320,6 +320,10 @@ API_GROUPS: dict[str, tuple[str, list[str]]] = {
         "How workers talk: in one process, in threads, or over torch.distributed.",
         ["InProcessComm", "ThreadComm", "TorchDistComm", "Hub"],
     ),
+    "planning": (
+        "A run priced before it is rented (adloco simulate; the planning guide).",
+        ["simulate", "Setup", "Simulation"],
+    ),
 }
 EVENTS_API = ["read", "parse", "of", "summary_from_dict"]
 # Classes whose page also lists inherited methods (none: AdLoCo is one class, assembled from parts).

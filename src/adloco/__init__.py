@@ -32,6 +32,9 @@ _EXPORTS = {
     "ThreadComm": "adloco.comm",
     "TorchDistComm": "adloco.comm",
     "Hub": "adloco.comm",
+    "simulate": "adloco.plan.sim",
+    "Setup": "adloco.plan.sim",
+    "Simulation": "adloco.plan.sim",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]
 

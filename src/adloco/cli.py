@@ -1,4 +1,4 @@
-"""``adloco``: train | bench | report | analyze-gradients | profile | launch | config. Bad input (a config field, a file, a command
+"""``adloco``: train | bench | report | analyze-gradients | profile | launch | simulate | config. Bad input (a config field, a file, a command
 line argparse refuses) ends with one line on stderr and exit code 2.
 
 Exit codes: 0 done, 2 bad input (or a disk that refused a checkpoint), 3 a distributed run lost a rank
@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     from adloco.engine.dist import cluster
 
     cluster.add_parser(sub)
+    from adloco.plan import command as simulate
+
+    simulate.add_parser(sub)
     r = sub.add_parser("report", help="redraw plots and the comparison table from run directories alone")
     r.add_argument("runs", nargs="+", metavar="RUN_DIR")
     r.add_argument("--out", help="report folder (default: RUN_DIR/report for one run, else report-<time>)")
@@ -202,6 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from adloco.engine.dist import cluster
 
             return cluster.command(args)
+        if args.command == "simulate":
+            from adloco.plan import command as simulate
+
+            return simulate.command(args)
         resume = None
         if getattr(args, "resume", None) is not None:
             from pathlib import Path

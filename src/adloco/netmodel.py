@@ -16,10 +16,20 @@ that compute) (ALGORITHM.md §13).
 
 A :class:`Link` is the same model handed to a communicator: with ``network.emulate`` every counted
 collective is held back until its wall time is what the model says (:attr:`adloco.comm.Comm.link`).
+
+A :class:`Network` is the model with links of their own: an upload slower than the download, a link per
+worker (a factor on its bandwidth), and sites, each with fast links inside and one slower link to the
+others, as cross-datacenter runs are. A collective within one site is the ring above on its slowest
+link; one across sites is priced as the hierarchical collective a cross-site run uses (inside each site,
+then between sites over their links, then inside again: :meth:`Network.seconds_among`). With one site,
+symmetric links and no factors it is :func:`collective_seconds` exactly. Every function below takes one
+(``net``) in place of a bandwidth and a latency, and so do the engine (``network.*``) and ``adloco
+simulate``.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -57,27 +67,167 @@ class Link:
         """A collective's modelled time on this link (:func:`collective_seconds`)."""
         return collective_seconds(op, n, payload, self.bandwidth, self.latency)
 
+    def seconds_among(self, op: str, workers: Sequence[int], payload: int) -> float:
+        """A collective among ``workers`` (every worker's link alike: only their number counts)."""
+        return self.seconds(op, len(workers), payload)
+
+
+@dataclass(frozen=True)
+class Network:
+    """Links of their own (ALGORITHM.md §7): every worker's link downloads at ``bandwidth`` and uploads at
+    ``upload`` (None: as fast) bytes per second, each times its factor in ``link_speeds`` (worker w's is
+    ``link_speeds[w mod len]``; empty: 1), with ``latency`` seconds a hop; ``sites``: how many workers each
+    site holds, in worker order (empty: one site), each site reaching the others over a link of
+    ``site_bandwidth`` bytes per second (both ways) and ``site_latency`` seconds a hop. A worker beyond the
+    sites' total (one that joined) is in the site of its id modulo that total."""
+
+    bandwidth: float
+    latency: float
+    upload: float | None = None
+    sites: tuple[int, ...] = ()
+    site_bandwidth: float | None = None
+    site_latency: float = 0.0
+    link_speeds: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        Link(self.bandwidth, self.latency)  # the same checks, the same words
+        if self.upload is not None:
+            Link(self.upload, 0.0)
+        if self.site_bandwidth is not None:
+            Link(self.site_bandwidth, self.site_latency)
+        if not all(isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in self.sites):
+            raise ValueError(f"network: sites {list(self.sites)!r} must be whole numbers of workers >= 1")
+        if len(self.sites) > 1 and self.site_bandwidth is None:
+            raise ValueError("network: several sites need the bandwidth of the link between them")
+        if not all(_number(f) and 0 < f <= 1 for f in self.link_speeds):
+            raise ValueError(f"network: link speeds {list(self.link_speeds)!r} must be numbers in (0, 1]")
+        bounds, total = [], 0
+        for m in self.sites:
+            total += m
+            bounds.append(total)
+        object.__setattr__(self, "_bounds", tuple(bounds))
+
+    def site(self, worker: int) -> int:
+        """The site of ``worker`` (0 with one site)."""
+        bounds: tuple[int, ...] = self._bounds  # type: ignore[attr-defined]
+        if len(bounds) <= 1:
+            return 0
+        return bisect.bisect_right(bounds, worker % bounds[-1])
+
+    def link(self, worker: int) -> float:
+        """What ``worker``'s own link carries each way: its slower direction, times its factor."""
+        down = self.bandwidth
+        slower = down if self.upload is None else min(down, self.upload)
+        if self.link_speeds:
+            slower *= self.link_speeds[worker % len(self.link_speeds)]
+        return slower
+
+    def seconds_among(self, op: str, workers: Sequence[int], payload: int) -> float:
+        """A collective of ``payload`` bytes from each of ``workers``.
+
+        Within one site, the ring of :func:`collective_seconds` on the group's slowest link (a ring moves as
+        much up as down, so a worker's slower direction bounds it). Across s sites, with m the most workers
+        of the group in one site and β_s, α_s the links between sites: an all-reduce reduces inside each
+        site, all-reduces between sites (each site's link carries 2(s−1)/s·B, its m workers' shards together)
+        and gathers inside again: 2(m−1)/m·B/β + 2(m−1)·α + 2(s−1)/s·B/β_s + 2(s−1)·α_s; an all-gather
+        gathers inside the site, and every site takes in the other sites' pieces, (n − m_min)·B over the
+        slower of its link and a worker's: (m−1)·B/β + (m−1)·α + (n − m_min)·B/min(β_s, β) + (s−1)·α_s; a
+        broadcast crosses one site link: B/min(β_s, β) + ⌈log₂ s⌉·α_s + ⌈log₂ m⌉·α."""
+        n = len(workers)
+        if n <= 1:
+            return 0.0
+        beta = min(self.link(w) for w in workers)
+        if len(self.sites) <= 1:
+            return collective_seconds(op, n, payload, beta, self.latency)
+        per_site: dict[int, int] = {}
+        for w in workers:
+            per_site[self.site(w)] = per_site.get(self.site(w), 0) + 1
+        s = len(per_site)
+        if s == 1:
+            return collective_seconds(op, n, payload, beta, self.latency)
+        assert self.site_bandwidth is not None
+        m, least = max(per_site.values()), min(per_site.values())
+        wan, alpha, alpha_s = self.site_bandwidth, self.latency, self.site_latency
+        if op == "all_reduce":
+            inside = 2 * (m - 1) / m * payload / beta + 2 * (m - 1) * alpha
+            return inside + 2 * (s - 1) / s * payload / wan + 2 * (s - 1) * alpha_s
+        if op == "all_gather":
+            inside = (m - 1) * payload / beta + (m - 1) * alpha
+            return inside + (n - least) * payload / min(wan, beta) + (s - 1) * alpha_s
+        if op == "broadcast":
+            hops = math.ceil(math.log2(s)) * alpha_s + math.ceil(math.log2(m)) * alpha
+            return payload / min(wan, beta) + hops
+        raise ValueError(f"unknown collective {op!r}")
+
+
+Model = Link | Network  # what prices a collective among named workers
+
+
+def network(
+    bandwidth: float,
+    latency: float,
+    upload: float | None = None,
+    sites: Sequence[int] = (),
+    site_bandwidth: float | None = None,
+    site_latency: float = 0.0,
+    link_speeds: Sequence[float] = (),
+) -> Model:
+    """The model of these links: a :class:`Link` when every link is alike (one site, symmetric, no
+    factors), else a :class:`Network`."""
+    if upload is None and len(sites) <= 1 and not link_speeds:
+        return Link(bandwidth, latency)
+    return Network(bandwidth, latency, upload, tuple(sites), site_bandwidth, site_latency, tuple(link_speeds))
+
 
 def _number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def comm_seconds(collectives: Iterable[Sequence[Any]], bandwidth: float, latency: float) -> float:
+def comm_seconds(
+    collectives: Iterable[Sequence[Any]], bandwidth: float, latency: float, net: Model | None = None
+) -> float:
     """Total cost of ``[kind, op, n, payload, count]`` rows (as logged in a round event; a sixth element,
-    the workers, is ignored): every collective one after another."""
+    the workers, is ignored but by ``net``, which prices them among those workers): every collective one
+    after another."""
     total = 0.0
-    for _kind, op, n, payload, count, *_ in collectives:
-        total += int(count) * collective_seconds(str(op), int(n), int(payload), bandwidth, latency)
+    for row in collectives:
+        _kind, op, n, payload, count = row[:5]
+        total += int(count) * _cost(row, bandwidth, latency, net)
     return total
 
 
+def _cost(row: Sequence[Any], bandwidth: float, latency: float, net: Model | None) -> float:
+    """One collective of a row: on ``net`` among its workers (the first n when it names none), else on the
+    uniform link."""
+    _kind, op, n, payload = row[:4]
+    if net is None:
+        return collective_seconds(str(op), int(n), int(payload), bandwidth, latency)
+    workers = [int(w) for w in row[5]] if len(row) > 5 and isinstance(row[5], list) else range(int(n))
+    return net.seconds_among(str(op), workers, int(payload))
+
+
 def schedule_seconds(
-    start: Mapping[int, float], collectives: Iterable[Sequence[Any]], bandwidth: float, latency: float
+    start: Mapping[int, float],
+    collectives: Iterable[Sequence[Any]],
+    bandwidth: float,
+    latency: float,
+    net: Model | None = None,
 ) -> float:
     """When the last worker is done: each worker free at ``start[w]``, then the ``[kind, op, n, payload,
     count, workers]`` rows in order, each starting when the last of its workers is free and holding them
     ``count`` times its cost. A row without its ``workers`` holds every worker of ``start`` and every
     worker any row named."""
+    return max(schedule(start, collectives, bandwidth, latency, net).values(), default=0.0)
+
+
+def schedule(
+    start: Mapping[int, float],
+    collectives: Iterable[Sequence[Any]],
+    bandwidth: float,
+    latency: float,
+    net: Model | None = None,
+) -> dict[int, float]:
+    """When each worker is done (:func:`schedule_seconds`, worker by worker)."""
     clock = dict(start) or {-1: 0.0}  # no worker computed: a worker that only communicates
     rows = [list(r) for r in collectives]
     for r in rows:
@@ -89,11 +239,11 @@ def schedule_seconds(
         group = [int(w) for w in r[5]] if len(r) > 5 else everyone
         if not group:
             continue
-        t = int(count) * collective_seconds(str(op), int(n), int(payload), bandwidth, latency)
+        t = int(count) * _cost([_kind, op, n, payload, count, group], bandwidth, latency, net)
         done = max(clock[w] for w in group) + t
         for w in group:
             clock[w] = done
-    return max(clock.values(), default=0.0)
+    return clock
 
 
 def round_seconds(
@@ -103,23 +253,41 @@ def round_seconds(
     latency: float,
     speeds: Sequence[float] = (),
     behind: Iterable[Sequence[Any]] = (),
+    net: Model | None = None,
 ) -> float:
     """Simulated time of one round: each worker's compute (over its speed), then the counted collectives
-    scheduled on the workers' links (:func:`schedule_seconds`), then what ran behind.
+    scheduled on the workers' links (:func:`schedule_seconds`), then what ran behind. ``net``: the links
+    (:class:`Network`) in place of one ``bandwidth`` and ``latency`` for all.
 
     ``behind``: ``[kind, op, n, payload, count, share]`` rows of collectives that ran behind a ``share``
     of the round's compute (ALGORITHM.md §13), each costing only what that compute did not hide. Those
     behind the whole round (``comm.overlap``: share 1) share it, one after another on the background lane:
     max(0, their time − the compute). Those behind part of it (streaming: τ of H inner steps) each have a
     window of their own: max(0, its time − share · the compute), every one of them."""
+    clock, cost = round_clocks(compute_s, collectives, bandwidth, latency, speeds, behind, net)
+    return max(clock.values(), default=0.0) + cost
+
+
+def round_clocks(
+    compute_s: Mapping[int, float],
+    collectives: Iterable[Sequence[Any]],
+    bandwidth: float,
+    latency: float,
+    speeds: Sequence[float] = (),
+    behind: Iterable[Sequence[Any]] = (),
+    net: Model | None = None,
+) -> tuple[dict[int, float], float]:
+    """:func:`round_seconds` in parts: when each worker is done with its compute and the collectives in
+    the way (:func:`schedule`), and what ran behind cost the round beyond that."""
     start = {w: s / (speeds[w] if speeds else 1.0) for w, s in compute_s.items()}
     slowest = max(start.values(), default=0.0)
+    behind = [list(r) for r in behind]
     whole = [r[:5] for r in behind if float(r[5]) >= 1.0]
-    cost = max(0.0, comm_seconds(whole, bandwidth, latency) - slowest)
-    for _kind, op, n, payload, count, share in (r for r in behind if float(r[5]) < 1.0):
-        t = collective_seconds(str(op), int(n), int(payload), bandwidth, latency)
-        cost += int(count) * max(0.0, t - float(share) * slowest)
-    return schedule_seconds(start, collectives, bandwidth, latency) + cost
+    cost = max(0.0, comm_seconds(whole, bandwidth, latency, net) - slowest)
+    for r in (r for r in behind if float(r[5]) < 1.0):
+        t = _cost(r[:5], bandwidth, latency, net)
+        cost += int(r[4]) * max(0.0, t - float(r[5]) * slowest)
+    return schedule(start, collectives, bandwidth, latency, net), cost
 
 
 def bad_row(collectives: Any, behind: bool = False) -> Any:

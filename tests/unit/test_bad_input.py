@@ -794,6 +794,21 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: runtime.emulate_speed = [1.0, 0.5]: must be empty or 4 numbers in (0, 1] (one per worker: 0.5 takes twice as long)",
     ),
     (
+        "network-sites-do-not-sum",
+        ["train", *S("logging.out_dir={tmp}/runs", "network.sites=[2, 1]")],
+        "config: network.sites = [2, 1]: must be empty or workers per site summing to algorithm.workers (4), in worker order",
+    ),
+    (
+        "network-site-of-no-worker",
+        ["train", *S("logging.out_dir={tmp}/runs", "network.sites=[4, 0]")],
+        "config: network.sites = [4, 0]: must be whole numbers of workers >= 1",
+    ),
+    (
+        "network-upload-zero",
+        ["train", *S("logging.out_dir={tmp}/runs", "network.upload=0")],
+        "config: network.upload = 0.0: must be > 0 (bytes per second) or null",
+    ),
+    (
         "balance-unknown",
         ["train", *S("logging.out_dir={tmp}/runs", "runtime.balance=fastest")],
         "config: runtime.balance = 'fastest': must be one of 'equal', 'speed'",
@@ -937,7 +952,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "argparse-unknown-command",
         ["trian"],
-        "unknown command 'trian' (commands: train, bench, analyze-gradients, profile, launch, report, config)",
+        "unknown command 'trian' (commands: train, bench, analyze-gradients, profile, launch, simulate, report, config)",
     ),
     (
         "config-unknown-section",

@@ -19,7 +19,7 @@ import torch
 from adloco.comm import base
 from adloco.comm.inprocess import InProcessComm
 from adloco.comm.threads import Hub, ThreadComm
-from adloco.netmodel import Link, collective_seconds, comm_seconds
+from adloco.netmodel import Link, Network, collective_seconds, comm_seconds
 from tests.helpers import driver, run_main, tiny_config
 
 BW, LAT = 1e4, 2e-3  # 10 kB/s and 2 ms: 400 bytes take 40 ms
@@ -186,3 +186,36 @@ def test_a_bad_emulate_value_is_one_line() -> None:
     assert ran.returncode == 2
     assert ran.stderr == "adloco: error: config: network.emulate = 'maybe': must be true or false\n"
     assert tiny_config().network.emulate is False  # off unless asked
+
+
+def test_an_emulated_link_across_sites_holds_to_the_sites_time(holds: list[tuple[int, float]]) -> None:
+    net = Network(BW, LAT, sites=(2, 2), site_bandwidth=BW / 10, site_latency=0.05)
+    comm = InProcessComm(4, link=net)
+    out = torch.zeros(100)  # 400 bytes
+    comm.reduce({w: _add(1.0) for w in (0, 1)}, [0, 1], "delta", out)  # inside site 0
+    comm.reduce({w: _add(1.0) for w in (0, 2)}, [0, 2], "delta", out)  # across the two sites
+    assert [s for _, s in holds] == pytest.approx(
+        [
+            collective_seconds("all_reduce", 2, 400, BW, LAT),
+            collective_seconds("all_reduce", 2, 400, BW / 10, 0.05),
+        ],
+        rel=0.2,  # less what the real collective took
+    )
+
+
+def test_a_run_on_sites_prices_its_rounds_on_them() -> None:
+    """The engine's simulated time takes network.sites: DiLoCo's Δ among 4 workers in two sites costs the
+    hierarchical all-reduce, slower than the same link without sites."""
+    rows = []
+    for sites in ([], [2, 2]):
+        cfg = tiny_config(
+            "algorithm.method=diloco",
+            "algorithm.trainers=1",
+            "algorithm.rounds=1",
+            f"network.sites={sites}",
+            "network.site_bandwidth=1e4",
+        )
+        d = driver(cfg)
+        d.run_round()
+        rows.append(d.sim_s)
+    assert rows[1] > rows[0] + 1.0  # 14.5 kB between sites at 10 kB/s: over a second more

@@ -210,3 +210,83 @@ def test_a_corrupt_collectives_row_is_one_line_naming_the_run_and_the_round(tmp_
     assert ran.returncode == 2 and not (tmp_path / "rep").exists()
     (line,) = ran.stderr.strip().splitlines()
     assert "metrics.jsonl, round 2: collectives row" in line and "Traceback" not in line
+
+
+# -- links of their own: an upload, a factor per worker, sites (netmodel.Network) ---------------------
+
+from adloco.netmodel import Link, Network, network, schedule  # noqa: E402
+
+
+def test_one_site_of_symmetric_links_is_the_uniform_link() -> None:
+    assert network(BW, LAT) == Link(BW, LAT)
+    net = Network(BW, LAT)
+    for op, n, b in (("all_reduce", 4, 8_000_000), ("all_gather", 4, 32), ("broadcast", 5, 10**6)):
+        assert net.seconds_among(op, list(range(n)), b) == collective_seconds(op, n, b, BW, LAT)
+
+
+def test_the_slower_direction_and_the_slowest_link_bound_a_ring() -> None:
+    up = Network(BW, LAT, upload=BW / 4)  # uploads at 25 MB/s: a ring sends as much as it receives
+    assert up.seconds_among("all_reduce", [0, 1, 2, 3], 8_000_000) == pytest.approx(
+        collective_seconds("all_reduce", 4, 8_000_000, BW / 4, LAT)
+    )
+    slow = Network(BW, LAT, link_speeds=(1.0, 1.0, 0.5))  # worker 2 (and 5, ...) at half speed
+    assert slow.seconds_among("all_reduce", [0, 1], 8e6) == collective_seconds("all_reduce", 2, 8e6, BW, LAT)
+    assert slow.seconds_among("all_reduce", [0, 5], 8e6) == collective_seconds(
+        "all_reduce", 2, 8e6, BW / 2, LAT
+    )
+
+
+WAN, WLAT = 1e6, 0.05  # 1 MB/s, 50 ms between sites
+
+
+def test_a_collective_across_sites_is_hierarchical() -> None:
+    net = Network(BW, LAT, sites=(3, 3, 2), site_bandwidth=WAN, site_latency=WLAT)
+    assert [net.site(w) for w in range(8)] == [0, 0, 0, 1, 1, 1, 2, 2]
+    assert net.site(9) == 0  # a worker that joined: the site of 9 mod 8
+    b = 8_000_000
+    # inside the sites of 3 (reduce-scatter and all-gather): 2·2/3·b/BW + 4·LAT; between 3 sites: 2·2/3·b/WAN
+    # + 4·WLAT
+    want = 2 * 2 / 3 * b / BW + 4 * LAT + 2 * 2 / 3 * b / WAN + 4 * WLAT
+    assert net.seconds_among("all_reduce", list(range(8)), b) == pytest.approx(want)
+    # an all-gather of 100 bytes each: 2 more inside the largest site, then the 6 from other sites into the
+    # smallest one (8 − 2) over the site link
+    assert net.seconds_among("all_gather", list(range(8)), 100) == pytest.approx(
+        2 * 100 / BW + 2 * LAT + 6 * 100 / WAN + 2 * WLAT
+    )
+    # a broadcast to a worker of another site crosses one site link
+    assert net.seconds_among("broadcast", [0, 4], b) == pytest.approx(b / WAN + WLAT)
+    # inside one site only its own links count
+    assert net.seconds_among("all_reduce", [3, 4, 5], b) == collective_seconds("all_reduce", 3, b, BW, LAT)
+    # every worker a site of its own: the ring on the site links
+    alone = Network(BW, LAT, sites=(1, 1, 1, 1), site_bandwidth=WAN, site_latency=WLAT)
+    assert alone.seconds_among("all_reduce", [0, 1, 2, 3], b) == pytest.approx(
+        collective_seconds("all_reduce", 4, b, WAN, WLAT)
+    )
+
+
+def test_a_round_on_sites_runs_each_trainer_on_its_own_links() -> None:
+    net = Network(BW, LAT, sites=(2, 2), site_bandwidth=WAN, site_latency=WLAT)
+    inside = [
+        ["delta", "all_reduce", 2, 8_000_000, 1, [0, 1]],
+        ["delta", "all_reduce", 2, 8_000_000, 1, [2, 3]],
+    ]
+    across = [
+        ["delta", "all_reduce", 2, 8_000_000, 1, [0, 2]],
+        ["delta", "all_reduce", 2, 8_000_000, 1, [1, 3]],
+    ]
+    compute = {w: 1.0 for w in range(4)}
+    assert round_seconds(compute, inside, BW, LAT, net=net) == pytest.approx(1.0 + AR2)
+    t = 8e6 / WAN + 2 * WLAT  # two sites of one worker each in the group: the site link's ring
+    assert round_seconds(compute, across, BW, LAT, net=net) == pytest.approx(1.0 + t)
+    # worker by worker: the clocks of a schedule
+    done = schedule({0: 1.0, 1: 2.0, 2: 0.5, 3: 0.5}, inside, BW, LAT, net=net)
+    assert done == pytest.approx({0: 2.0 + AR2, 1: 2.0 + AR2, 2: 0.5 + AR2, 3: 0.5 + AR2})
+
+
+def test_bad_links_are_refused() -> None:
+    with pytest.raises(ValueError, match="bandwidth"):
+        Network(0.0, LAT)
+    with pytest.raises(ValueError, match="several sites need"):
+        Network(BW, LAT, sites=(2, 2))
+    with pytest.raises(ValueError, match="link speeds"):
+        Network(BW, LAT, link_speeds=(1.5,))

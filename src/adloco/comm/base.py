@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from adloco.netmodel import Link
+from adloco.netmodel import Link, Network
 from adloco.settings import FLOAT32, Wire
 
 if TYPE_CHECKING:
@@ -193,7 +193,7 @@ class Comm:
         local_workers: Sequence[int],
         rank: int = 0,
         world: int = 1,
-        link: Link | tuple[float, float] | None = None,
+        link: Link | Network | tuple[float, float] | None = None,
     ) -> None:
         self.n_workers = n_workers
         self.local_workers = list(local_workers)
@@ -207,19 +207,20 @@ class Comm:
         self._pool: ThreadPoolExecutor | None = None
 
     @property
-    def link(self) -> Link | None:
+    def link(self) -> Link | Network | None:
         """The modelled link every counted collective is held back to, or None (no delay; the default).
 
         Set it to ``(bandwidth, latency)`` (bytes per second, seconds per hop) or a
-        :class:`adloco.netmodel.Link`: after each collective that is counted (a positive payload), a
+        :class:`adloco.netmodel.Link` (or a :class:`adloco.netmodel.Network`: links of their own, sites):
+        after each collective that is counted (a positive payload), a
         process that hosts one of its workers sleeps ``max(0, modelled − measured)`` seconds, the modelled
         time being the one simulated time prices (ALGORITHM.md §7). Each process is held back on its own,
         after its own collective; contention between simultaneous collectives is not modelled."""
         return self._link
 
     @link.setter
-    def link(self, value: Link | tuple[float, float] | None) -> None:
-        if value is None or isinstance(value, Link):
+    def link(self, value: Link | Network | tuple[float, float] | None) -> None:
+        if value is None or isinstance(value, (Link, Network)):
             self._link = value
             return
         try:
@@ -258,7 +259,7 @@ class Comm:
         hold it back to its modelled time where this process took part in it (``here``)."""
         n = len(workers)
         if self._link is not None and here and payload > 0:
-            modelled = self._link.seconds(op, n, payload)
+            modelled = self._link.seconds_among(op, workers, payload)
             if modelled > seconds:
                 seconds += hold(modelled - seconds)
         lane = getattr(self._lanes, "records", None)

@@ -22,6 +22,24 @@ def _need(ok: bool, name: str, value: Any, allowed: str) -> None:
         raise UserError(f"config: {name} = {value!r}: must be {allowed}")
 
 
+def check_plan(cfg: Config) -> None:
+    """The rules of a run that ``adloco simulate`` prices without running it: the algorithm's sections
+    between themselves and the links, not this machine (its memory, devices, checkpoint location)."""
+    a = cfg.algorithm
+    _need(
+        a.trainers <= a.workers,
+        "algorithm.trainers",
+        a.trainers,
+        f"<= algorithm.workers ({a.workers}): every trainer needs at least one worker",
+    )
+    check_sites(cfg.network.sites, a.workers)
+    try:
+        cfg.comm.check_streaming(a.inner_steps, a.method == "ddp")
+        cfg.comm.check_codec(cfg.batch, a.method == "ddp")
+    except ValueError as exc:
+        raise UserError(f"config: {exc}") from None
+
+
 def check(cfg: Config, resuming: bool = False) -> None:
     """``resuming``: a run that continues may have more trainers than workers (they merge, ALGORITHM.md
     §9.2)."""
@@ -63,6 +81,7 @@ def check(cfg: Config, resuming: bool = False) -> None:
             a.method,
             "adloco, diloco or localsgd with runtime.shards > 1",
         )
+    check_sites(cfg.network.sites, a.workers)
     check_checkpoint_dir(cfg.checkpoint.dir)
     check_compute(cfg)
     check_muon(cfg)
@@ -289,6 +308,16 @@ def check_memory(cfg: Config) -> None:
     sizing.refuse_if_over(train, available, where, field, value, what)
     what = f"a validation batch of {eval_rows:,} x {d.seq_len:,} tokens through {name}"
     sizing.refuse_if_over(val, available, where, "eval.batch_size", cfg.eval.batch_size, what)
+
+
+def check_sites(sites: list[int], workers: int) -> None:
+    """``network.sites``: empty, or workers per site summing to the run's workers."""
+    _need(
+        not sites or sum(sites) == workers,
+        "network.sites",
+        sites,
+        f"empty or workers per site summing to algorithm.workers ({workers}), in worker order",
+    )
 
 
 def check_layout(workers: int, processes: int, workers_per_process: int, shards: int, flexible: bool) -> None:

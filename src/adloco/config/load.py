@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from adloco.config import checks
-from adloco.config.schema import BENCH, SECTION_TYPES, SECTIONS, Config, preset_values
+from adloco.config.schema import BENCH, SECTION_TYPES, SECTIONS, SIMULATE, Config, preset_values
 from adloco.errors import UserError
 from adloco.fields import conform, describe
 from adloco.models.sizing import SHAPES
@@ -79,14 +79,15 @@ def _kind(value: Any) -> str:
 
 def _sections(raw: Any, origin: str) -> dict[str, dict[str, Any]]:
     """The sections of a file or mapping: known names, each a mapping of keys (an empty one is none).
-    ``bench`` is ``adloco bench``'s own section: other commands accept it and ignore it."""
+    ``bench`` is ``adloco bench``'s own section and ``simulate`` ``adloco simulate``'s: other commands
+    accept them and ignore them."""
     if not isinstance(raw, dict):
         raise UserError(
             f"{origin}: the top level must be a mapping of sections ({', '.join(SECTIONS)}), got {_kind(raw)}"
         )
     out: dict[str, dict[str, Any]] = {}
     for section, values in raw.items():
-        if section == BENCH:
+        if section in (BENCH, SIMULATE):
             continue
         if section not in SECTIONS:
             raise unknown("section", str(section), SECTIONS)
@@ -116,6 +117,8 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     parts = path.split(".")
     if len(parts) != 2 or not all(parts):
         raise UserError(f"--set {text!r}: the key must be section.key, e.g. batch.eta=0.5")
+    if parts[0] == SIMULATE:
+        raise UserError(f"--set {text!r}: the simulate section is read by `adloco simulate` only")
     if parts[0] == BENCH:
         raise UserError(
             f"--set {text!r}: the bench section is read by `adloco bench` only, from its config file "
@@ -186,11 +189,13 @@ def resolve(
     overrides: list[str] | None = None,
     base: dict[str, Any] | None = None,
     resuming: bool = False,
+    planning: bool = False,
 ) -> Config:
     """Build the resolved config: defaults -> method preset -> ``base``/file -> overrides.
 
     ``resuming``: the config of a run that continues (its trainers may now outnumber its workers: they
-    merge, ALGORITHM.md §9.2).
+    merge, ALGORITHM.md §9.2). ``planning``: a run ``adloco simulate`` prices and does not run, checked
+    without this machine (:func:`adloco.config.checks.check_plan`).
 
     With a checkpoint as ``model.name`` and ``data.tokenizer`` unset, the tokenizer is the checkpoint's.
     """
@@ -224,7 +229,10 @@ def resolve(
         values["data"]["tokenizer"] = model  # a checkpoint: its own tokenizer, not one trained anew
     cfg = build(values)
     _ignored_outer(cfg, given.get("outer", {}))
-    checks.check(cfg, resuming)
+    if planning:
+        checks.check_plan(cfg)
+    else:
+        checks.check(cfg, resuming)
     return cfg
 
 

@@ -331,6 +331,40 @@ class NetworkConfig(Dial):
         "hold every counted collective back to its time at this bandwidth and latency (a sleep after the "
         "real one), so that wall time shows what the link costs; decisions are unchanged (ALGORITHM.md §7)",
     )
+    upload: float | None = setting(
+        None,
+        "bytes per second each worker's link sends (null: network.bandwidth, both ways); a ring moves as much up "
+        "as down, so the slower direction bounds it (ALGORITHM.md §7)",
+        above=0,
+        allowed="> 0 (bytes per second) or null",
+    )
+    sites: list[int] = setting(
+        [],
+        "workers per site, in worker order, summing to algorithm.workers (empty: one site): inside a site the "
+        "links above, between sites network.site_bandwidth and network.site_latency; a collective across "
+        "sites is priced hierarchically (ALGORITHM.md §7)",
+        at_least=1,
+        allowed="whole numbers of workers >= 1",
+    )
+    site_bandwidth: float = setting(
+        12.5e6,
+        "with network.sites: bytes per second of each site's link to the others, both ways (12.5e6: 100 Mbit/s)",
+        above=0,
+        allowed="> 0 (bytes per second)",
+    )
+    site_latency: float = setting(
+        0.05, "with network.sites: seconds per hop between sites", at_least=0, allowed=">= 0 (seconds)"
+    )
+
+    def model(self) -> Any:
+        """The links these keys describe (:func:`adloco.netmodel.network`): what simulated time prices and
+        what ``network.emulate`` holds collectives back to."""
+        from adloco import netmodel
+
+        sites = self.sites if len(self.sites) > 1 else []
+        return netmodel.network(
+            self.bandwidth, self.latency, self.upload, sites, self.site_bandwidth, self.site_latency
+        )
 
 
 @dataclass(frozen=True)
@@ -482,6 +516,7 @@ SECTION_TYPES: dict[str, type[Dial]] = {
 }
 assert all(name == cls.SECTION for name, cls in SECTION_TYPES.items())
 BENCH = "bench"  # `adloco bench`'s own section of a config file; every other command ignores it
+SIMULATE = "simulate"  # `adloco simulate`'s own section (adloco.plan.command.SimulateConfig); likewise
 
 # Method presets (ALGORITHM.md §6): the library's (:data:`adloco.settings.PRESETS`), and LocalSGD's inner
 # plain SGD (Stich 2019), which only the application builds. They fill only the keys a user leaves unset.

@@ -56,7 +56,7 @@ class Driver:
         self.cfg, self.comm, self.data, self.device, self.log = cfg, comm, data, device, log
         a, net = cfg.algorithm, cfg.network
         if net.emulate:  # wall time held back to the link simulated time prices (run_round's sim_s)
-            comm.link = (net.bandwidth, net.latency)
+            comm.link = net.model()
         # Every trainer draws from its own subset, keyed by its id (a merge's survivor keeps its own).
         self.subsets = {
             t: trainer_subset(data.n_train, cfg.data.subset_fraction, a.seed, t) for t in range(a.trainers)
@@ -247,7 +247,7 @@ class Driver:
             self._fit_own_profile(report)
         compute = report.compute_s if self.profile is None else self.priced_compute(report)
         sim_s = netmodel.round_seconds(
-            compute, report.collectives, net.bandwidth, net.latency, behind=report.behind
+            compute, report.collectives, net.bandwidth, net.latency, behind=report.behind, net=net.model()
         )
         self.sim_s += sim_s
         val = self.evaluate() if algo.round % cfg.eval.every == 0 or final else None

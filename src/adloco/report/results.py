@@ -305,7 +305,13 @@ def _points(run: Run) -> None:
                 )
         rows = netmodel.name_workers(e.collectives, trainers.get(e.round, []))
         sim += netmodel.round_seconds(
-            compute.get(e.round, {}), rows, run.bandwidth, run.latency, speeds, e.collectives_behind
+            compute.get(e.round, {}),
+            rows,
+            run.bandwidth,
+            run.latency,
+            speeds,
+            e.collectives_behind,
+            _net(run),
         )
         value = getattr(e, run.metric)
         if value is not None:
@@ -529,3 +535,18 @@ def mean_curve(
         mn.append(min(vals))
         mx.append(max(vals))
     return xs, mean, mn, mx
+
+
+def _net(run: Run) -> Any:
+    """The run's links (its config's upload and sites) at the bandwidth and latency it is priced on now."""
+    net = run.config.get("network", {}) or {}
+    sites = [int(m) for m in net.get("sites") or []]
+    upload = net.get("upload")
+    return netmodel.network(
+        run.bandwidth,
+        run.latency,
+        None if upload is None else float(upload),
+        sites if len(sites) > 1 else [],
+        float(net.get("site_bandwidth", 12.5e6)),
+        float(net.get("site_latency", 0.05)),
+    )

@@ -1,0 +1,84 @@
+"""``adloco simulate --plots``: compute utilization (and goodput, with failures) against the number of
+workers and against the links' bandwidth, each a PNG written whole or not at all."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from adloco.errors import UserError
+
+
+def draw(s: Any, sim: Any, out: Path) -> list[Path]:
+    """Two plots of setup ``s`` into ``out`` (made if missing): ``against-workers.png`` over
+    ``sim.sweep_workers``, ``against-bandwidth.png`` over ``sim.sweep_mbits``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from adloco.plan.command import sweep
+    from adloco.plan.sim import simulate
+
+    try:
+        out.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--plots {str(out)!r}: cannot be made ({exc.strerror})") from None
+    label = f"{s.method}, {s.wire.dtype}, H = {s.inner_steps}"
+    by_n = sweep(s, workers=list(sim.sweep_workers))
+    by_bw = sweep(s, mbits=list(sim.sweep_mbits))
+    failing = s.failures.mtbf_s is not None
+    written = []
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ns = [int(p["workers"]) for p in by_n]
+    ax.plot(ns, [100 * p["utilization"] for p in by_n], marker="o", label=f"utilization ({label})")
+    if failing:
+        good = [100 * simulate(replace(s, workers=n, net=_net(s, n))).goodput for n in ns]
+        ax.plot(ns, good, marker="s", label=f"goodput, {s.failures.recovery} recovery")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("workers N")
+    ax.set_ylabel("%")
+    ax.set_ylim(0, 100)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"against N, links {8 * s.net.bandwidth / 1e6:g} Mbit/s")
+    written.append(_save(fig, out / "against-workers.png"))
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([p["mbits"] for p in by_bw], [100 * p["utilization"] for p in by_bw], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("link bandwidth, Mbit/s")
+    ax.set_ylabel("compute utilization, %")
+    ax.set_ylim(0, 100)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"against bandwidth, {s.workers} workers")
+    written.append(_save(fig, out / "against-bandwidth.png"))
+    plt.close(fig)
+    return written
+
+
+def _net(s: Any, n: int) -> Any:
+    from adloco import netmodel
+
+    net = s.net
+    if isinstance(net, netmodel.Network) and len(net.sites) > 1 and sum(net.sites) != n:
+        return replace(net, sites=())
+    return net
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise UserError(f"{str(path)!r}: cannot be written ({exc.strerror})") from None
+    return path
