@@ -64,6 +64,13 @@ PUBLISHED: dict[str, str] = {
             "unit-tier-on-gpu.txt",
         )
     },
+    "benchmarks/gpu-h200-2026-11-28": "results/gpu-h200-2026-11-28/index.md",
+    "benchmarks/gpu-h200-2026-11-28/README.md": "results/gpu-h200-2026-11-28/index.md",
+    **{
+        f"benchmarks/gpu-h200-2026-11-28/{p.name}": f"results/gpu-h200-2026-11-28/{p.name}"
+        for p in (ROOT / "benchmarks/gpu-h200-2026-11-28").glob("*")
+        if p.name != "README.md"
+    },
     **{
         f"benchmarks/plots/{p.name}": f"results/plots/{p.name}"
         for p in (ROOT / "benchmarks/plots").glob("*.png")
