@@ -242,8 +242,8 @@ class RuntimeConfig(Dial):
     device: Literal["auto", "cpu", "cuda"] = setting("auto", "auto picks cuda when available")
     threads: int = setting(
         0,
-        "torch CPU threads per process (0: torch's default in-process; cores / local processes with "
-        "torchdist)",
+        "torch CPU threads per process (0: in one process, torch's default lowered to the cores other work "
+        "leaves free, re-checked every few seconds; with torchdist, cores / local processes)",
         at_least=0,
         at_most=4096,
     )

@@ -98,6 +98,7 @@ class Driver:
         )
         self.trained = 0  # examples in inner steps so far (probe rows are not steps)
         self.stop_requested: Callable[[], bool] = lambda: False  # set by whoever handles signals
+        self.between_steps: Callable[[], object] = lambda: None  # before every inner step (the thread count)
         self.trace_dir: Path | None = None  # where logging.trace writes (the run directory's, on rank 0)
         # Dropout draws from the process's generators, which imports and model loading may have
         # advanced or reseeded by then: seed them from the run's seed and this rank, so a run is
@@ -308,6 +309,7 @@ class Driver:
                 w: self.data.train_batch(streams[w].take(algo.batch_size(w))) for w in algo.local_workers
             }
             rows = algo.step_rows  # this round's plan: every worker's rows in one step
+            self.between_steps()
             try:
                 algo.step_all(batches, stop=self.stop_requested())
             except RoundAborted:

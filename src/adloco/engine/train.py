@@ -158,6 +158,9 @@ class Run:
         cfg, a, comm, device = self.cfg, self.cfg.algorithm, self.comm, self.where.device
         factory = models.factory_for(cfg.model, cfg.data.seq_len, data)
         driver = Driver(cfg, comm, data, factory, device, log=self.say)
+        if self.where.threads is not None:  # runtime.threads 0 in one process: follow the free cores
+            self.where.threads.log = self.say
+            driver.between_steps = self.where.threads.check
         wait = cfg.elastic.timeout if self.where.elastic is not None else cfg.runtime.timeout
         if not restore(driver, start.ck if start is not None else None, wait) and a.trainers > a.workers:
             self.say(
