@@ -58,10 +58,20 @@ REPLACED = {
 
 
 def unknown(kind: str, name: str, known: list[str]) -> UserError:
+    """An unknown section or key (``section.key``), with the closest known one spelled as it is written:
+    a key as ``section.key``, or a key of another section when this one has none like it."""
     if name in REPLACED:
         return UserError(f"config: {name}: {REPLACED[name]}")
-    close = difflib.get_close_matches(name.split(".")[-1], known, n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
+    section, dot, key = name.rpartition(".")
+    close = difflib.get_close_matches(key, known, n=1)
+    if dot and close:
+        suggestion = f"{section}.{close[0]}"
+    elif dot:
+        elsewhere = [f"{s}.{key}" for s, cls in SECTION_TYPES.items() if key in {k for k, _, _ in cls.docs()}]
+        suggestion = elsewhere[0] if elsewhere else ""
+    else:
+        suggestion = close[0] if close else ""
+    hint = f"; did you mean '{suggestion}'?" if suggestion else ""
     return UserError(f"config: unknown {kind} '{name}'{hint} (allowed: {', '.join(known)})")
 
 
