@@ -902,14 +902,24 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: unknown section 'batches'; did you mean 'batch'? (allowed: model, data, algorithm, inner, outer, batch, merge, switch, eval, runtime, comm, network, checkpoint, elastic, faults, logging)",
     ),
     (
+        "tracker-unknown",
+        ["train", *S("logging.out_dir={tmp}/runs", "logging.trackers=wandb,tensorbored")],
+        "config: logging.trackers = ['wandb', 'tensorbored']: must be a list of 'wandb', 'mlflow', each at most once (empty: none; TensorBoard is logging.tensorboard), e.g. [wandb]",
+    ),
+    (
+        "tracker-twice",
+        ["train", *S("logging.out_dir={tmp}/runs", "logging.trackers=[mlflow, mlflow]")],
+        "config: logging.trackers = ['mlflow', 'mlflow']: must be a list of 'wandb', 'mlflow', each at most once (empty: none; TensorBoard is logging.tensorboard), e.g. [wandb]",
+    ),
+    (
         "wandb-not-a-choice",
         ["train", *S("logging.out_dir={tmp}/runs", "logging.wandb=maybe")],
-        "config: logging.wandb = 'maybe': must be one of 'auto', 'on', 'off'",
+        "config: logging.wandb = 'maybe': must be one of 'auto', 'on', 'off' (or list it in logging.trackers, e.g. [wandb])",
     ),
     (
         "mlflow-not-a-choice",
         ["train", *S("logging.out_dir={tmp}/runs", "logging.mlflow=2")],
-        "config: logging.mlflow = 2: must be one of 'auto', 'on', 'off'",
+        "config: logging.mlflow = 2: must be one of 'auto', 'on', 'off' (or list it in logging.trackers, e.g. [mlflow])",
     ),
     (
         "resume-missing",

@@ -30,7 +30,7 @@ import pytest
 from adloco import config, events
 from adloco.cli import build_parser
 from adloco.engine import rundir
-from adloco.telemetry.metrics import available, tensorboard_available
+from adloco.telemetry.metrics import tensorboard_available
 from tests.helpers import train_once
 from tests.unit.docs_site import docs_hooks
 
@@ -482,10 +482,7 @@ def test_run_directory_page_is_what_a_run_writes(tiny_run: Path) -> None:
     written = {p.name + ("/" if p.is_dir() else "") for p in tiny_run.iterdir()}
     if not tensorboard_available():  # logging.tensorboard: auto writes it only when the package is installed
         listed.discard("tensorboard/")
-    if not available("wandb"):  # logging.wandb and logging.mlflow: auto, the same
-        listed.discard("wandb/")
-    if not available("mlflow"):
-        listed -= {"mlruns/", "mlflow-run-id"}
+    listed -= {"wandb/", "mlruns/", "mlflow-run-id"}  # logging.trackers only (tests/unit/test_sinks.py)
     listed.discard("profile.json")  # runtime.profile auto only (tests/unit/test_profile.py)
     listed.discard("trace/")  # logging.trace only (tests/unit/test_gpu_paths.py)
     assert written == listed

@@ -47,7 +47,38 @@ def read_value(value: Any, tp: Any) -> Any:
             origin is Literal and value.text not in typing.get_args(tp) and isinstance(value.parsed, bool)
         )
         value = value.text if textual and not spelled_bool else value.parsed
+        if tp == list[str] and (
+            value is None or isinstance(value, str)
+        ):  # --set logging.trackers=wandb,mlflow
+            value = [part.strip() for part in (value or "").split(",") if part.strip()]
     return conform(value, tp, lenient=True)
+
+
+# logging.wandb and logging.mlflow (auto | on | off) before logging.trackers listed them: an older config,
+# or a run directory's config.yaml, keeps what it did (on, or auto with the package installed, lists it)
+LEGACY_TRACKERS = ("wandb", "mlflow")
+
+
+def _legacy_trackers(logging: dict[str, Any]) -> None:
+    """Fold the older ``logging.wandb`` / ``logging.mlflow`` keys into ``logging.trackers``, in place."""
+    from adloco.telemetry.metrics import available
+
+    old = [k for k in LEGACY_TRACKERS if k in logging]
+    if not old:
+        return
+    listed = list(read_value(logging.pop("trackers", []), list[str])) if "trackers" in logging else []
+    for key in old:
+        raw = logging.pop(key)
+        try:
+            mode = read_value(raw, Literal["auto", "on", "off"])
+        except ValueError:
+            raise UserError(
+                f"config: logging.{key} = {raw!r}: must be one of 'auto', 'on', 'off' (or list it in "
+                f"logging.trackers, e.g. [{key}])"
+            ) from None
+        if (mode == "on" or (mode == "auto" and available(key))) and key not in listed:
+            listed.append(key)
+    logging["trackers"] = listed
 
 
 # Keys that were renamed or replaced: the line says where they went.
@@ -218,6 +249,8 @@ def resolve(
             raise unknown("section", section, SECTIONS)
         user.setdefault(section, {})[key] = value
 
+    if "logging" in user:
+        _legacy_trackers(user["logging"])
     given = {s: _read_section(s, v) for s, v in user.items()}
     # The method decides the preset (read like any other key).
     method = given.get("algorithm", {}).get("method", "adloco")

@@ -5,7 +5,7 @@ Why: torch's CPU operations run on a team of OpenMP threads, one per core by def
 other at the end of every operation, spinning on their cores. When another process keeps one of those cores
 busy, every operation waits for the thread whose core it holds, and the spinning takes time from the other
 process too. llama-tiny's inner steps on 2 cores (micro-batches of 8, 4 accumulated) beside one busy
-process ran 6 to 40 times slower with 2 threads than with 1; alone, 2 threads were 1.7 times as fast as 1.
+process ran 6 to 10 times slower with 2 threads than with 1; alone, 2 threads were 1.7 times as fast as 1.
 So the count follows the cores the other work leaves free, never above torch's own (one a core of the
 process's affinity, or ``OMP_NUM_THREADS``): measured from the machine's CPU counters (Linux
 ``/proc/stat``) less this process's own CPU time, every few seconds between inner steps, and changed only
