@@ -136,7 +136,8 @@ class WandbSink(MetricsSink):
 class MlflowSink(MetricsSink):
     """An MLflow run: the scalars (:func:`scalars`) as metrics by round and the run's config as parameters
     (``section.key``). Tracked where ``MLFLOW_TRACKING_URI`` points, else in a local file store in
-    ``<run>/mlruns`` (``mlflow ui --backend-store-uri <run>/mlruns``); experiment
+    ``<run>/mlruns`` (viewed with the full ``mlflow`` package: ``MLFLOW_ALLOW_FILE_STORE=true mlflow ui
+    --backend-store-uri <run>/mlruns``); experiment
     ``MLFLOW_EXPERIMENT_NAME`` (default ``adloco``), run named after the run directory. The run's id is kept
     in ``<run>/mlflow-run-id``, so a resumed run continues the same MLflow run."""
 
