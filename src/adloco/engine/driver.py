@@ -422,6 +422,13 @@ class Driver:
                     "update (faults.max_bad_rounds); lower inner.lr or inner.clip"
                 )
         progress.close()
+        self.elapsed = time.perf_counter() - t0
+        return self.summary()
+
+    def summary(self, stopped: str | None = None) -> events.Summary:
+        """The run as it stands after its last whole round (``summary.json``): a finished run's, or, with
+        ``stopped`` (the signal's name), one a signal stopped (its round in progress undone)."""
+        a, algo = self.cfg.algorithm, self.algo
         if not self.last_eval:
             self.evaluate()
         shown = self.reported()
@@ -439,7 +446,7 @@ class Driver:
             communications_total=algo.totals.messages,
             bytes_total=algo.totals.bytes,
             bytes_by_kind=dict(sorted(algo.totals.by_kind.items())),
-            wall_s=time.perf_counter() - t0,
+            wall_s=self.elapsed,
             sim_s=self.sim_s,
             peak_memory_bytes=_peak_memory(self.device),
             reported_trainer=shown,
@@ -448,6 +455,7 @@ class Driver:
             rounds_lost=self.rounds_lost,
             initial_val_accuracy=self.initial_metrics.get("val_accuracy") if cls else None,
             final_val_accuracy=final.get("val_accuracy") if cls else None,
+            stopped=stopped,
         )
 
     def fingerprint(self) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,11 +40,21 @@ class DistributedFailure(Exception):
 
 
 class Stopped(Exception):
-    """SIGINT or SIGTERM: the run stopped at the end of an inner step and wrote a checkpoint."""
+    """SIGINT or SIGTERM: the run stopped at the end of an inner step, undid the round in progress, and
+    wrote a checkpoint of the last whole round (``saved``, in ``where``) and, on rank 0, its summary."""
 
-    def __init__(self, signum: int, round_: int, run_dir: Path | None, saved: str) -> None:
+    def __init__(
+        self,
+        signum: int,
+        round_: int,
+        run_dir: Path | None,
+        saved: str,
+        where: str | None = None,
+        summary: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name} in round {round_}")
         self.signum, self.round, self.run_dir, self.saved = signum, round_, run_dir, saved
+        self.where, self.summary = where, summary or {}
 
 
 class TrainingFailed(Exception):
@@ -201,16 +212,37 @@ class Run:
             if final or (every > 0 and driver.round % every == 0):
                 saver.save(wait=final)
 
+        def acknowledge(signum: int) -> None:  # in the signal handler, at once: what happens now
+            if not self.where.root:
+                return
+            r = driver.round
+            kept = ["summary.json", *(["plots"] if cfg.logging.plots else [])]
+            at = f"checkpoint {where}/{checkpoint.name(r)}, " if where is not None else ""
+            print(
+                f"\nadloco: {signal.Signals(signum).name} received: stopping at the end of this inner step; round "
+                f"{r + 1} will be undone and the run saved as of round {r} ({at}{', '.join(kept)}); another "
+                "signal is ignored while it saves",
+                file=sys.stderr,
+                flush=True,
+            )
+
         try:
-            with Signals() as signals:
+            with Signals(acknowledge) as signals:
                 driver.stop_requested = lambda: signals.signum is not None
                 try:
                     summary = driver.run(sink, self.progress, after_round)
                 except RoundAborted as exc:
                     self.progress.close()
                     assert signals.signum is not None or self.comm.world > 1
+                    signum = signals.signum or signal.SIGTERM
                     saved = saver.save(wait=True)
-                    raise Stopped(signals.signum or signal.SIGTERM, exc.round, run_dir, saved) from None
+                    stopped = driver.summary(stopped=signal.Signals(signum).name)
+                    sink.log(events.End(driver.round, stopped).to_dict())
+                    if run_dir is not None:
+                        rundir.write_atomic(
+                            run_dir / "summary.json", json.dumps(stopped.to_dict(), indent=2) + "\n"
+                        )
+                    raise Stopped(signum, exc.round, run_dir, saved, where, stopped.to_dict()) from None
                 except TooManyBadRounds as exc:
                     saver.wait()
                     raise TrainingFailed(str(exc), run_dir, checkpoint.name(driver.round)) from None
