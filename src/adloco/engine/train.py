@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from adloco import events, models
 from adloco.comm.base import CommFailure
 from adloco.config import Config
@@ -26,6 +28,7 @@ from adloco.data.tokens import Data, prepare
 from adloco.engine import rundir
 from adloco.engine.checkpoint.files import Folder
 from adloco.engine.checkpoint.saver import Checkpointer
+from adloco.engine.describe import describe_run
 from adloco.engine.driver import Driver, TooManyBadRounds
 from adloco.engine.placement import Placement, place
 from adloco.engine.signals import Signals
@@ -181,11 +184,14 @@ class Run:
         ctx = self.where.ctx
         procs = f", {comm.world} processes x {ctx.threads} thread(s)" if ctx is not None else ""
         unit = f"blocks of {cfg.data.seq_len} tokens" if data.task == "causal_lm" else "labelled examples"
-        self.say(
-            f"{a.method}: {cfg.model.name}, {driver.n_params / 1e6:.2f}M parameters, {a.workers} workers, "
-            f"{a.trainers} trainers{procs}, {data.n_train} train / {data.n_val} validation {unit}, device "
-            f"{device.type}"
-        )
+        where = device.type
+        if ctx is None and device.type == "cpu":
+            follows = " (fewer while other work holds cores)" if self.where.threads is not None else ""
+            where += f", {torch.get_num_threads()} thread(s){follows}"
+        for line in describe_run(
+            cfg, driver.n_params, f"{data.n_train} train / {data.n_val} validation {unit}", where, procs
+        ):
+            self.say(line)
         return driver
 
     def _rounds(self, driver: Driver, sink: MetricsSink) -> Summary:
