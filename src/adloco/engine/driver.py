@@ -36,7 +36,7 @@ from adloco.replica import Replica
 from adloco.round import RoundReport, Traffic
 from adloco.telemetry import trace
 from adloco.telemetry.metrics import MetricsSink
-from adloco.telemetry.progress import Progress
+from adloco.telemetry.progress import Progress, Work
 
 
 class TooManyBadRounds(RuntimeError):
@@ -406,7 +406,10 @@ class Driver:
                     **self.initial_metrics,
                 ).to_dict()
             )
-        progress.start(a.rounds, a.inner_steps * len(algo.replicas), self.initial_metrics)
+        b = self.cfg.batch
+        grows = b.test != "none" or b.schedule != "none"
+        work = Work(a.rounds, a.inner_steps, a.workers, b.max, grows, a.budget)
+        progress.start(a.rounds, a.inner_steps * len(algo.replicas), self.initial_metrics, work)
         while algo.round < a.rounds and self.examples < budget:
             progress.round_started(algo.round + 1)
             out = self.run_round(progress.step)
