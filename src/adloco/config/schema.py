@@ -119,7 +119,7 @@ class AlgorithmConfig(Dial):
         "adloco", "the method (ddp: gradients averaged every step); sets the other sections' defaults"
     )
     rounds: int = setting(
-        12, "outer rounds (every worker runs H inner steps, then every trainer steps)", at_least=1
+        8, "outer rounds (every worker runs H inner steps, then every trainer steps)", at_least=1
     )
     inner_steps: int = setting(
         12,
