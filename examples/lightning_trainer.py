@@ -79,8 +79,8 @@ def main() -> None:
         module, callback = fit(train, Path(out))
         algo = callback.algo
         assert algo is not None
-        saved = sorted(p.name for p in (Path(out) / "ckpt").iterdir())
-        if int(os.environ.get("RANK", "0")) == 0:
+        if int(os.environ.get("RANK", "0")) == 0:  # Lightning writes every checkpoint into rank 0's folder
+            saved = sorted(p.name for p in (Path(out) / "ckpt").iterdir())
             print(
                 f"workers {algo.comm.n_workers}, rounds {algo.round} of {H} steps, sent {algo.totals.bytes / 1e6:.1f} MB"
             )

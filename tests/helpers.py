@@ -254,10 +254,6 @@ ELASTIC_RUN = {  # resized and elastic runs: rounds, workers and trainers are ea
     "eval.max_examples": "8",
     "logging.progress": "plain",
     "logging.plots": "false",
-    **{
-        "logging.wandb": "off",
-        "logging.mlflow": "off",
-    },  # tested in tests/unit/test_sinks.py; seconds a process
     "runtime.timeout": "60",
 }
 RESUME_RUN = {  # 5 rounds of 4 workers and 4 trainers, checkpointed every 2: what a resume must reproduce
@@ -275,10 +271,6 @@ RESUME_RUN = {  # 5 rounds of 4 workers and 4 trainers, checkpointed every 2: wh
     "checkpoint.every": "2",
     "logging.progress": "plain",
     "logging.plots": "false",
-    **{
-        "logging.wandb": "off",
-        "logging.mlflow": "off",
-    },  # tested in tests/unit/test_sinks.py; seconds a process
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 import typing
@@ -252,11 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             os._exit(EXIT_DISTRIBUTED)  # never wait on a process group that lost a member
         except Stopped as exc:
             if exc.run_dir is not None:
-                print(
-                    f"adloco: {exc}: checkpoint {exc.saved} written\nresume with: {_resume_command(exc.run_dir)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                print(_stopped_text(exc, cfg.logging.plots), file=sys.stderr, flush=True)
             return 128 + exc.signum
         except TrainingFailed as exc:
             if args.debug:
@@ -339,15 +336,46 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resume_command(run_dir: object) -> str:
-    from adloco.engine.dist.env import NPROC_ENV
+def _stopped_text(exc: typing.Any, plots: bool) -> str:
+    """What a stopped run left and how to go on (``exc``: :class:`adloco.engine.train.Stopped`), on rank 0;
+    its plots drawn here, from its directory, when ``logging.plots`` asks (else the command that draws them)."""
+    from adloco.engine.dist.env import program
 
+    run_dir, s = exc.run_dir, exc.summary
+    saved = f"{exc.where}/{exc.saved}" if exc.where else exc.saved
+    lines = [f"adloco: {exc}: round {exc.round} undone; checkpoint written: {saved}"]
+    if s:
+        if "final_val_accuracy" in s:
+            what = f"validation accuracy {100 * (s['final_val_accuracy'] or 0):.2f}%"
+        else:
+            what = f"validation perplexity {_fmt(s.get('initial_val_ppl'))} -> {_fmt(s.get('final_val_ppl'))}"
+        lines.append(f"after {s['rounds']} round(s): {what}; summary: {run_dir / 'summary.json'}")
+    drawn = False
+    if plots:
+        from adloco.report.plots import plot_run
+
+        try:
+            plot_run(run_dir)
+            drawn = True
+            lines.append(f"plots: {run_dir / 'plots'}")
+        except UserError:  # nothing logged to draw from yet
+            pass
+    if not drawn:
+        lines.append(f"plots and report: {program()} report {shlex.quote(str(run_dir))}")
+    lines.append(f"resume with: {_resume_command(run_dir)}")
+    return "\n".join(lines)
+
+
+def _resume_command(run_dir: object) -> str:
+    from adloco.engine.dist.env import NPROC_ENV, program
+
+    where = shlex.quote(str(run_dir))
     nproc = os.environ.get(NPROC_ENV)
     if nproc:
-        return f"adloco train --nproc {nproc} --resume {run_dir}"
+        return f"{program()} train --nproc {nproc} --resume {where}"
     if "WORLD_SIZE" in os.environ:
-        return f"torchrun <the same options> -m adloco train --resume {run_dir}"
-    return f"adloco train --resume {run_dir}"
+        return f"torchrun <the same options> -m adloco train --resume {where}"
+    return f"{program()} train --resume {where}"
 
 
 def _after_start(exc: UserError) -> bool:

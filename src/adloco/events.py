@@ -369,6 +369,13 @@ class Summary:
     rounds_lost: int = field(
         default=0, metadata={"doc": "rounds trained, then lost with their processes, and run again"}
     )
+    stopped: str | None = field(
+        default=None,
+        metadata={
+            "doc": "the signal that stopped the run (`SIGINT`, `SIGTERM`; its round in progress undone, the "
+            "summary as of its last whole round), null when it ran to its end"
+        },
+    )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``summary.json``; the accuracies only for a classification run."""

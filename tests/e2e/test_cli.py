@@ -36,11 +36,6 @@ TINY = [
     "eval.max_examples=4",
     "--set",
     "batch.eta=0.3",
-    # the trackers are tested in tests/unit/test_sinks.py; each process here would import them (seconds)
-    "--set",
-    "logging.wandb=off",
-    "--set",
-    "logging.mlflow=off",
 ]
 
 

@@ -87,10 +87,13 @@ def test_diloco_under_a_hugging_face_trainer(launcher: str) -> None:
     assert float(m.group(2)) < 1e-6
 
 
-def test_diloco_under_a_lightning_trainer() -> None:
-    """One worker in one process (two processes under torchrun: tests/integration/test_integrations_dist.py):
-    DiLoCo's rounds ran with Lightning's checkpoints, and the loss fell."""
-    out = run([sys.executable, "examples/lightning_trainer.py"])
+@pytest.mark.parametrize("launcher", ["python", "torchrun"])
+def test_diloco_under_a_lightning_trainer(launcher: str) -> None:
+    """One worker in one process, and two under torchrun as the guide runs it (each rank exits 0: only rank 0
+    holds the checkpoint folder): DiLoCo's rounds ran with Lightning's checkpoints, and the loss fell."""
+    script = "examples/lightning_trainer.py"
+    out = run([sys.executable, script] if launcher == "python" else [*TORCHRUN, script])
     before, after = losses(out)
     assert after < before - 1.0
-    assert "workers 1, rounds 6 of 20 steps" in out and "step=60.ckpt" in out
+    workers = 1 if launcher == "python" else 2
+    assert f"workers {workers}, rounds 6 of 20 steps" in out and "step=60.ckpt" in out

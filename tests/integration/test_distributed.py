@@ -54,11 +54,6 @@ TINY = [
     "runtime.balance=equal",  # compared with one process bit for bit: shares must not follow timings
     "--set",
     "outer.optimizer=nesterov",
-    # the trackers are tested in tests/unit/test_sinks.py; each process here would import them (seconds)
-    "--set",
-    "logging.wandb=off",
-    "--set",
-    "logging.mlflow=off",
     "--set",
     "logging.plots=false",  # drawn after the run from its directory: tests/e2e and tests/unit/test_reporting.py
     "--set",

@@ -8,9 +8,13 @@ tests (tests/unit/test_emulate.py) check the hold's amounts, threads and the in-
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
-from adloco.netmodel import comm_seconds
+import torch
+
+from adloco.comm.inprocess import InProcessComm
+from adloco.netmodel import Link, collective_seconds, comm_seconds
 from tests.integration.test_distributed import TINY, adloco
 
 BW, LAT = 1e5, 1e-3  # 100 kB/s: llama-micro's Δ (29.6 kB) takes about 0.45 s a round
@@ -46,3 +50,38 @@ def test_processes_hold_every_collective_to_the_link(tmp_path: Path, text_corpus
         # the round's wall time is its simulated time: the processes compute side by side (simulated time
         # takes the slowest) and the driver's own work is left out of it (a few ms a round)
         assert abs(r["train_s"] - r["sim_s"]) < 0.1 * r["sim_s"] + 0.1
+
+
+def test_an_emulated_run_in_one_process_takes_its_simulated_time() -> None:
+    """Wall time against simulated time, so in this tier (it measures), with a margin for a busy machine:
+    the emulated round (train_s, without evaluation) runs the same compute for real and sleeps every
+    counted collective to its modelled time, so it is never shorter than simulated time; it is longer by
+    what simulated time leaves out (in one process the workers compute one after another; the driver's
+    own work and the sleeps' overshoot). The same run without the link is far quicker."""
+    from tests.unit.test_emulate import _rounds
+
+    emulated = _rounds(True, 3)
+    train = sum(r["train_s"] for r in emulated)
+    sim = sum(r["sim_s"] for r in emulated)
+    comm = sum(comm_seconds(r["collectives"], 1e5, 1e-3) for r in emulated)
+    others = sum(r["compute_sum_s"] - r["max_compute_s"] for r in emulated)
+    assert sim <= train <= 2 * (sim + others) + 1.0
+    real = _rounds(False, 3)
+    assert sum(r["train_s"] for r in real) < train - 0.5 * comm  # the link's sleeps are most of it
+
+
+def test_the_hold_is_a_real_sleep_of_the_modelled_time() -> None:
+    comm = InProcessComm(2, link=Link(1e4, 2e-3))
+    out = torch.zeros(100)
+    modelled = collective_seconds("broadcast", 2, 400, 1e4, 2e-3)  # 40 ms + 2 ms
+    t0 = time.perf_counter()
+    comm.broadcast(out, 0, [0, 1], "move")
+    took = time.perf_counter() - t0
+    # at least the modelled time; more only by a sleep's overshoot (generous: other jobs share the cores)
+    assert modelled <= took < modelled + 1.0
+    (rec,) = comm.drain()
+    assert modelled <= rec.seconds <= took
+    free = InProcessComm(2)
+    t0 = time.perf_counter()
+    free.broadcast(out, 0, [0, 1], "move")
+    assert time.perf_counter() - t0 < modelled / 2  # without a link, loopback costs next to nothing

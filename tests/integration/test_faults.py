@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from adloco.engine import checkpoint
 from tests.helpers import RESUME_RUN, only_run, rounds_logged, run_main, weights, with_faults
 
 TINY = RESUME_RUN
+PROG = f"{shlex.quote(sys.executable)} -m adloco"  # how these processes were started: printed commands say so
 
 
 def adloco(*args: str, fault: str | None = None, **sets: str) -> subprocess.CompletedProcess[str]:
@@ -72,9 +74,19 @@ def test_sigterm_mid_round_stops_with_a_checkpoint(
     p = train(out, text_corpus, fault="term@0:4:2")  # SIGTERM after inner step 2 of 3 of round 4
     assert p.returncode == 143, p.stderr
     run = only_run(out)
-    assert p.stderr.strip().splitlines()[-2:] == [
-        "adloco: stopped by SIGTERM in round 4: checkpoint round-000003 written",
-        f"resume with: adloco train --resume {run}",
+    ck = run / "checkpoints" / "round-000003"
+    lines = p.stderr.strip().splitlines()
+    assert lines[-5] == (  # at once: what will happen
+        "adloco: SIGTERM received: stopping at the end of this inner step; round 4 will be undone and the run "
+        f"saved as of round 3 (checkpoint {ck}, summary.json); another signal is ignored while it saves"
+    )
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stopped"] == "SIGTERM" and summary["rounds"] == 3
+    assert lines[-4] == f"adloco: stopped by SIGTERM in round 4: round 4 undone; checkpoint written: {ck}"
+    assert lines[-3].startswith("after 3 round(s): validation perplexity ")
+    assert lines[-2:] == [
+        f"plots and report: {PROG} report {run}",
+        f"resume with: {PROG} train --resume {run}",
     ]
     assert rounds_logged(run) == [1, 2, 3]
     p = run_main("train", "--resume", str(run))
@@ -88,9 +100,10 @@ def test_ctrl_c_stops_with_130(tmp_path: Path, text_corpus: Path) -> None:
     assert p.returncode == 130, p.stderr
     run = only_run(out)
     assert (
-        f"adloco: stopped by SIGINT in round 2: checkpoint round-000001 written\nresume with: adloco train --resume {run}"
+        f"adloco: stopped by SIGINT in round 2: round 2 undone; checkpoint written: {run}/checkpoints/round-000001"
         in p.stderr
     )
+    assert p.stderr.strip().endswith(f"resume with: {PROG} train --resume {run}")
     assert rounds_logged(run) == [1] and [c.name for c in checkpoint.complete(run)] == ["round-000001"]
 
 
@@ -108,8 +121,11 @@ def test_a_killed_rank_resumes_bit_for_bit(tmp_path: Path, text_corpus: Path) ->
     assert rounds_logged(run) == [1, 2, 3]
     p = adloco("train", "--nproc", "2", "--resume", str(run), fault="term@0:5:2")
     assert p.returncode == 143, p.stderr
-    assert "adloco: stopped by SIGTERM in round 5: checkpoint round-000004 written" in p.stderr
-    assert f"resume with: adloco train --nproc 2 --resume {run}" in p.stderr
+    assert (
+        f"adloco: stopped by SIGTERM in round 5: round 5 undone; checkpoint written: {run}/checkpoints/round-000004"
+        in p.stderr
+    )
+    assert f"resume with: {PROG} train --nproc 2 --resume {run}" in p.stderr
     assert rounds_logged(run) == [1, 2, 3, 4]
     p = adloco("train", "--nproc", "2", "--resume", str(run))
     assert p.returncode == 0, p.stderr

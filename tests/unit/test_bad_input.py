@@ -235,7 +235,17 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "unknown-key",
         ["train", *S("logging.out_dir={tmp}/runs", "batch.etaa=0.5")],
-        "config: unknown key 'batch.etaa'; did you mean 'eta'? (allowed: test, initial, max, eta, vartheta, nu, estimator, probe_chunks, statistics, exact_mean, formula, lr_scaling, lr_scale_max, wd_scaling, schedule, schedule_examples, schedule_power)",
+        "config: unknown key 'batch.etaa'; did you mean 'batch.eta'? (allowed: test, initial, max, eta, vartheta, nu, estimator, probe_chunks, statistics, exact_mean, formula, lr_scaling, lr_scale_max, wd_scaling, schedule, schedule_examples, schedule_power)",
+    ),
+    (
+        "typo-names-the-full-key",
+        ["train", *S("logging.out_dir={tmp}/runs", "algorithm.round=3")],
+        "config: unknown key 'algorithm.round'; did you mean 'algorithm.rounds'? (allowed: method, rounds, inner_steps, workers, trainers, seed, budget)",
+    ),
+    (
+        "key-of-another-section",
+        ["train", *S("logging.out_dir={tmp}/runs", "batch.rounds=3")],
+        "config: unknown key 'batch.rounds'; did you mean 'algorithm.rounds'? (allowed: test, initial, max, eta, vartheta, nu, estimator, probe_chunks, statistics, exact_mean, formula, lr_scaling, lr_scale_max, wd_scaling, schedule, schedule_examples, schedule_power)",
     ),
     (
         "unknown-section",
@@ -396,6 +406,11 @@ CASES: list[tuple[str, list[str], str]] = [
         "out-dir-not-writable",
         ["train", *S("logging.out_dir={tmp}/afile/runs", "data.source={corpus}", *TINY)],
         "config: logging.out_dir = '{tmp}/afile/runs': cannot be created (Not a directory)",
+    ),
+    (
+        "out-dir-a-file",
+        ["train", *S("logging.out_dir={tmp}/afile", "data.source={corpus}", *TINY)],
+        "config: logging.out_dir = '{tmp}/afile': a file, not a folder (name a folder for run directories)",
     ),
     (
         "name-with-slash",
@@ -960,14 +975,24 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: unknown section 'batches'; did you mean 'batch'? (allowed: model, data, algorithm, inner, outer, batch, merge, switch, eval, runtime, comm, network, checkpoint, elastic, faults, logging)",
     ),
     (
+        "tracker-unknown",
+        ["train", *S("logging.out_dir={tmp}/runs", "logging.trackers=wandb,tensorbored")],
+        "config: logging.trackers = ['wandb', 'tensorbored']: must be a list of 'wandb', 'mlflow', each at most once (empty: none; TensorBoard is logging.tensorboard), e.g. [wandb]",
+    ),
+    (
+        "tracker-twice",
+        ["train", *S("logging.out_dir={tmp}/runs", "logging.trackers=[mlflow, mlflow]")],
+        "config: logging.trackers = ['mlflow', 'mlflow']: must be a list of 'wandb', 'mlflow', each at most once (empty: none; TensorBoard is logging.tensorboard), e.g. [wandb]",
+    ),
+    (
         "wandb-not-a-choice",
         ["train", *S("logging.out_dir={tmp}/runs", "logging.wandb=maybe")],
-        "config: logging.wandb = 'maybe': must be one of 'auto', 'on', 'off'",
+        "config: logging.wandb = 'maybe': must be one of 'auto', 'on', 'off' (or list it in logging.trackers, e.g. [wandb])",
     ),
     (
         "mlflow-not-a-choice",
         ["train", *S("logging.out_dir={tmp}/runs", "logging.mlflow=2")],
-        "config: logging.mlflow = 2: must be one of 'auto', 'on', 'off'",
+        "config: logging.mlflow = 2: must be one of 'auto', 'on', 'off' (or list it in logging.trackers, e.g. [mlflow])",
     ),
     (
         "resume-missing",
@@ -1140,3 +1165,18 @@ def test_bad_input(
     assert not (world["tmp"] / "runs").exists()  # no run directory left behind
     assert _tree(world["run"]) == before  # a refused --resume leaves the run as it was
     assert not (world["tmp"] / "RAN").exists()  # no code from a checkpoint ran
+
+
+def test_an_out_dir_that_cannot_hold_runs_is_refused_before_any_tokenizing(
+    world: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from adloco.engine import train
+
+    def never(*args: object, **kw: object) -> None:
+        raise AssertionError("the data was read before logging.out_dir was checked")
+
+    monkeypatch.setattr(train, "prepare", never)
+    for out in ("afile", "afile/runs"):
+        args = S(f"logging.out_dir={world['tmp'] / out}", f"data.source={world['corpus']}", *TINY)
+        assert main(["train", *args]) == 2
+        assert "logging.out_dir" in capsys.readouterr().err

@@ -30,7 +30,7 @@ import pytest
 from adloco import config, events
 from adloco.cli import build_parser
 from adloco.engine import rundir
-from adloco.telemetry.metrics import available, tensorboard_available
+from adloco.telemetry.metrics import tensorboard_available
 from tests.helpers import train_once
 from tests.unit.docs_site import docs_hooks
 
@@ -482,10 +482,7 @@ def test_run_directory_page_is_what_a_run_writes(tiny_run: Path) -> None:
     written = {p.name + ("/" if p.is_dir() else "") for p in tiny_run.iterdir()}
     if not tensorboard_available():  # logging.tensorboard: auto writes it only when the package is installed
         listed.discard("tensorboard/")
-    if not available("wandb"):  # logging.wandb and logging.mlflow: auto, the same
-        listed.discard("wandb/")
-    if not available("mlflow"):
-        listed -= {"mlruns/", "mlflow-run-id"}
+    listed -= {"wandb/", "mlruns/", "mlflow-run-id"}  # logging.trackers only (tests/unit/test_sinks.py)
     listed.discard("profile.json")  # runtime.profile auto only (tests/unit/test_profile.py)
     listed.discard("trace/")  # logging.trace only (tests/unit/test_gpu_paths.py)
     assert written == listed
@@ -541,3 +538,36 @@ def test_resumable_names_config_fields() -> None:
         assert entry.rstrip(".") in config.RESUMABLE_TEXT or (
             entry.endswith(".") and f" {section}" in config.RESUMABLE_TEXT
         ), entry
+
+
+def test_the_demos_numbers_and_plots_are_its_runs() -> None:
+    """docs/default-run/ holds the run the demo's paragraph and plots come from (`adloco train --set
+    runtime.threads=1`: its config.yaml is that command's, so it is re-run when the default changes), and
+    getting started says that run's numbers."""
+    from adloco.config import dump_yaml, resolve
+
+    run = ROOT / "docs" / "default-run"
+    assert (run / "config.yaml").read_text(encoding="utf-8") == dump_yaml(
+        resolve(None, ["runtime.threads=1"])
+    )
+    s = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    evs = [json.loads(x) for x in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert s == {k: v for k, v in evs[-1].items() if k not in ("event", "round")}  # the run's own end
+    text = " ".join((ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8").split())
+    rounds, kinds = s["rounds"], s["bytes_by_kind"]
+    requests = [e["request"] for e in evs if e["event"] == "trainer"]
+    merges = [str(e["round"]) for e in evs if e["event"] == "merge"]
+    said = [
+        f"in one process for {rounds} rounds",
+        f"falls from {s['initial_val_ppl']:,.0f} to {s['final_val_ppl']:,.0f} in {rounds} rounds",
+        f"requests grow from {requests[0]} to {max(requests)}",
+        f"trainers merge 4 → 3 → 2 → 1 at rounds {', '.join(merges[:-1])} and {merges[-1]}",
+        f"{s['examples_total']:,} training examples",
+        f"{s['communications_total']} communications ({rounds} of them the per-round gather",
+        f"{s['bytes_total'] / 1e6:.0f} MB counted on the wire: {kinds['delta'] / 1e6:.0f} MB of Δ, "
+        f"{kinds['merge'] / 1e6:.0f} MB of merges, {kinds['move'] / 1e6:.0f} MB of θ sent to moved workers, "
+        f"{kinds['stats'] / 1e3:.1f} KB of statistics",
+        f"from {s['initial_val_ppl']:,.0f} before training to {s['final_val_ppl']:,.0f} after round {rounds}",
+    ]
+    for words in said:
+        assert words in text, words

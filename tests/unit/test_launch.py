@@ -66,7 +66,9 @@ def _stubs(tmp: Path) -> dict[str, str]:
         '#!/bin/sh\nprintf "%s\\n" "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=$TORCH_DISABLE_SHARE_RDZV_TCP_STORE" '
         'torchrun "$@" > "$ARGV"\n'
     )
-    (bin_ / "srun").write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
+    (bin_ / "srun").write_text(
+        '#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do echo "$1" >> "$ARGV.srun"; shift; done\nexec "$@"\n'
+    )
     (bin_ / "scontrol").write_text('#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && printf "gpu-a\\ngpu-b\\n"\n')
     for f in bin_.iterdir():
         f.chmod(0o755)
@@ -107,26 +109,45 @@ def _launch(tmp: Path, *args: str) -> tuple[Path, str]:
 
 
 def test_slurm_script_runs_torchrun_on_every_node_with_the_readme_command(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.chdir(tmp_path)  # the folder `adloco launch` runs in, and the job is submitted from
     path, text = _launch(
         tmp_path, "slurm", "--nodes", "2", "--nproc-per-node", "2", "--time", "24:00:00",
         "--set", "algorithm.rounds=20",
     )  # fmt: skip
     assert capsys.readouterr().out == f"wrote {path}\nsubmit with: sbatch {path}\n"  # 4 workers: no note
     subprocess.run(["bash", "-n", str(path)], check=True)
+    assert str(tmp_path) not in text  # no path of the machine that wrote it
     flags = [ln.split()[1] for ln in text.splitlines() if ln.startswith("#SBATCH")]
     directives = dict(f.split("=", 1) for f in flags if "=" in f)
     assert directives["--nodes"] == "2" and directives["--ntasks-per-node"] == "1"
+    assert directives["--cpus-per-task"] == "2"  # a core per process unless asked for more
     assert "--requeue" in flags and directives["--time"] == "24:00:00"
     for env, run_id in (({}, "4242"), ({"ADLOCO_RUN_ID": "77"}, "77")):  # requeued / continued by hand
         words = _ran(
-            tmp_path, ["bash", str(path)], {"SLURM_JOB_NODELIST": "gpu-[a-b]", "SLURM_JOB_ID": "4242", **env}
+            tmp_path,
+            ["bash", str(path)],
+            {"SLURM_JOB_NODELIST": "gpu-[a-b]", "SLURM_JOB_ID": "4242", "SLURM_CPUS_PER_TASK": "2", **env},
         )
-        opts = _same_as_readme(words, str(tmp_path / "run.yaml"))
+        assert "--cpus-per-task=2" in (tmp_path / "argv.srun").read_text().split()  # srun passes them on
+        opts = _same_as_readme(words, "run.yaml")
         assert opts["--rdzv-endpoint"] == "gpu-a:29500" and opts["--rdzv-id"] == run_id
         assert opts["--nnodes"] == "2:2"
         assert words[-2:] == ["--set", "algorithm.rounds=20"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    p = subprocess.run(
+        ["bash", str(path)], cwd=elsewhere, env=_stubs(tmp_path), capture_output=True, text=True
+    )
+    assert p.returncode == 2
+    assert (
+        p.stderr == f"adloco: run.yaml is not in {elsewhere}: submit from the folder adloco launch ran in\n"
+    )
+    _, asked = _launch(
+        tmp_path, "slurm", "--nodes", "1", "--nproc-per-node", "4", "--cpus-per-node", "32", "--force"
+    )
+    assert "#SBATCH --cpus-per-task=32\n" in asked
 
 
 K8S = {

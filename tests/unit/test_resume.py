@@ -12,6 +12,7 @@ import pytest
 
 from adloco.cli import main
 from adloco.engine import checkpoint
+from adloco.engine.dist.env import program
 from tests.helpers import RESUME_RUN, disk_full, only_run, out_of_memory, poison, rounds_logged, weights
 
 TINY = RESUME_RUN
@@ -216,7 +217,7 @@ def test_persistent_faults_stop_the_run_with_a_usable_checkpoint(
     assert capsys.readouterr().err.strip().splitlines()[-2:] == [
         "adloco: error: round 3: 2 rounds in a row with a non-finite worker loss or update "
         "(faults.max_bad_rounds); lower inner.lr or inner.clip; checkpoint round-000003 written",
-        f"resume with: adloco train --resume {run} --set inner.lr=...",
+        f"resume with: {program()} train --resume {run} --set inner.lr=...",
     ]
     assert [c.name for c in checkpoint.complete(run)] == ["round-000003"]
     assert adloco("train", "--resume", str(run)) == 0  # the fault is gone: the run finishes
@@ -249,8 +250,8 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(
     run = only_run(out)
     assert capsys.readouterr().err.strip() == (
         f"adloco: error: checkpoint round-000004: cannot write into {run / 'checkpoints'} (No space left on "
-        f"device); the previous checkpoint round-000002 is intact: free space, then resume with: adloco train "
-        f"--resume {run}"
+        f"device); the previous checkpoint round-000002 is intact: free space, then resume with: {program()} "
+        f"train --resume {run}"
     )
     assert [c.name for c in checkpoint.complete(run)] == ["round-000002"]
     assert not list((run / "checkpoints").glob(".tmp-*"))

@@ -1,6 +1,7 @@
 """The trackers beside metrics.jsonl, read back: TensorBoard, Weights & Biases (offline: nothing leaves this
 machine) and MLflow (a file store in the run directory) get the same scalars, by round, and W&B and MLflow
-the run's config; ``on`` with the package missing is refused in one line naming the extra."""
+the run's config; W&B and MLflow only when ``logging.trackers`` lists them, installed or not; a tracker
+listed (or TensorBoard ``on``) with its package missing is refused in one line naming the extra."""
 
 from __future__ import annotations
 
@@ -90,13 +91,8 @@ def test_wandb_and_mlflow_get_the_scalars_and_the_config(
 ) -> None:
     pytest.importorskip("wandb", reason="the wandb extra (installed with dev; CI has it)")
     pytest.importorskip("mlflow", reason="the mlflow extra (installed with dev; CI has it)")
-    # `true` is `on` (YAML's booleans spell the choice)
     sets = S(
-        f"data.source={text_corpus}",
-        f"logging.out_dir={tmp_path}",
-        "logging.wandb=true",
-        "logging.mlflow=on",
-        *TINY,
+        f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", "logging.trackers=wandb,mlflow", *TINY
     )
     assert main(["train", *sets]) == 0
     (run,) = list(tmp_path.iterdir())
@@ -116,22 +112,32 @@ def test_wandb_and_mlflow_get_the_scalars_and_the_config(
     assert set(acc.Tags()["scalars"]) == {n for n, _ in want}
 
 
-def test_auto_follows_the_package_and_off_is_off(
+def test_trackers_only_when_listed_and_older_configs_keep_theirs(
     tmp_path: Path, text_corpus: Path, trackers_here: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Installed is not asked: by default only TensorBoard's local files (auto) beside the run's own. An older
+    config's logging.wandb / logging.mlflow keep what they did: on, or auto with the package installed."""
+    pytest.importorskip("wandb", reason="the wandb extra (installed with dev; CI has it)")
     pytest.importorskip("mlflow", reason="the mlflow extra (installed with dev; CI has it)")
-    monkeypatch.setattr(metrics, "available", lambda sink: sink == "mlflow")  # as if wandb were not installed
     sets = S(f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", *TINY)
-    assert main(["train", *sets, *S("logging.tensorboard=off")]) == 0
+    assert main(["train", *sets]) == 0
     (run,) = list(tmp_path.iterdir())
-    assert (run / "mlruns").is_dir() and not (run / "wandb").exists() and not (run / "tensorboard").exists()
-    assert main(["train", *sets, *S("logging.name=quiet", "logging.wandb=off", "logging.mlflow=off")]) == 0
-    (off,) = [p for p in tmp_path.iterdir() if p.name.startswith("quiet-")]
-    assert not (off / "mlruns").exists() and not (off / "wandb").exists()
+    assert not (run / "mlruns").exists() and not (run / "wandb").exists()
+    assert "trackers: []" in (run / "config.yaml").read_text()
+    monkeypatch.setattr(metrics, "available", lambda sink: sink == "mlflow")  # as if wandb were not installed
+    old = S("logging.name=older", "logging.wandb=auto", "logging.mlflow=auto", "logging.tensorboard=off")
+    assert main(["train", *sets, *old]) == 0
+    (older,) = [p for p in tmp_path.iterdir() if p.name.startswith("older-")]
+    assert (
+        (older / "mlruns").is_dir()
+        and not (older / "wandb").exists()
+        and not (older / "tensorboard").exists()
+    )
+    assert "trackers:\n  - mlflow" in (older / "config.yaml").read_text()
 
 
 @pytest.mark.parametrize("sink", ["wandb", "mlflow", "tensorboard"])
-def test_on_without_the_package_is_refused_in_one_line(
+def test_a_tracker_asked_for_without_its_package_is_refused_in_one_line(
     sink: str,
     tmp_path: Path,
     text_corpus: Path,
@@ -139,13 +145,18 @@ def test_on_without_the_package_is_refused_in_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setattr(metrics, "available", lambda s: s != sink)
-    sets = S(
-        f"data.source={text_corpus}", f"logging.out_dir={tmp_path / 'runs'}", f"logging.{sink}=on", *TINY
-    )
+    ask = "logging.tensorboard=on" if sink == "tensorboard" else f"logging.trackers=[{sink}]"
+    sets = S(f"data.source={text_corpus}", f"logging.out_dir={tmp_path / 'runs'}", ask, *TINY)
     assert main(["train", *sets]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (
-        f"adloco: error: config: logging.{sink} = 'on': the {sink} package is not installed "
-        f"(pip install 'adloco[{sink}]', or 'auto' to log there only when installed)"
-    )
+    if sink == "tensorboard":
+        assert err == (
+            "adloco: error: config: logging.tensorboard = 'on': the tensorboard package is not installed "
+            "(pip install 'adloco[tensorboard]', or 'auto' to log there only when installed)"
+        )
+    else:
+        assert err == (
+            f"adloco: error: config: logging.trackers = ['{sink}']: the {sink} package is not installed "
+            f"(pip install 'adloco[{sink}]', or leave {sink} out)"
+        )
     assert not (tmp_path / "runs").exists()

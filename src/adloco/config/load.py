@@ -47,7 +47,38 @@ def read_value(value: Any, tp: Any) -> Any:
             origin is Literal and value.text not in typing.get_args(tp) and isinstance(value.parsed, bool)
         )
         value = value.text if textual and not spelled_bool else value.parsed
+        if tp == list[str] and (
+            value is None or isinstance(value, str)
+        ):  # --set logging.trackers=wandb,mlflow
+            value = [part.strip() for part in (value or "").split(",") if part.strip()]
     return conform(value, tp, lenient=True)
+
+
+# logging.wandb and logging.mlflow (auto | on | off) before logging.trackers listed them: an older config,
+# or a run directory's config.yaml, keeps what it did (on, or auto with the package installed, lists it)
+LEGACY_TRACKERS = ("wandb", "mlflow")
+
+
+def _legacy_trackers(logging: dict[str, Any]) -> None:
+    """Fold the older ``logging.wandb`` / ``logging.mlflow`` keys into ``logging.trackers``, in place."""
+    from adloco.telemetry.metrics import available
+
+    old = [k for k in LEGACY_TRACKERS if k in logging]
+    if not old:
+        return
+    listed = list(read_value(logging.pop("trackers", []), list[str])) if "trackers" in logging else []
+    for key in old:
+        raw = logging.pop(key)
+        try:
+            mode = read_value(raw, Literal["auto", "on", "off"])
+        except ValueError:
+            raise UserError(
+                f"config: logging.{key} = {raw!r}: must be one of 'auto', 'on', 'off' (or list it in "
+                f"logging.trackers, e.g. [{key}])"
+            ) from None
+        if (mode == "on" or (mode == "auto" and available(key))) and key not in listed:
+            listed.append(key)
+    logging["trackers"] = listed
 
 
 # Keys that were renamed or replaced: the line says where they went.
@@ -58,10 +89,20 @@ REPLACED = {
 
 
 def unknown(kind: str, name: str, known: list[str]) -> UserError:
+    """An unknown section or key (``section.key``), with the closest known one spelled as it is written:
+    a key as ``section.key``, or a key of another section when this one has none like it."""
     if name in REPLACED:
         return UserError(f"config: {name}: {REPLACED[name]}")
-    close = difflib.get_close_matches(name.split(".")[-1], known, n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
+    section, dot, key = name.rpartition(".")
+    close = difflib.get_close_matches(key, known, n=1)
+    if dot and close:
+        suggestion = f"{section}.{close[0]}"
+    elif dot:
+        elsewhere = [f"{s}.{key}" for s, cls in SECTION_TYPES.items() if key in {k for k, _, _ in cls.docs()}]
+        suggestion = elsewhere[0] if elsewhere else ""
+    else:
+        suggestion = close[0] if close else ""
+    hint = f"; did you mean '{suggestion}'?" if suggestion else ""
     return UserError(f"config: unknown {kind} '{name}'{hint} (allowed: {', '.join(known)})")
 
 
@@ -213,6 +254,8 @@ def resolve(
             raise unknown("section", section, SECTIONS)
         user.setdefault(section, {})[key] = value
 
+    if "logging" in user:
+        _legacy_trackers(user["logging"])
     given = {s: _read_section(s, v) for s, v in user.items()}
     # The method decides the preset (read like any other key).
     method = given.get("algorithm", {}).get("method", "adloco")

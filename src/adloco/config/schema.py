@@ -119,7 +119,7 @@ class AlgorithmConfig(Dial):
         "adloco", "the method (ddp: gradients averaged every step); sets the other sections' defaults"
     )
     rounds: int = setting(
-        12, "outer rounds (every worker runs H inner steps, then every trainer steps)", at_least=1
+        8, "outer rounds (every worker runs H inner steps, then every trainer steps)", at_least=1
     )
     inner_steps: int = setting(
         12,
@@ -242,8 +242,8 @@ class RuntimeConfig(Dial):
     device: Literal["auto", "cpu", "cuda"] = setting("auto", "auto picks cuda when available")
     threads: int = setting(
         0,
-        "torch CPU threads per process (0: torch's default in-process; cores / local processes with "
-        "torchdist)",
+        "torch CPU threads per process (0: in one process, torch's default lowered to the cores other work "
+        "leaves free, re-checked every few seconds; with torchdist, cores / local processes)",
         at_least=0,
         at_most=4096,
     )
@@ -445,15 +445,11 @@ class LoggingConfig(Dial):
     tensorboard: Literal["auto", "on", "off"] = setting(
         "auto", "TensorBoard scalars in <run>/tensorboard: auto when the tensorboard package is installed"
     )
-    wandb: Literal["auto", "on", "off"] = setting(
-        "auto",
-        "Weights & Biases: the same scalars and the config, offline in <run>/wandb unless WANDB_MODE says "
-        "otherwise; auto when the wandb package is installed (pip install 'adloco[wandb]')",
-    )
-    mlflow: Literal["auto", "on", "off"] = setting(
-        "auto",
-        "MLflow: the same scalars and the config, to MLFLOW_TRACKING_URI or a file store in <run>/mlruns; "
-        "auto when mlflow is installed (pip install 'adloco[mlflow]')",
+    trackers: list[str] = setting(
+        [],
+        "experiment trackers that get the same scalars and the config, only when listed: wandb (Weights & "
+        "Biases, offline in <run>/wandb unless WANDB_MODE says otherwise; pip install 'adloco[wandb]'), mlflow "
+        "(MLFLOW_TRACKING_URI, or a file store in <run>/mlruns; pip install 'adloco[mlflow]'); empty: none",
     )
     save_model: bool = setting(True, "save the final model and tokenizer (Hugging Face format)")
     model_file_mb: int = setting(
@@ -471,6 +467,14 @@ class LoggingConfig(Dial):
     )
 
     def check(self) -> None:
+        from adloco.telemetry.metrics import TRACKERS
+
+        self.need(
+            all(t in TRACKERS for t in self.trackers) and len(set(self.trackers)) == len(self.trackers),
+            "trackers",
+            f"a list of {', '.join(map(repr, TRACKERS))}, each at most once (empty: none; TensorBoard is "
+            "logging.tensorboard), e.g. [wandb]",
+        )
         n = self.name
         self.need(
             n is None or (re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", n) is not None and len(n) <= 100),

@@ -36,7 +36,7 @@ from adloco.replica import Replica
 from adloco.round import RoundReport, Traffic
 from adloco.telemetry import trace
 from adloco.telemetry.metrics import MetricsSink
-from adloco.telemetry.progress import Progress
+from adloco.telemetry.progress import Progress, Work
 
 
 class TooManyBadRounds(RuntimeError):
@@ -98,6 +98,7 @@ class Driver:
         )
         self.trained = 0  # examples in inner steps so far (probe rows are not steps)
         self.stop_requested: Callable[[], bool] = lambda: False  # set by whoever handles signals
+        self.between_steps: Callable[[], object] = lambda: None  # before every inner step (the thread count)
         self.trace_dir: Path | None = None  # where logging.trace writes (the run directory's, on rank 0)
         # Dropout draws from the process's generators, which imports and model loading may have
         # advanced or reseeded by then: seed them from the run's seed and this rank, so a run is
@@ -308,6 +309,7 @@ class Driver:
                 w: self.data.train_batch(streams[w].take(algo.batch_size(w))) for w in algo.local_workers
             }
             rows = algo.step_rows  # this round's plan: every worker's rows in one step
+            self.between_steps()
             try:
                 algo.step_all(batches, stop=self.stop_requested())
             except RoundAborted:
@@ -404,7 +406,10 @@ class Driver:
                     **self.initial_metrics,
                 ).to_dict()
             )
-        progress.start(a.rounds, a.inner_steps * len(algo.replicas), self.initial_metrics)
+        b = self.cfg.batch
+        grows = b.test != "none" or b.schedule != "none"
+        work = Work(a.rounds, a.inner_steps, a.workers, b.max, grows, a.budget)
+        progress.start(a.rounds, a.inner_steps * len(algo.replicas), self.initial_metrics, work)
         while algo.round < a.rounds and self.examples < budget:
             progress.round_started(algo.round + 1)
             out = self.run_round(progress.step)
@@ -420,6 +425,13 @@ class Driver:
                     "update (faults.max_bad_rounds); lower inner.lr or inner.clip"
                 )
         progress.close()
+        self.elapsed = time.perf_counter() - t0
+        return self.summary()
+
+    def summary(self, stopped: str | None = None) -> events.Summary:
+        """The run as it stands after its last whole round (``summary.json``): a finished run's, or, with
+        ``stopped`` (the signal's name), one a signal stopped (its round in progress undone)."""
+        a, algo = self.cfg.algorithm, self.algo
         if not self.last_eval:
             self.evaluate()
         shown = self.reported()
@@ -437,7 +449,7 @@ class Driver:
             communications_total=algo.totals.messages,
             bytes_total=algo.totals.bytes,
             bytes_by_kind=dict(sorted(algo.totals.by_kind.items())),
-            wall_s=time.perf_counter() - t0,
+            wall_s=self.elapsed,
             sim_s=self.sim_s,
             peak_memory_bytes=_peak_memory(self.device),
             reported_trainer=shown,
@@ -446,6 +458,7 @@ class Driver:
             rounds_lost=self.rounds_lost,
             initial_val_accuracy=self.initial_metrics.get("val_accuracy") if cls else None,
             final_val_accuracy=final.get("val_accuracy") if cls else None,
+            stopped=stopped,
         )
 
     def fingerprint(self) -> str:

@@ -16,6 +16,7 @@ from adloco.config import Config
 from adloco.config.checks import uses_cuda
 from adloco.engine.checkpoint.files import Folder
 from adloco.engine.dist import env, join
+from adloco.engine.threads import AutoThreads
 from adloco.errors import UserError
 
 
@@ -44,6 +45,7 @@ class Placement:
     device: torch.device
     ctx: join.DistContext | None
     elastic: dict[str, Any] | None
+    threads: AutoThreads | None = None  # runtime.threads 0 in one process: the cores free of other work
 
     @property
     def root(self) -> bool:
@@ -66,9 +68,13 @@ def place(cfg: Config, resume: tuple[Path, Folder | Path] | None) -> Placement:
     elastic = env.elastic_launch()
     rt = cfg.runtime
     if backend_of(cfg) != "torchdist":
+        device = resolve_device(rt.device)
+        auto = None
         if rt.threads:
             torch.set_num_threads(rt.threads)
-        return Placement(cfg, InProcessComm(cfg.algorithm.workers), resolve_device(rt.device), None, elastic)
+        elif device.type == "cpu":
+            auto = AutoThreads()  # adloco.engine.threads: why the count follows the free cores
+        return Placement(cfg, InProcessComm(cfg.algorithm.workers), device, None, elastic, auto)
     ctx = join.start(
         rt.workers_per_process,
         rt.device,

@@ -53,6 +53,24 @@ def check_resumable(cfg: Config, ck: checkpoint.Checkpoint) -> None:
         )
 
 
+def check_out_dir(cfg: Config) -> None:
+    """``logging.out_dir`` before anything is read or tokenized: a folder, or one that can be made where
+    it is (its nearest existing parent a writable folder). Nothing is created here."""
+    given = cfg.logging.out_dir
+    path = Path(given).expanduser()
+    probe = path
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if probe == path and not path.is_dir():
+        raise UserError(
+            f"config: logging.out_dir = {given!r}: a file, not a folder (name a folder for run directories)"
+        )
+    if not probe.is_dir():
+        raise UserError(f"config: logging.out_dir = {given!r}: cannot be created (Not a directory)")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"config: logging.out_dir = {given!r}: not writable")
+
+
 def _parent(cfg: Config) -> Path:
     parent = Path(cfg.logging.out_dir).expanduser()
     try:
@@ -121,7 +139,8 @@ def locate(
 ) -> Start:
     """Rank 0's decision: ``--resume`` (run directory, checkpoint), an elastic run's own directory and
     its newest complete checkpoint, or a new run. Checkpoints are verified and checked against the config;
-    a ``checkpoint.dir`` that cannot be written is refused before anything is."""
+    a ``logging.out_dir`` or ``checkpoint.dir`` that cannot be written is refused before anything is."""
+    check_out_dir(cfg)
     if cfg.checkpoint.dir:
         why = checkpoint.probe(cfg.checkpoint.dir)
         if why is not None:

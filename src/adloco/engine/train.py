@@ -13,9 +13,12 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from adloco import events, models
 from adloco.comm.base import CommFailure
@@ -25,6 +28,7 @@ from adloco.data.tokens import Data, prepare
 from adloco.engine import compiling, rundir
 from adloco.engine.checkpoint.files import Folder
 from adloco.engine.checkpoint.saver import Checkpointer
+from adloco.engine.describe import describe_run
 from adloco.engine.driver import Driver, TooManyBadRounds
 from adloco.engine.placement import Placement, place
 from adloco.engine.signals import Signals
@@ -40,11 +44,21 @@ class DistributedFailure(Exception):
 
 
 class Stopped(Exception):
-    """SIGINT or SIGTERM: the run stopped at the end of an inner step and wrote a checkpoint."""
+    """SIGINT or SIGTERM: the run stopped at the end of an inner step, undid the round in progress, and
+    wrote a checkpoint of the last whole round (``saved``, in ``where``) and, on rank 0, its summary."""
 
-    def __init__(self, signum: int, round_: int, run_dir: Path | None, saved: str) -> None:
+    def __init__(
+        self,
+        signum: int,
+        round_: int,
+        run_dir: Path | None,
+        saved: str,
+        where: str | None = None,
+        summary: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name} in round {round_}")
         self.signum, self.round, self.run_dir, self.saved = signum, round_, run_dir, saved
+        self.where, self.summary = where, summary or {}
 
 
 class TrainingFailed(Exception):
@@ -172,6 +186,9 @@ class Run:
         cfg, a, comm, device = self.cfg, self.cfg.algorithm, self.comm, self.where.device
         factory = models.factory_for(cfg.model, cfg.data.seq_len, data)
         driver = Driver(cfg, comm, data, factory, device, log=self.say)
+        if self.where.threads is not None:  # runtime.threads 0 in one process: follow the free cores
+            self.where.threads.log = self.say
+            driver.between_steps = self.where.threads.check
         wait = cfg.elastic.timeout if self.where.elastic is not None else cfg.runtime.timeout
         if not restore(driver, start.ck if start is not None else None, wait) and a.trainers > a.workers:
             self.say(
@@ -181,11 +198,14 @@ class Run:
         ctx = self.where.ctx
         procs = f", {comm.world} processes x {ctx.threads} thread(s)" if ctx is not None else ""
         unit = f"blocks of {cfg.data.seq_len} tokens" if data.task == "causal_lm" else "labelled examples"
-        self.say(
-            f"{a.method}: {cfg.model.name}, {driver.n_params / 1e6:.2f}M parameters, {a.workers} workers, "
-            f"{a.trainers} trainers{procs}, {data.n_train} train / {data.n_val} validation {unit}, device "
-            f"{device.type}"
-        )
+        where = device.type
+        if ctx is None and device.type == "cpu":
+            follows = " (fewer while other work holds cores)" if self.where.threads is not None else ""
+            where += f", {torch.get_num_threads()} thread(s){follows}"
+        for line in describe_run(
+            cfg, driver.n_params, f"{data.n_train} train / {data.n_val} validation {unit}", where, procs
+        ):
+            self.say(line)
         if (note := outer_note(a.method, cfg.outer, cfg.comm)) is not None:
             self.say(note)
         return driver
@@ -214,16 +234,37 @@ class Run:
             if final or (every > 0 and driver.round % every == 0):
                 saver.save(wait=final)
 
+        def acknowledge(signum: int) -> None:  # in the signal handler, at once: what happens now
+            if not self.where.root:
+                return
+            r = driver.round
+            kept = ["summary.json", *(["plots"] if cfg.logging.plots else [])]
+            at = f"checkpoint {where}/{checkpoint.name(r)}, " if where is not None else ""
+            print(
+                f"\nadloco: {signal.Signals(signum).name} received: stopping at the end of this inner step; round "
+                f"{r + 1} will be undone and the run saved as of round {r} ({at}{', '.join(kept)}); another "
+                "signal is ignored while it saves",
+                file=sys.stderr,
+                flush=True,
+            )
+
         try:
-            with Signals() as signals:
+            with Signals(acknowledge) as signals:
                 driver.stop_requested = lambda: signals.signum is not None
                 try:
                     summary = driver.run(sink, self.progress, after_round)
                 except RoundAborted as exc:
                     self.progress.close()
                     assert signals.signum is not None or self.comm.world > 1
+                    signum = signals.signum or signal.SIGTERM
                     saved = saver.save(wait=True)
-                    raise Stopped(signals.signum or signal.SIGTERM, exc.round, run_dir, saved) from None
+                    stopped = driver.summary(stopped=signal.Signals(signum).name)
+                    sink.log(events.End(driver.round, stopped).to_dict())
+                    if run_dir is not None:
+                        rundir.write_atomic(
+                            run_dir / "summary.json", json.dumps(stopped.to_dict(), indent=2) + "\n"
+                        )
+                    raise Stopped(signum, exc.round, run_dir, saved, where, stopped.to_dict()) from None
                 except TooManyBadRounds as exc:
                     saver.wait()
                     raise TrainingFailed(str(exc), run_dir, checkpoint.name(driver.round)) from None

@@ -1,5 +1,6 @@
-"""Metrics sinks: a do-nothing base, JSONL (one event a line, always), and TensorBoard, Weights & Biases
-and MLflow (each when its package is installed, or as ``logging.<sink>`` says).
+"""Metrics sinks: a do-nothing base, JSONL (one event a line, always), TensorBoard (``logging.tensorboard``:
+local files, when its package is installed unless set otherwise), and the experiment trackers Weights &
+Biases and MLflow, only when ``logging.trackers`` lists them.
 
 Sinks receive each event as the dict of its JSON line (:mod:`adloco.events` defines them); the three
 trackers get the same scalars (:func:`scalars`), W&B and MLflow also the run's config.
@@ -135,7 +136,8 @@ class WandbSink(MetricsSink):
 class MlflowSink(MetricsSink):
     """An MLflow run: the scalars (:func:`scalars`) as metrics by round and the run's config as parameters
     (``section.key``). Tracked where ``MLFLOW_TRACKING_URI`` points, else in a local file store in
-    ``<run>/mlruns`` (``mlflow ui --backend-store-uri <run>/mlruns``); experiment
+    ``<run>/mlruns`` (viewed with the full ``mlflow`` package: ``MLFLOW_ALLOW_FILE_STORE=true mlflow ui
+    --backend-store-uri <run>/mlruns``); experiment
     ``MLFLOW_EXPERIMENT_NAME`` (default ``adloco``), run named after the run directory. The run's id is kept
     in ``<run>/mlflow-run-id``, so a resumed run continues the same MLflow run."""
 
@@ -195,12 +197,13 @@ class Sinks(MetricsSink):
             s.close()
 
 
-# logging.<sink> -> (the package that must be importable, the extra that installs it)
+# a sink -> (the package that must be importable, the extra that installs it)
 PACKAGES: dict[str, tuple[str, str]] = {
     "tensorboard": ("tensorboard", "tensorboard"),
     "wandb": ("wandb", "wandb"),
     "mlflow": ("mlflow", "mlflow"),
 }
+TRACKERS: tuple[str, ...] = ("wandb", "mlflow")  # what logging.trackers may list
 
 
 def available(sink: str) -> bool:
@@ -218,33 +221,37 @@ def wanted(sink: str, mode: str) -> bool:
 
 
 def check_sinks(logging: Any) -> None:
-    """Refuse a sink set ``on`` whose package is missing, in one line naming the extra to install
-    (before the run directory exists)."""
+    """Refuse TensorBoard set ``on``, or a tracker listed in ``logging.trackers``, whose package is missing,
+    in one line naming the extra to install (before the run directory exists)."""
     from adloco.errors import UserError
 
-    for sink, (package, extra) in PACKAGES.items():
-        if getattr(logging, sink) == "on" and not available(sink):
+    if logging.tensorboard == "on" and not available("tensorboard"):
+        raise UserError(
+            "config: logging.tensorboard = 'on': the tensorboard package is not installed "
+            "(pip install 'adloco[tensorboard]', or 'auto' to log there only when installed)"
+        )
+    for sink in logging.trackers:
+        if not available(sink):
+            package, extra = PACKAGES[sink]
             raise UserError(
-                f"config: logging.{sink} = 'on': the {package} package is not installed "
-                f"(pip install 'adloco[{extra}]', or 'auto' to log there only when installed)"
+                f"config: logging.trackers = {list(logging.trackers)!r}: the {package} package is not installed "
+                f"(pip install 'adloco[{extra}]', or leave {sink} out)"
             )
 
 
 def make_sink(run_dir: Path, logging: Any = "auto", config: dict[str, Any] | None = None) -> MetricsSink:
-    """JSONL always; TensorBoard, W&B and MLflow each with ``on``, or with ``auto`` when its package is
-    installed. ``logging``: the ``logging`` section (or, as before, TensorBoard's mode alone);
-    ``config``: the run's config tree, for W&B and MLflow."""
-    modes = (
-        {"tensorboard": logging, "wandb": "off", "mlflow": "off"}
-        if isinstance(logging, str)
-        else {s: getattr(logging, s) for s in PACKAGES}
+    """JSONL always; TensorBoard with ``on``, or with ``auto`` when its package is installed; W&B and MLflow
+    when ``logging.trackers`` lists them. ``logging``: the ``logging`` section (or, as before, TensorBoard's
+    mode alone); ``config``: the run's config tree, for W&B and MLflow."""
+    tensorboard, trackers = (
+        (logging, []) if isinstance(logging, str) else (logging.tensorboard, logging.trackers)
     )
     sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl")]
-    if wanted("tensorboard", modes["tensorboard"]):
+    if wanted("tensorboard", tensorboard):
         sinks.append(TensorBoardSink(run_dir / "tensorboard"))
-    if wanted("wandb", modes["wandb"]):
+    if "wandb" in trackers:
         sinks.append(WandbSink(run_dir, config))
-    if wanted("mlflow", modes["mlflow"]):
+    if "mlflow" in trackers:
         sinks.append(MlflowSink(run_dir, config))
     return sinks[0] if len(sinks) == 1 else Sinks(*sinks)
 

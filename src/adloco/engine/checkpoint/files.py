@@ -202,10 +202,12 @@ class Writer:
         raise CheckpointWriteError(self.message(exc)) from None
 
     def message(self, exc: BaseException) -> str:
+        from adloco.engine.dist.env import program
+
         kept = [p.name for p in complete(self.where)]
         previous = (
-            f"the previous checkpoint {kept[-1]} is intact: free space, then resume with: adloco train --resume "
-            f"{self.run_dir if self.run_dir is not None else 'RUN_DIR'}"
+            f"the previous checkpoint {kept[-1]} is intact: free space, then resume with: {program()} train "
+            f"--resume {self.run_dir if self.run_dir is not None else 'RUN_DIR'}"
             if kept
             else "no earlier checkpoint exists"
         )

@@ -99,7 +99,10 @@ def add_parser(sub: Any) -> None:
         "--setup", metavar="CMD", help="shell command run on each node first (e.g. activate a venv)"
     )
     p.add_argument("--gpus-per-node", type=int, metavar="G", help="GPUs per machine to ask for")
-    p.add_argument("--cpus-per-node", type=int, metavar="C", help="CPU cores per machine to ask for")
+    p.add_argument(
+        "--cpus-per-node", type=int, metavar="C",
+        help="CPU cores per machine to ask for (slurm default: one per process, --nproc-per-node)",
+    )  # fmt: skip
     p.add_argument("--partition", help="slurm: the partition")
     p.add_argument("--time", help="slurm: the time limit (e.g. 24:00:00)")
     p.add_argument("--image", help="k8s: the container image (adloco and your data in it)")
@@ -125,7 +128,7 @@ class Job:
 
     scheduler: str
     name: str
-    config: Path  # absolute
+    config: Path  # absolute; a Slurm script names it relative to the folder it is submitted from
     overrides: tuple[str, ...]
     nodes: int
     min_nodes: int
@@ -173,10 +176,6 @@ def job_from_args(args: Any) -> Job:
     if s == "skypilot" and args.gpus_per_node:
         raise UserError(
             "--gpus-per-node: SkyPilot asks for GPUs by name: give --accelerators NAME:COUNT (e.g. H100:8)"
-        )
-    if s == "slurm" and any(c.isspace() for c in str(Path.cwd())):
-        raise UserError(
-            f"the current folder {str(Path.cwd())!r} has a space, which #SBATCH --chdir cannot hold"
         )
     if s == "k8s" and not args.image:
         raise UserError(
@@ -265,21 +264,27 @@ def torchrun(job: Job, endpoint: str, run_id: str, nnodes: str, config: str, ove
     return " \\\n    ".join(lines)
 
 
-def render_slurm(job: Job) -> str:
+def render_slurm(job: Job, script: str = "") -> str:
+    """The sbatch script; ``script``: its path as the submitter names it (relative to the folder `adloco
+    launch` ran in, from which it is submitted)."""
     q = shlex.quote
+    config = os.path.relpath(job.config, Path.cwd())  # from the submission folder: no path of this host
+    cpus = job.cpus if job.cpus is not None else job.nproc  # a core per process at least: never one for all
     head = [
         "#!/bin/bash",
         f"# {job.name}: `adloco train` on {job.nodes} nodes x {job.nproc} processes, written by `adloco launch slurm`.",
-        f"# Submit: sbatch {job.name}{SUFFIX['slurm']}. A pre-empted job is requeued with its job id, which names",
-        "# the run (the rendezvous id): it continues from the run's newest checkpoint. To continue a run after",
-        f"# its time limit, submit again with {RUN_ID_ENV}=<the first job's id>: sbatch --export=ALL,{RUN_ID_ENV}=...",
+        f"# Submit from the folder `adloco launch` ran in (the job starts there; the config's path is relative to",
+        f"# it): sbatch {script or job.name + SUFFIX['slurm']}. A pre-empted job is requeued with its job id, which",
+        "# names the run (the rendezvous id): it continues from the run's newest checkpoint. To continue a run",
+        f"# after its time limit, submit again with {RUN_ID_ENV}=<the first job's id>: sbatch --export=ALL,{RUN_ID_ENV}=...",
         "# The run directory (logging.out_dir) must be on a disk every node shares for that.",
         f"#SBATCH --job-name={job.name}",
         f"#SBATCH --nodes={job.min_nodes}-{job.nodes}"
         if job.min_nodes < job.nodes
         else f"#SBATCH --nodes={job.nodes}",
         "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --chdir={Path.cwd()}",
+        f"#SBATCH --cpus-per-task={cpus}"
+        + ("" if job.cpus is not None else "  # one core per process; --cpus-per-node asks for more"),
         f"#SBATCH --output={job.name}-%j.out",
         "#SBATCH --open-mode=append",
         "#SBATCH --requeue",
@@ -292,20 +297,19 @@ def render_slurm(job: Job) -> str:
         head.append(f"#SBATCH --time={job.options['time']}")
     if job.gpus is not None:
         head.append(f"#SBATCH --gpus-per-node={job.gpus}")
-    if job.cpus is not None:
-        head.append(f"#SBATCH --cpus-per-task={job.cpus}")
     body = ["", "set -eo pipefail"]
     if job.setup:
         body.append(job.setup)
+    missing = "adloco: %s is not in %s: submit from the folder adloco launch ran in\\n"
     body += [
+        f'[ -f {q(config)} ] || {{ printf {q(missing)} {q(config)} "$PWD" >&2; exit 2; }}',
         f"export {STORE_ENV}=1",
         'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)  # holds the rendezvous',
         f'RUN_ID="${{{RUN_ID_ENV}:-$SLURM_JOB_ID}}"',
-        "# one torchrun per node; a node that fails does not stop the others (its agent restarts it)",
-        "srun --ntasks-per-node=1 --kill-on-bad-exit=0 "
-        + torchrun(
-            job, f'"$HEAD:{job.port}"', '"$RUN_ID"', f"{job.min_nodes}:{job.nodes}", q(str(job.config)), True
-        ),
+        "# one torchrun per node, with the job's cores (srun does not pass --cpus-per-task on by itself); a",
+        "# node that fails does not stop the others (its agent restarts it)",
+        'srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=0 '
+        + torchrun(job, f'"$HEAD:{job.port}"', '"$RUN_ID"', f"{job.min_nodes}:{job.nodes}", q(config), True),
         "",
     ]
     return "\n".join(head + body)
@@ -393,10 +397,10 @@ def to_yaml(tree: dict[str, Any]) -> str:
     return yaml.dump(tree, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=1000)
 
 
-def render(job: Job) -> str:
-    """The text of the job's file."""
+def render(job: Job, path: str = "") -> str:
+    """The text of the job's file (``path``: where it is written, as the submitter names it)."""
     if job.scheduler == "slurm":
-        return render_slurm(job)
+        return render_slurm(job, path)
     header = f"# {job.name}: `adloco train` on {job.nodes} nodes x {job.nproc} processes, written by `adloco launch {job.scheduler}`.\n"
     if job.scheduler == "k8s":
         header += (
@@ -419,7 +423,7 @@ def command(args: Any) -> int:
         raise UserError(f"--out {str(out)!r}: already exists; pass --force to replace it")
     if not out.parent.is_dir():
         raise UserError(f"--out {str(out)!r}: no such folder {str(out.parent)!r}")
-    text = render(job)
+    text = render(job, shlex.quote(os.path.relpath(out)))
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

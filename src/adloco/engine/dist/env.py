@@ -9,6 +9,27 @@ from typing import Any
 STORE_ENV = "ADLOCO_STORE"  # `adloco train --nproc`: the file store the processes meet through
 LOOPBACK_ENV = "ADLOCO_LOOPBACK"  # `--nproc --max-restarts`: the process group's store on 127.0.0.1 only
 NPROC_ENV = "ADLOCO_NPROC"  # the --nproc a run was started with (for the resume command it prints)
+PROGRAM_ENV = "ADLOCO_PROGRAM"  # how the launching `adloco` was started (:func:`program`), for its processes
+
+
+def program() -> str:
+    """``adloco`` as this command was started, so that a command it prints runs as printed: ``adloco`` when
+    PATH finds this very program, else its path as invoked (``.venv/bin/adloco`` after ``make train``), or
+    this interpreter with ``-m adloco``; in processes ``adloco train --nproc`` started, the launcher's."""
+    import shlex
+    import shutil
+    import sys
+    from pathlib import Path
+
+    if os.environ.get(PROGRAM_ENV):
+        return os.environ[PROGRAM_ENV]
+    argv0 = sys.argv[0] if sys.argv else ""
+    if Path(argv0).name == "adloco":  # the console script
+        found = shutil.which("adloco")
+        if found is not None and Path(found).resolve() == Path(argv0).resolve():
+            return "adloco"
+        return shlex.quote(argv0)
+    return f"{shlex.quote(sys.executable)} -m adloco"
 
 def launched_by_torchrun() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ

@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from adloco.engine.dist.env import LOOPBACK_ENV, NPROC_ENV, STORE_ENV
+from adloco.engine.dist.env import LOOPBACK_ENV, NPROC_ENV, PROGRAM_ENV, STORE_ENV, program
 
 def loopback_interface() -> str | None:
     """The loopback interface's name ('lo' on Linux, 'lo0' on macOS), if there is one."""
@@ -41,6 +41,7 @@ def child_env(rank: int, nproc: int, store: str) -> dict[str, str]:
         "MASTER_ADDR": "127.0.0.1",
         STORE_ENV: store,
         NPROC_ENV: str(nproc),
+        PROGRAM_ENV: program(),
     }
     lo = loopback_interface()
     if lo is not None:
@@ -115,6 +116,7 @@ def run_elastic(nproc: int, max_restarts: int, args: Sequence[str]) -> int:
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # the shared store breaks restarts in torch 2.13
     os.environ[LOOPBACK_ENV] = "1"
     os.environ[NPROC_ENV] = str(nproc)
+    os.environ[PROGRAM_ENV] = program()
     lo = loopback_interface()
     if lo is not None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)

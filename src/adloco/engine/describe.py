@@ -1,0 +1,95 @@
+"""The first lines of a run: what trains, on what, and how it communicates, read from the resolved config
+alone, so that what a user set (or a preset filled) is what the console says is in effect."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adloco.config import Config
+
+
+def _name(x: Any) -> str:
+    """A choice as words: a preset's name, a codec's or a factory's ``name`` / ``__name__``."""
+    if isinstance(x, str):
+        return x
+    return str(getattr(x, "name", None) or getattr(x, "__name__", None) or x)
+
+
+def inner_text(cfg: Config) -> str:
+    i = cfg.inner
+    words = [f"{_name(i.optimizer)} lr {i.lr:g}", f"{i.schedule} schedule"]
+    if i.optimizer == "muon":
+        words.append(f"Muon lr ×{i.muon_lr_ratio:g}")
+    if i.state != "keep":
+        words.append(f"state {i.state}")
+    return ", ".join(words)
+
+
+def outer_text(cfg: Config) -> str:
+    o = cfg.outer
+    if cfg.algorithm.method == "ddp":
+        return "none (the gradients are averaged every step)"
+    name = _name(o.optimizer)
+    if name == "average":
+        return "average (θ ← the workers' mean)"
+    if name == "sgd":
+        return f"sgd lr {o.lr:g}"
+    if name == "nesterov":
+        return f"nesterov lr {o.lr:g} momentum {o.momentum:g}"
+    return name  # the library user's own optimizer
+
+
+def wire_text(dtype: Any, cfg: Config) -> str:
+    """How one wire travels: its dtype, and the dials that belong to it."""
+    c = cfg.comm
+    name = _name(dtype)
+    if name in ("int8", "int4"):
+        name += f" (blocks of {c.block})"
+    elif name == "topk":
+        name += f" ({100 * c.topk_fraction:.3g}% of blocks of {c.topk_block}, {c.topk_bits}-bit values)"
+    return name
+
+
+def overlap_text(cfg: Config) -> str:
+    c = cfg.comm
+    if c.fragments > 1:
+        return f"streaming in {c.fragments} fragments, {c.fragment_delay} step(s) behind compute"
+    return {"none": "none (each round waits for its Δ)", "delayed": "delayed (Δ lands a round late)"}.get(
+        c.overlap, f"{c.overlap} (workers go on from their own Δ's step while it travels)"
+    )
+
+
+def describe_run(
+    cfg: Config,
+    n_params: int,
+    data: str,
+    device: str,
+    processes: str = "",
+) -> list[str]:
+    """The lines a run prints first (rank 0): the method, the model and its parameters, the workers and
+    trainers, the data, the device; the inner and outer optimizer; the wire of Δ and of θ, error feedback
+    when set, and the overlap in effect. ``data`` and ``device`` are said as the caller knows them,
+    ``processes`` (``", 2 processes x 1 thread(s)"``) under torch.distributed. A line is a string: add one
+    for a new dial here."""
+    a, c = cfg.algorithm, cfg.comm
+
+    def count(n: int, what: str) -> str:
+        return f"{n} {what}{'' if n == 1 else 's'}"
+
+    ddp = a.method == "ddp"
+    delta = f"gradients {wire_text(c.dtype, cfg)} every step" if ddp else f"Δ {wire_text(c.dtype, cfg)}"
+    follows = c.theta_dtype is None and c.compressed  # θ's wire null: it follows Δ's codec
+    theta = wire_text(c.theta_wire, cfg) + (", following Δ" if follows else "")
+    if not c.compressed:
+        feedback = ""
+    elif c.feedback:
+        feedback = f", error feedback on{f' (decay β {c.decay:g})' if c.decay != 1 else ''}"
+    else:
+        feedback = ", error feedback off"
+    overlap = "none (synchronous)" if ddp else overlap_text(cfg)
+    return [
+        f"{a.method}: {cfg.model.name}, {n_params / 1e6:.2f}M parameters, {count(a.workers, 'worker')}, "
+        f"{count(a.trainers, 'trainer')}{processes}, {data}, device {device}",
+        f"optimizers: inner {inner_text(cfg)}; outer {outer_text(cfg)}",
+        f"wire: {delta}{feedback}, θ {theta} (merges, moves); overlap {overlap}",
+    ]

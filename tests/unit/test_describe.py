@@ -1,0 +1,97 @@
+"""The first lines of every run name what is in effect: the method, the model and its parameters, the
+workers and trainers, the inner and outer optimizer, the wire of Δ and of θ, and the overlap, read from
+the resolved config (so a preset's choices show as the user's do)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from adloco.cli import main
+from adloco.config import resolve
+from adloco.engine.describe import describe_run
+from tests.unit.test_bad_input import TINY, S
+
+
+def lines(*sets: str) -> list[str]:
+    return describe_run(resolve(None, list(sets)), 1_380_000, "D", "cpu")
+
+
+def test_the_defaults_say_what_they_are() -> None:
+    assert lines() == [
+        "adloco: llama-tiny, 1.38M parameters, 4 workers, 4 trainers, D, device cpu",
+        "optimizers: inner adamw lr 0.004, cosine schedule; outer average (θ ← the workers' mean)",
+        "wire: Δ float32, θ float32 (merges, moves); overlap none (each round waits for its Δ)",
+    ]
+
+
+@pytest.mark.parametrize(
+    "sets,line,said",
+    [
+        (
+            ["comm.dtype=int4", "comm.error_feedback=true"],
+            2,
+            "wire: Δ int4 (blocks of 256), error feedback on, θ",
+        ),
+        (["comm.theta_dtype=int8"], 2, "θ int8 (blocks of 256) (merges, moves)"),
+        (
+            ["comm.dtype=topk"],
+            2,
+            "Δ topk (1.56% of blocks of 4096, 2-bit values), error feedback on (decay β 0.95)",
+        ),
+        (["comm.dtype=topk"], 2, "θ int4 (blocks of 256), following Δ (merges, moves)"),
+        (
+            ["comm.dtype=int4"],
+            2,
+            "Δ int4 (blocks of 256), error feedback off, θ int4 (blocks of 256), following Δ",
+        ),
+        (["comm.overlap=eager"], 2, "overlap eager (workers go on from their own Δ's step while it travels)"),
+        (["comm.overlap=delayed"], 2, "overlap delayed (Δ lands a round late)"),
+        (["comm.fragments=4", "algorithm.inner_steps=12"], 2, "overlap streaming in 4 fragments"),
+        (["algorithm.method=diloco"], 1, "outer nesterov lr 0.7 momentum 0.9"),
+        (["algorithm.method=diloco"], 0, "diloco: llama-tiny, 1.38M parameters, 4 workers, 1 trainer, D"),
+        (["algorithm.method=localsgd"], 1, "optimizers: inner sgd lr 0.2, cosine schedule; outer average"),
+        (
+            ["algorithm.method=ddp"],
+            2,
+            "wire: gradients float32 every step, θ float32 (merges, moves); overlap none (synchronous)",
+        ),
+        (["inner.optimizer=muon"], 1, "inner muon lr 0.004, cosine schedule, Muon lr ×1"),
+        (["outer.optimizer=sgd", "outer.lr=0.5"], 1, "outer sgd lr 0.5"),
+    ],
+)
+def test_each_setting_shows_in_the_first_lines(sets: list[str], line: int, said: str) -> None:
+    assert said in lines(*sets)[line]
+
+
+def test_a_run_prints_them_first(
+    tmp_path: Path, text_corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sets = S(f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", *TINY, "logging.progress=plain")
+    assert main(["train", *sets, *S("comm.dtype=int8", "comm.overlap=delayed")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    start = next(i for i, x in enumerate(out) if x.startswith("adloco: llama-micro"))
+    assert "4 workers, 4 trainers" in out[start] and "device cpu, 1 thread(s)" in out[start]
+    assert out[start + 1].startswith("optimizers: inner adamw lr ")
+    assert out[start + 2].startswith(
+        "wire: Δ int8 (blocks of 256), error feedback off, θ int8 (blocks of 256), following Δ (merges, moves); "
+        "overlap delayed"
+    )
+    assert out[start + 3].startswith("run directory ")  # before anything else of the run
+
+
+def test_a_run_says_which_outer_step_the_codec_brought(
+    tmp_path: Path, text_corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DiLoCo with topk and no outer step set: the first lines say the step in effect (SGD lr 1) and why,
+    before anything else of the run."""
+    sets = S(f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", *TINY, "logging.progress=plain")
+    assert main(["train", *sets, *S("algorithm.method=diloco", "comm.dtype=topk", "algorithm.rounds=1")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    start = next(i for i, x in enumerate(out) if x.startswith("diloco: llama-micro"))
+    assert out[start + 1].startswith("optimizers: inner adamw lr ") and "outer sgd lr 1" in out[start + 1]
+    assert out[start + 3].startswith(
+        "outer step: sgd at lr 1, no momentum, in place of diloco's Nesterov: comm.dtype topk brings SparseLoCo's"
+    )
+    assert out[start + 4].startswith("run directory ")
