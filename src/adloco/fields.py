@@ -247,6 +247,12 @@ def check_round(inner_steps: Any, fixed_rows: Any) -> None:
         raise ValueError(f"fixed_rows = {fixed_rows!r}: must be a finite number >= 0 (rows)")
 
 
+def check_clip(clip: Any) -> None:
+    """Inner gradient clipping: a global norm >= 0 (0 turns it off)."""
+    if not isinstance(clip, (int, float)) or isinstance(clip, bool) or clip < 0 or not math.isfinite(clip):
+        raise ValueError(f"clip = {clip!r}: must be >= 0 (0 turns clipping off)")
+
+
 def check_trainers(trainers: Any, workers: int) -> None:
     """K₀ in [1, N]: every trainer needs a worker."""
     if not isinstance(trainers, int) or not 1 <= trainers <= workers:
