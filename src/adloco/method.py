@@ -23,7 +23,7 @@ from torch import nn
 
 from adloco import events, hooked, state
 from adloco.algorithms import allocation, lr_scaling
-from adloco.algorithms.outer import OuterOptimizer, model_shapes
+from adloco.algorithms.outer import OuterOptimizer, asks_shapes, model_shapes
 from adloco.batch_tests import BatchTests
 from adloco.comm import codecs, default_comm
 from adloco.comm.base import Comm, reduce_local
@@ -45,7 +45,7 @@ from adloco.round import (
     check_agreement,
     relative_speeds,
 )
-from adloco.streaming import Schedule, fragments, in_flight
+from adloco.streaming import Schedule, fragments, in_flight, tensor_fragments
 from adloco.trainer import Flight, Trainer, initial_thetas
 from adloco.workers import (
     Workers,
@@ -167,10 +167,7 @@ class AdLoCo:
         flats = {w: rep.flat for w, rep in self.replicas.items()}
         # the parts: when Δ travels, the batch tests, merges and moves
         self.schedule = Schedule(self.wire, o.inner_steps, self.ddp, flats, self.feedback, self.scratch2)
-        self._parts = fragments(self.n_params, self.schedule.count)
-        rep = next(iter(self.replicas.values()))  # the model's shapes, for outer optimizers that need them
-        whole = self.schedule.count == 1 and self.comm.shards.size == 1
-        self._shapes = model_shapes(rep.model, rep.flat.params) if whole else None
+        self._parts, self._shapes = self._fragments()
         self.tests = BatchTests(self.batch, self.comm, self.replicas, self._reduce, self.scratch)
         self.regroup = Regroup(
             self.merging, self.comm, self.wire.theta, self.workers, self.scratch, self._new_outer
@@ -268,9 +265,28 @@ class AdLoCo:
     def _local(self, workers: Sequence[int]) -> list[int]:
         return [w for w in workers if w in self.replicas]
 
+    def _fragments(self) -> tuple[list[slice], list[tuple[str, torch.Size]] | None]:
+        """The parts of θ that synchronize apart (``comm.fragments``; ALGORITHM.md §13) and the model's
+        shapes for a factory's ``params.shaped()`` (None on sharded workers: a rank holds rows of each
+        matrix). Fragments are even, but a factory that asks for the shapes (a matrix-aware step) gets
+        fragments that end between whole tensors where the tensors allow it."""
+        count, rep, make = self.schedule.count, next(iter(self.replicas.values())), self.outer_spec.factory
+        if self.comm.shards.size > 1:
+            return fragments(self.n_params, count), None
+        shapes = model_shapes(rep.model, rep.flat.params)
+        if count > 1 and not isinstance(make, str) and asks_shapes(make, rep.flat.param, shapes):
+            whole = tensor_fragments([shape.numel() for _, shape in shapes], count)
+            if whole is not None:
+                return whole, shapes
+        return fragments(self.n_params, count), shapes
+
     def _new_outer(self) -> OuterOptimizer:
         o = self.outer_spec
-        return OuterOptimizer(o.optimizer, o.lr, o.momentum, parts=self._parts, shapes=self._shapes)
+        why = (
+            "runtime.shards > 1: a rank holds rows of each matrix, and a matrix-aware step on rows is not "
+            "the step on the matrix"
+        )
+        return OuterOptimizer(o.factory, o.lr, o.momentum, parts=self._parts, shapes=self._shapes, why=why)
 
     def _new_trainer(self, t: int, request: int) -> Trainer:
         return Trainer(t, request, self._new_outer(), self._parts, self.comm, self.wire)

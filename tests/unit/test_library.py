@@ -419,7 +419,10 @@ def test_bad_arguments_name_the_argument(kwargs: dict[str, Any], message: str) -
             lambda: Wire("int4", topk_bits=3),
             r"comm.topk_bits = 3: must be 2 \(its default\) unless comm.dtype is topk",
         ),
-        (lambda: Outer("adam"), "outer.optimizer = 'adam': must be one of 'average', 'sgd', 'nesterov'"),
+        (
+            lambda: Outer("adam"),
+            "outer.optimizer = 'adam': must be average, sgd or nesterov, or a factory named module:function",
+        ),
         (lambda: Outer("nesterov", momentum=1.0), r"outer.momentum = 1.0: must be in \[0, 1\)"),
     ],
 )

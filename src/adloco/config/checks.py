@@ -15,6 +15,7 @@ from adloco.errors import UserError
 from adloco.fields import check_speeds
 from adloco.models import sizing
 from adloco.profile import StepProfile
+from adloco.settings import OUTER_PRESETS
 
 
 def _need(ok: bool, name: str, value: Any, allowed: str) -> None:
@@ -86,6 +87,7 @@ def check(cfg: Config, resuming: bool = False) -> None:
     check_compute(cfg)
     check_muon(cfg)
     check_wd_scaling(cfg)
+    check_outer(cfg)
     try:
         cfg.comm.check_streaming(a.inner_steps, a.method == "ddp")
         cfg.comm.check_codec(cfg.batch, a.method == "ddp")
@@ -95,6 +97,22 @@ def check(cfg: Config, resuming: bool = False) -> None:
     if rt.profile is not None and rt.profile != "auto":  # read now: a run must not fail at its first round
         StepProfile.load(rt.profile, where=f"config: runtime.profile = {rt.profile!r}")
     check_memory(cfg)
+
+
+def check_outer(cfg: Config) -> None:
+    """A factory named as ``outer.optimizer`` (``module:function``, imported when its section was built) must
+    make a ``torch.optim.Optimizer``: it is tried once over a small θ, and what else it returns is refused
+    now rather than at the first outer step. One that cannot take a θ not its model's is left to the run."""
+    if cfg.outer.optimizer in OUTER_PRESETS or cfg.algorithm.method == "ddp":
+        return
+    from adloco.algorithms.outer import NotAnOptimizer, state_bytes
+
+    try:
+        state_bytes(cfg.outer.factory)  # type: ignore[arg-type]
+    except NotAnOptimizer as exc:
+        raise UserError(f"config: outer.optimizer = {cfg.outer.optimizer!r}: {exc.reason}") from None
+    except Exception:  # the factory's own code, on a θ that is not its model's: left to the run
+        pass
 
 
 def check_checkpoint_dir(where: str) -> None:
@@ -272,16 +290,20 @@ def check_memory(cfg: Config) -> None:
     kept = b.test in ("inner_product", "augmented_inner_product") and b.estimator == "pooled"
     chunks = (min(request, b.probe_chunks) if request >= 2 else b.probe_chunks) if kept else 0
 
+    # the outer step's state of every trainer hosted here (a factory's as a probe of it reports)
+    outer = sizing.outer_state_bytes(str(cfg.outer.optimizer)) if a.method != "ddp" else (0.0, "")
+
     def at(replicas: int) -> tuple[sizing.Estimate, sizing.Estimate]:
         opt = (cfg.inner.optimizer, cfg.inner.momentum, min(a.trainers, replicas), layers)
         per_token = sizing.activation_bytes_per_token(shape, logits)
         fb = cfg.comm.feedback  # an error-feedback P-vector per replica
-        train = sizing.estimate(n_params, replicas, *opt, micro, request, d.seq_len, per_token, chunks, fb)
-        val = sizing.estimate(n_params, replicas, *opt, feedback=fb)
-        # validation keeps no activations, but a whole batch's logits and their log-softmax
-        return train, sizing.Estimate(
-            replicas, n_params, val.state, eval_rows * d.seq_len * 2 * sizing.FLOAT * logits
+        train = sizing.estimate(
+            n_params, replicas, *opt, micro, request, d.seq_len, per_token, chunks, fb, *outer
         )
+        val = sizing.estimate(n_params, replicas, *opt, feedback=fb, outer_state=outer[0], uncounted=outer[1])
+        # validation keeps no activations, but a whole batch's logits and their log-softmax
+        step = eval_rows * d.seq_len * 2 * sizing.FLOAT * logits
+        return train, sizing.Estimate(replicas, n_params, val.state, step, uncounted=val.uncounted)
 
     train, val = at(here)
     available, where = sizing.physical_memory(), "this machine has"
