@@ -343,17 +343,19 @@ def test_the_memory_estimate_counts_the_outer_state(my_outer: Path, monkeypatch:
     P-vector), a factory's as a probe of it reports (Adam: two), or 0 with the refusal saying why."""
     from adloco.algorithms.outer import OuterOptimizer, state_bytes
     from adloco.config import resolve
+    from adloco.config.checks import outer_state
     from adloco.errors import UserError
     from adloco.models import sizing
 
+    def state(*overrides: str) -> tuple[float, str]:
+        return outer_state(resolve(overrides=["model.name=llama-micro", *overrides]))
+
     for preset in ("average", "sgd", "nesterov"):  # the table is the presets' real state
-        assert sizing.outer_state_bytes(preset) == (state_bytes(OuterOptimizer(preset, 0.7, 0.9).make), "")
-    assert sizing.outer_state_bytes("nesterov")[0] == 4 and sizing.outer_state_bytes("my_outer:make") == (
-        4,
-        "",
-    )
-    assert sizing.outer_state_bytes("torch.optim:Adam") == (8, "")  # exp_avg, exp_avg_sq; step not counted
-    zero, why = sizing.outer_state_bytes("my_outer:needs_the_model")
+        assert sizing.outer_buffers(preset) * 4 == state_bytes(OuterOptimizer(preset, 0.7, 0.9).make)
+    assert state("outer.optimizer=nesterov") == (4, "") and state("outer.optimizer=my_outer:make") == (4, "")
+    assert state("outer.optimizer=torch.optim:Adam") == (8, "")  # exp_avg, exp_avg_sq; step not counted
+    assert state("outer.optimizer=torch.optim:Adam", "algorithm.method=ddp") == (0, "")  # no outer step
+    zero, why = state("outer.optimizer=my_outer:needs_the_model")
     assert zero == 0 and why.startswith(
         "outer.optimizer my_outer:needs_the_model's state not counted: its probe"
     )

@@ -367,7 +367,7 @@ def state_bytes(make: Callable[[OuterParams], torch.optim.Optimizer]) -> float:
     one step over a small θ (a 16 × 16 matrix and a 16-vector, flat or shaped, on the CPU). Counted: the
     state tensors of a parameter's shape (a momentum, Adam's two moments), which grow with θ; not counted:
     numbers and smaller statistics (a step count, a factored second moment), which grow with the tensors.
-    What the memory estimate adds per trainer (:func:`adloco.models.sizing.outer_state_bytes`)."""
+    What the memory estimate adds per trainer for a factory (:func:`adloco.config.checks.outer_state`)."""
     shapes = [("probe.weight", torch.Size([16, 16])), ("probe.bias", torch.Size([16]))]
     n = sum(shape.numel() for _, shape in shapes)
     outer = OuterOptimizer(make, shapes=shapes)

@@ -87,7 +87,7 @@ def check(cfg: Config, resuming: bool = False) -> None:
     check_compute(cfg)
     check_muon(cfg)
     check_wd_scaling(cfg)
-    check_outer(cfg)
+    outer = outer_state(cfg)
     try:
         cfg.comm.check_streaming(a.inner_steps, a.method == "ddp")
         cfg.comm.check_codec(cfg.batch, a.method == "ddp")
@@ -96,23 +96,32 @@ def check(cfg: Config, resuming: bool = False) -> None:
         raise UserError(f"config: {exc}") from None
     if rt.profile is not None and rt.profile != "auto":  # read now: a run must not fail at its first round
         StepProfile.load(rt.profile, where=f"config: runtime.profile = {rt.profile!r}")
-    check_memory(cfg)
+    check_memory(cfg, outer)
 
 
-def check_outer(cfg: Config) -> None:
-    """A factory named as ``outer.optimizer`` (``module:function``, imported when its section was built) must
-    make a ``torch.optim.Optimizer``: it is tried once over a small θ, and what else it returns is refused
-    now rather than at the first outer step. One that cannot take a θ not its model's is left to the run."""
-    if cfg.outer.optimizer in OUTER_PRESETS or cfg.algorithm.method == "ddp":
-        return
+def outer_state(cfg: Config) -> tuple[float, str]:
+    """Bytes of outer state each trainer keeps per value of θ, for the memory estimate, and "" or why it is
+    not counted. A preset's is known (:func:`adloco.models.sizing.outer_buffers`); a factory named as
+    ``outer.optimizer`` (``module:function``, imported when its section was built) is tried once over a
+    small θ (:func:`adloco.algorithms.outer.state_bytes`): what it returns if not a ``torch.optim.Optimizer``
+    is refused now rather than at the first outer step, and where it cannot take a θ not its model's, its
+    state is not counted (said with a refusal of the estimate). DDP takes no outer step."""
+    name = str(cfg.outer.optimizer)
+    if cfg.algorithm.method == "ddp":
+        return 0.0, ""
+    if name in OUTER_PRESETS:
+        return float(sizing.outer_buffers(name) * sizing.FLOAT), ""
     from adloco.algorithms.outer import NotAnOptimizer, state_bytes
 
     try:
-        state_bytes(cfg.outer.factory)  # type: ignore[arg-type]
+        return state_bytes(cfg.outer.factory), ""  # type: ignore[arg-type]
     except NotAnOptimizer as exc:
-        raise UserError(f"config: outer.optimizer = {cfg.outer.optimizer!r}: {exc.reason}") from None
-    except Exception:  # the factory's own code, on a θ that is not its model's: left to the run
-        pass
+        raise UserError(f"config: outer.optimizer = {name!r}: {exc.reason}") from None
+    except Exception as exc:  # the factory's own code, on a θ that is not its model's: left to the run
+        return (
+            0.0,
+            f"outer.optimizer {name}'s state not counted: its probe failed ({type(exc).__name__}: {exc})",
+        )
 
 
 def check_checkpoint_dir(where: str) -> None:
@@ -260,9 +269,10 @@ def cuda_graphs_choice(cfg: Config, cuda: bool) -> tuple[bool, str]:
     return (False, f"auto: {why}") if why else (True, "auto: CUDA")
 
 
-def check_memory(cfg: Config) -> None:
+def check_memory(cfg: Config, outer: tuple[float, str] = (0.0, "")) -> None:
     """Refuse a config whose preset model cannot fit where it will run (a checkpoint's size is known only
-    once it is loaded): one line naming the field that makes it too large, the estimate and the memory."""
+    once it is loaded): one line naming the field that makes it too large, the estimate and the memory.
+    ``outer``: each trainer's outer state per value of θ and why it is not counted (:func:`outer_state`)."""
     shape = sizing.SHAPES.get(cfg.model.name)
     if shape is None:
         return
@@ -289,9 +299,6 @@ def check_memory(cfg: Config) -> None:
     # request's examples up to batch.probe_chunks (probe_chunks single examples when a request is 1).
     kept = b.test in ("inner_product", "augmented_inner_product") and b.estimator == "pooled"
     chunks = (min(request, b.probe_chunks) if request >= 2 else b.probe_chunks) if kept else 0
-
-    # the outer step's state of every trainer hosted here (a factory's as a probe of it reports)
-    outer = sizing.outer_state_bytes(str(cfg.outer.optimizer)) if a.method != "ddp" else (0.0, "")
 
     def at(replicas: int) -> tuple[sizing.Estimate, sizing.Estimate]:
         opt = (cfg.inner.optimizer, cfg.inner.momentum, min(a.trainers, replicas), layers)

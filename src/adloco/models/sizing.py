@@ -3,8 +3,8 @@
 The presets are Llama shapes (the vocabulary comes from the tokenizer). :func:`estimate` is a pure
 function of the parameter count, the replicas, the optimizer and the micro-batch, and a lower bound:
 float32 parameters, gradients and optimizer state of every worker's replica, one θ per trainer, the
-Python objects of each replica, the outer optimizer's state of every trainer
-(:func:`outer_state_bytes`), and, when the shape is known, the activations one micro-batch keeps
+Python objects of each replica, the outer optimizer's state of every trainer (:func:`outer_buffers`), and,
+when the shape is known, the activations one micro-batch keeps
 for its backward pass. A run whose lower bound exceeds the memory it will run in cannot fit, so it is
 refused before a single replica is built (building a million of them would otherwise run for hours
 and end in the kernel's out-of-memory killer). ``adloco.config`` applies it to a preset at config
@@ -104,24 +104,11 @@ def optimizer_buffers(optimizer: str, momentum: float = 0.0) -> int:
     return 1 if momentum > 0 else 0
 
 
-def outer_state_bytes(optimizer: str) -> tuple[float, str]:
-    """Bytes of outer optimizer state each trainer keeps per value of θ (``outer.optimizer``, ALGORITHM.md
-    §1), and "" or why it is not counted. A preset's is known: ``nesterov`` keeps its momentum, one float32
-    P-vector; ``sgd`` and ``average`` none. A factory's (``module:function``) is what a probe of it reports
-    (:func:`adloco.algorithms.outer.state_bytes`: its state tensors of a parameter's shape after one step on
-    a small θ); where the probe fails (a factory that needs the real model), 0, and the estimate says so."""
-    if optimizer in ("average", "sgd", "nesterov"):
-        return (FLOAT if optimizer == "nesterov" else 0.0), ""
-    from adloco.algorithms.outer import state_bytes
-    from adloco.fields import load_named
-
-    try:
-        return state_bytes(load_named(optimizer)), ""
-    except Exception as exc:  # the factory's own code may raise anything on a θ not its model's
-        return (
-            0.0,
-            f"outer.optimizer {optimizer}'s state not counted: its probe failed ({type(exc).__name__}: {exc})",
-        )
+def outer_buffers(optimizer: str) -> int:
+    """Per-parameter state buffers of a preset outer step, each trainer's (ALGORITHM.md §1): ``nesterov`` its
+    float32 momentum, one; ``sgd`` and ``average`` none. (A factory's is measured by a probe of it:
+    :func:`adloco.algorithms.outer.state_bytes`.)"""
+    return 1 if optimizer == "nesterov" else 0
 
 
 @dataclass(frozen=True)
@@ -159,7 +146,7 @@ def estimate(
     uncounted: str = "",
 ) -> Estimate:
     """The lower bound for ``replicas`` worker replicas of an ``n_params`` model and ``trainers`` θ, each
-    with ``outer_state`` bytes of outer optimizer state per value (:func:`outer_state_bytes`).
+    with ``outer_state`` bytes of outer optimizer state per value (a preset's :func:`outer_buffers` floats).
 
     ``per_token``: activation bytes one token keeps (:func:`activation_bytes_per_token`; 0 when the shape
     is unknown); ``micro_batch`` rows of ``seq_len`` tokens run at once; ``step_rows`` rows are read per
