@@ -178,8 +178,8 @@ def method_trainers(method: str) -> int:
 
 def signature(init: Callable[..., Any], method: str) -> inspect.Signature:
     """``init``'s signature without ``self``, its ``**dials`` spelled out: every :class:`RoundOptions` field,
-    keyword-only, with the default ``method`` runs it with where that is a number (``trainers``: its
-    preset's K0) and the field's own otherwise. What ``help()`` and the API reference show."""
+    keyword-only, with its default (``trainers``: ``method``'s K0, :func:`method_trainers`). What ``help()``
+    and the API reference show."""
     names = {f.name for f in dataclasses.fields(RoundOptions)}
     own = [p for p in inspect.signature(init).parameters.values() if p.name != "self" and p.name not in names]
     trainers = method_trainers(method)
