@@ -307,8 +307,9 @@ def cli_reference() -> str:
 
 API_GROUPS: dict[str, tuple[str, list[str]]] = {
     "algorithms": (
-        "The algorithm objects: build one from your model(s) and inner optimizer(s).",
-        ["AdLoCo", "DiLoCo", "LocalSGD", "DDP"],
+        "The algorithm objects: build one from your model(s) and inner optimizer(s), with the round's dials "
+        "as keywords or as one `RoundOptions`.",
+        ["AdLoCo", "DiLoCo", "LocalSGD", "DDP", "RoundOptions"],
     ),
     "dials": (
         "Small frozen dataclasses, each a config section of `adloco train` with the same fields, defaults "

@@ -20,6 +20,7 @@ _EXPORTS = {
     "LocalSGD": "adloco.baselines",
     "DDP": "adloco.baselines",
     "RoundAborted": "adloco.method",
+    "RoundOptions": "adloco.options",
     "RoundReport": "adloco.round",
     "WorkerPlan": "adloco.round",
     "AdaptiveBatch": "adloco.settings",

@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import difflib
+import importlib
 import math
 import numbers
+import os
+import re
+import sys
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 # --------------------------------------------------------------------------------------------------
 # Declaring a field, and checking one
@@ -224,6 +229,47 @@ def _choices(tp: Any) -> tuple[Any, ...]:
     return ()
 
 
+# A callable named in a config: ``package.module:function`` (as entry points and uvicorn's APP name them)
+NAMED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def load_named(name: str) -> Callable[..., Any]:
+    """The callable that ``name`` (``module:function``, :data:`NAMED`) names, imported as Python imports it
+    (the installed packages and ``PYTHONPATH``; then, where that fails, also the current folder, last on
+    the path, as uvicorn and gunicorn do); ValueError saying in words why it cannot be had: a module that
+    does not import (and what it raised), a missing attribute, something not callable."""
+    module, _, attr = name.partition(":")
+    try:
+        obj: Any = _import(module)
+    except Exception as exc:  # a module's own code may raise anything while it imports
+        raise ValueError(
+            f"module {module!r} does not import ({type(exc).__name__}: {exc}); it is looked for in the "
+            "installed packages, PYTHONPATH and the current folder"
+        ) from None
+    where = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            close = difflib.get_close_matches(part, [n for n in dir(obj) if not n.startswith("_")], n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ValueError(f"{where!r} has no attribute {part!r}{hint}")
+        obj, where = getattr(obj, part), f"{where}.{part}"
+    if not callable(obj):
+        raise ValueError(f"{where} is a {type(obj).__name__}, not a callable")
+    return cast("Callable[..., Any]", obj)
+
+
+def _import(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        here = os.getcwd()
+        searched = here in sys.path or "" in sys.path  # "": the current folder, as `python -m` puts it
+        if searched or exc.name is None or not module.startswith(exc.name):
+            raise  # not found anywhere, or found and failing on an import of its own
+        sys.path.append(here)
+        return importlib.import_module(module)
+
+
 def check_speeds(speeds: Sequence[float], workers: int, name: str = "runtime.emulate_speed") -> list[float]:
     """``runtime.emulate_speed``: empty, or one factor in (0, 1] per worker (worker w takes 1/s_w as long per
     step). The one check of it, for the library (``name``: its argument) and the config."""
@@ -245,6 +291,12 @@ def check_round(inner_steps: Any, fixed_rows: Any) -> None:
         raise ValueError(f"inner_steps = {inner_steps!r}: must be an integer >= 1 (H counts optimizer steps)")
     if not (isinstance(fixed_rows, int | float) and math.isfinite(fixed_rows) and fixed_rows >= 0):
         raise ValueError(f"fixed_rows = {fixed_rows!r}: must be a finite number >= 0 (rows)")
+
+
+def check_clip(clip: Any) -> None:
+    """Inner gradient clipping: a global norm >= 0 (0 turns it off)."""
+    if not isinstance(clip, (int, float)) or isinstance(clip, bool) or clip < 0 or not math.isfinite(clip):
+        raise ValueError(f"clip = {clip!r}: must be >= 0 (0 turns clipping off)")
 
 
 def check_trainers(trainers: Any, workers: int) -> None:

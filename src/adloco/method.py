@@ -13,21 +13,23 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from adloco import events, hooked, state
 from adloco.algorithms import allocation, lr_scaling
-from adloco.algorithms.outer import OuterOptimizer, model_shapes
+from adloco.algorithms.outer import OuterOptimizer, asks_shapes, model_shapes
 from adloco.batch_tests import BatchTests
 from adloco.comm import codecs, default_comm
 from adloco.comm.base import Comm, reduce_local
 from adloco.comm.quantize import ErrorFeedback
-from adloco.fields import check_round, check_speeds, check_trainers, choice, dial
+from adloco.fields import check_speeds, check_trainers
+from adloco.options import RoundOptions, signature
 from adloco.regroup import Regroup
 from adloco.replica import Batch, LossFn, n_rows
 from adloco.round import (
@@ -43,18 +45,7 @@ from adloco.round import (
     check_agreement,
     relative_speeds,
 )
-from adloco.settings import (
-    AdaptiveBatch,
-    Balance,
-    InnerState,
-    Merging,
-    OnResize,
-    Outer,
-    Precision,
-    Switch,
-    Wire,
-)
-from adloco.streaming import Schedule, fragments, in_flight
+from adloco.streaming import Schedule, fragments, in_flight, tensor_fragments
 from adloco.trainer import Flight, Trainer, initial_thetas
 from adloco.workers import (
     Workers,
@@ -85,37 +76,21 @@ class AdLoCo:
             process. Parameters must be float32; they move into a flat buffer (the objects stay).
         inner_optimizer: the optimizer of each replica (any ``torch.optim.Optimizer`` over all its
             parameters); its state persists across rounds.
-        inner_steps: H, optimizer steps per round.
-        trainers: K0, model instances at start (each gets at least one worker).
         comm: the communicator; default: torch.distributed's default group when it is initialized
-            (``TorchDistComm``), else all workers in this process (``InProcessComm``).
+            (``TorchDistComm``), else all workers in this process (``InProcessComm``). Under a launcher
+            of several processes (``WORLD_SIZE`` > 1) with no process group, a ``ValueError`` says to call
+            ``torch.distributed.init_process_group()`` or pass ``comm``.
         loss_fn: ``loss_fn(model, batch)`` -> the mean loss over the batch's rows; default
             ``model(**batch).loss``.
-        outer, batch, merge, switch, wire: the dials (:mod:`adloco.settings`), each the config section of
-            the same name (``wire`` is ``comm``); ``switch.b_max`` is every local worker's largest
-            micro-batch (``set_b_max`` sets one per worker).
-        clip: inner gradient clipping (global norm; 0 turns it off).
-        precision: fp32, or bf16 / fp16 autocast on CUDA (fp16 with dynamic loss scaling).
-        inner_state: keep (DiLoCo) or reset the inner optimizer every round (the reference).
-        balance: equal gives every worker of a trainer its request b (bit for bit reproducible); speed
-            shares each trainer's M·b examples per step by measured speed, and workers among trainers by
-            capacity (ALGORITHM.md §9.3): faster on uneven devices, but the run depends on timings.
-        fixed_rows: a forward and backward pass's fixed cost, in rows (α/β of a step-time profile,
-            ALGORITHM.md §11; ``runtime.profile``). With balance speed, speeds are measured net of it and
-            rows shared so that every worker's step takes the same time; 0: a step costs its rows alone.
-        emulate_speed: one factor in (0, 1] per worker (all of them, by id): worker w takes 1/s_w as long
-            per step (it sleeps the difference): heterogeneous devices emulated on identical hardware.
-        on_resize: loading the state of a run with another number of workers (ALGORITHM.md §9.2):
-            per_trainer keeps each trainer's examples per step (b re-derived from M·b), per_worker keeps b.
-        snapshot: keep the inner state at each round's start in host memory, so an aborted round is
-            undone in place (``adloco train`` uses it to stop on a signal).
-        sync_initial: broadcast each trainer's θ from its first worker to the others at construction
-            (counted as ``init``); pass False when every process built identical replicas.
-        cuda_graphs: each worker's inner step a CUDA graph replayed on its own stream, so a process's
-            workers train at once on their GPU (ALGORITHM.md §14); needs a capturable inner optimizer
-            (``AdamW(..., capturable=True, fused=True)``); not with DDP, fp16 or the hooked form.
+        options: the round's dials as one :class:`~adloco.options.RoundOptions`; or give its fields as
+            keywords, as the signature lists them (``inner_steps=10, trainers=2, outer=Outer("nesterov")``,
+            each documented there), not both. A dial left unset is the method's (:attr:`METHOD`'s preset); a
+            keyword that is no dial is Python's ``TypeError``.
     """
 
+    METHOD: ClassVar[str] = (
+        "adloco"  # the method's preset (adloco.settings.PRESETS) fills the dials left unset
+    )
     ddp = False  # DDP: gradients averaged every step instead of rounds of local steps
     stated_batch: int | None = None  # rows per step the user stated (DiLoCo's batch_size); None: unknown
 
@@ -124,49 +99,34 @@ class AdLoCo:
         model: nn.Module | Sequence[nn.Module],
         inner_optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
         *,
-        inner_steps: int = 12,
-        trainers: int = 4,
         comm: Comm | None = None,
         loss_fn: LossFn | None = None,
-        outer: Outer | None = None,
-        batch: AdaptiveBatch | None = None,
-        merge: Merging | None = None,
-        switch: Switch | None = None,
-        wire: Wire | None = None,
-        clip: float = 1.0,
-        precision: Precision = "fp32",
-        inner_state: InnerState = "keep",
-        balance: Balance = "equal",
-        fixed_rows: float = 0.0,
-        emulate_speed: Sequence[float] | None = None,
-        on_resize: OnResize = "per_trainer",
-        snapshot: bool = False,
-        sync_initial: bool = True,
-        cuda_graphs: bool = False,
+        options: RoundOptions | None = None,
+        **dials: Any,
     ) -> None:
+        o = self.options = RoundOptions.given(options, dials, type(self).__name__).for_method(self.METHOD)
+        assert o.outer and o.batch and o.merge and o.switch and o.wire  # for_method fills them
         models = as_list(model, "model")
-        check_round(inner_steps, fixed_rows)
-        choice("balance", balance, Balance)
-        choice("on_resize", on_resize, OnResize)
-        choice("inner_state", inner_state, InnerState)
-        self.balance, self.on_resize, self.inner_state = balance, on_resize, inner_state
-        self.fixed_rows = float(fixed_rows)
-        self.clip, self.precision = clip, precision
-        self.outer_spec = dial("outer", outer, Outer)
-        self.batch = dial("batch", batch, AdaptiveBatch)
-        self.merging = dial("merge", merge, Merging)
-        self.switch = dial("switch", switch, Switch)
-        self.wire = dial("wire", wire, Wire)
-        self.wire.check_streaming(inner_steps, self.ddp)
+        self.balance, self.on_resize, self.inner_state = o.balance, o.on_resize, o.inner_state
+        self.fixed_rows = float(o.fixed_rows)
+        self.clip, self.precision = o.clip, o.precision
+        self.outer_spec, self.batch, self.merging, self.switch, self.wire = (
+            o.outer,
+            o.batch,
+            o.merge,
+            o.switch,
+            o.wire,
+        )
+        self.wire.check_streaming(o.inner_steps, self.ddp)
         self.wire.check_codec(self.batch, self.ddp)
-        o, own = self.outer_spec, codecs.rules(self.wire.dtype)
-        if own is not None and own.outer and o.optimizer == "nesterov" and o.momentum > 0:
+        outer, own = self.outer_spec, codecs.rules(self.wire.dtype)
+        if own is not None and own.outer and outer.optimizer == "nesterov" and outer.momentum > 0:
             log.warning(
                 "comm.dtype = %r with outer.momentum = %g: its error feedback, decaying at β %g, already plays "
                 "the momentum's part, and a momentum on top carries each sparse spike on (DiLoCo's preset "
                 "diverged so); the codec's own outer step is %s (docs/guides/compression.md)",
                 self.wire.dtype,
-                o.momentum,
+                outer.momentum,
                 self.wire.decay,
                 ", ".join(f"{k} {v}" for k, v in own.outer.items()),
             )
@@ -175,19 +135,22 @@ class AdLoCo:
         self.comm = comm if comm is not None else default_comm(len(models))
         n = self.comm.n_workers
         b_max = self.switch.b_max_or_default
-        if cuda_graphs and self.ddp:
+        if o.cuda_graphs and self.ddp:
             raise ValueError(
                 "cuda_graphs: DDP averages gradients inside a step, which a captured step cannot"
             )
-        self.cuda_graphs = cuda_graphs
+        self.cuda_graphs = o.cuda_graphs
         self.replicas = build_replicas(
-            models, inner_optimizer, self.comm, loss_fn, clip, precision, b_max, cuda_graphs
+            models, inner_optimizer, self.comm, loss_fn, o.clip, o.precision, b_max, o.cuda_graphs
         )
-        lr_scaling.check_wd(self.batch.wd_scaling, [r.optimizer for r in self.replicas.values()], cuda_graphs)
+        lr_scaling.check_wd(
+            self.batch.wd_scaling, [r.optimizer for r in self.replicas.values()], o.cuda_graphs
+        )
         self._reduce = functools.partial(reduce_local, self.comm, wire=self.wire)  # on the round's wire
-        check_trainers(trainers, n)
-        self.H = inner_steps
-        self.emulate = check_speeds(emulate_speed or [], n, "emulate_speed") or None
+        check_trainers(o.trainers, n)
+        assert o.trainers is not None
+        self.H = o.inner_steps
+        self.emulate = check_speeds(o.emulate_speed or [], n, "emulate_speed") or None
         self.speed: dict[int, float] = {}  # measured examples per second of every worker (a moving average)
         self.membership: dict[str, Any] | None = None  # the last load_state_dict's change of workers
         self.counts_rows = True  # False in the hooked form when the rows of a step are unknown
@@ -195,17 +158,16 @@ class AdLoCo:
         self.device = next(iter(self.replicas.values())).device
         # this process's workers; error feedback of each one's Δ (reset when it moves; in its state dict)
         feedback = self.wire.feedback
-        self.workers = Workers(self.replicas, self.device, inner_state, snapshot, feedback, self.wire.decay)
+        self.workers = Workers(
+            self.replicas, self.device, o.inner_state, o.snapshot, feedback, self.wire.decay
+        )
         self.feedback: dict[int, ErrorFeedback] | None = self.workers.feedback
         self.scratch = torch.zeros(self.n_params, device=self.device)
         self.scratch2 = torch.zeros(self.n_params, device=self.device)
         flats = {w: rep.flat for w, rep in self.replicas.items()}
         # the parts: when Δ travels, the batch tests, merges and moves
-        self.schedule = Schedule(self.wire, inner_steps, self.ddp, flats, self.feedback, self.scratch2)
-        self._parts = fragments(self.n_params, self.schedule.count)
-        rep = next(iter(self.replicas.values()))  # the model's shapes, for outer optimizers that need them
-        whole = self.schedule.count == 1 and self.comm.shards.size == 1
-        self._shapes = model_shapes(rep.model, rep.flat.params) if whole else None
+        self.schedule = Schedule(self.wire, o.inner_steps, self.ddp, flats, self.feedback, self.scratch2)
+        self._parts, self._shapes = self._fragments()
         self.tests = BatchTests(self.batch, self.comm, self.replicas, self._reduce, self.scratch)
         self.regroup = Regroup(
             self.merging, self.comm, self.wire.theta, self.workers, self.scratch, self._new_outer
@@ -213,7 +175,7 @@ class AdLoCo:
 
         # Replicated state: identical on every process.
         self.round = 0  # rounds completed
-        self.trainers = {t: self._new_trainer(t, self.batch.initial) for t in range(trainers)}
+        self.trainers = {t: self._new_trainer(t, self.batch.initial) for t in range(o.trainers)}
         self.allocation = allocation.allocate(self.requests, n, mode=self.merging.allocation)
         self.b_max = self.workers.agreed_b_max(self.comm)
         self.bad_rounds = 0
@@ -222,8 +184,9 @@ class AdLoCo:
 
         # Heavy state: θ of the trainers this process hosts, taken from their first local worker.
         params = {w: rep.flat.param for w, rep in self.replicas.items()}
-        initial_thetas(self.trainers, self.members(), params, self.comm, self.scratch, sync_initial and n > 1)
-        if sync_initial and n > 1:
+        sync = o.sync_initial and n > 1
+        initial_thetas(self.trainers, self.members(), params, self.comm, self.scratch, sync)
+        if sync:
             self._collect()
         for w, rep in self.replicas.items():
             rep.load(self.theta(self.allocation[w]))
@@ -302,9 +265,28 @@ class AdLoCo:
     def _local(self, workers: Sequence[int]) -> list[int]:
         return [w for w in workers if w in self.replicas]
 
+    def _fragments(self) -> tuple[list[slice], list[tuple[str, torch.Size]] | None]:
+        """The parts of θ that synchronize apart (``comm.fragments``; ALGORITHM.md §13) and the model's
+        shapes for a factory's ``params.shaped()`` (None on sharded workers: a rank holds rows of each
+        matrix). Fragments are even, but a factory that asks for the shapes (a matrix-aware step) gets
+        fragments that end between whole tensors where the tensors allow it."""
+        count, rep, make = self.schedule.count, next(iter(self.replicas.values())), self.outer_spec.factory
+        if self.comm.shards.size > 1:
+            return fragments(self.n_params, count), None
+        shapes = model_shapes(rep.model, rep.flat.params)
+        if count > 1 and not isinstance(make, str) and asks_shapes(make, rep.flat.param, shapes):
+            whole = tensor_fragments([shape.numel() for _, shape in shapes], count)
+            if whole is not None:
+                return whole, shapes
+        return fragments(self.n_params, count), shapes
+
     def _new_outer(self) -> OuterOptimizer:
         o = self.outer_spec
-        return OuterOptimizer(o.optimizer, o.lr, o.momentum, parts=self._parts, shapes=self._shapes)
+        why = (
+            "runtime.shards > 1: a rank holds rows of each matrix, and a matrix-aware step on rows is not "
+            "the step on the matrix"
+        )
+        return OuterOptimizer(o.factory, o.lr, o.momentum, parts=self._parts, shapes=self._shapes, why=why)
 
     def _new_trainer(self, t: int, request: int) -> Trainer:
         return Trainer(t, request, self._new_outer(), self._parts, self.comm, self.wire)
@@ -598,3 +580,16 @@ class AdLoCo:
 
     def _average_grads(self, w: int) -> None:
         hooked.average_grads(self.replicas[w], self.members()[self.allocation[w]], self._reduce, self.scratch)
+
+
+def spell_out(cls: type[AdLoCo]) -> None:
+    """``help(cls)`` and the API reference list every dial of ``cls`` (AdLoCo or a class of it) with the
+    default its method gives it (:func:`adloco.options.signature`), not ``**dials``."""
+    sig = signature(cls.__init__, cls.METHOD)
+    cls.__signature__ = sig  # type: ignore[attr-defined]
+    if "__init__" in vars(cls):
+        self_ = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        cls.__init__.__signature__ = sig.replace(parameters=[self_, *sig.parameters.values()])  # type: ignore[attr-defined]
+
+
+spell_out(AdLoCo)

@@ -24,7 +24,7 @@ from torch import nn
 from adloco import inner_state
 from adloco.algorithms.batching import WorkerStats
 from adloco.comm.base import Shards
-from adloco.fields import choice
+from adloco.fields import check_clip, choice
 from adloco.flat import FlatModule, flatten, like
 from adloco.graphs import GraphedStep, capturable, state_pointers, to_device
 from adloco.optim import CombinedOptimizer, is_muon
@@ -115,8 +115,7 @@ class Replica:
                 f"inner_optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}"
             )
         choice("precision", precision, Precision)
-        if not isinstance(clip, (int, float)) or clip < 0 or not math.isfinite(clip):
-            raise ValueError(f"clip = {clip!r}: must be >= 0 (0 turns clipping off)")
+        check_clip(clip)
         self.model = model
         self.flat: FlatModule = flatten(model)
         # the ranks that hold this worker's replica between them (ALGORITHM.md §12; one: unsharded)

@@ -15,12 +15,13 @@ and ``--set`` (:mod:`adloco.config` adds the sections that only the application 
 
 from __future__ import annotations
 
+import difflib
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
-from adloco.fields import D, Dial, setting
+from adloco.fields import NAMED, D, Dial, load_named, setting
 
 # Choices used outside one dial are named once here.
 WireDtype = Literal["float32", "bfloat16", "float16", "int8", "int4", "topk"]
@@ -39,8 +40,10 @@ METHODS: tuple[str, ...] = typing.get_args(Method)
 
 
 OuterPreset = Literal["average", "sgd", "nesterov"]
-# the library's own outer optimizer: (params: adloco.algorithms.outer.OuterParams) -> torch.optim.Optimizer
+OUTER_PRESETS: tuple[str, ...] = typing.get_args(OuterPreset)
+# a factory of the outer optimizer: (params: adloco.algorithms.outer.OuterParams) -> torch.optim.Optimizer
 OuterFactory = Callable[[Any], Any]
+FactoryName = str  # a factory's name, module:function (adloco.fields.NAMED), imported when the dial is built
 
 
 @dataclass(frozen=True)
@@ -50,16 +53,18 @@ class Outer(Dial):
     Under ``comm.overlap: delayed`` a ``nesterov`` step with a momentum is warned of (:meth:`stale_momentum`)
     and DiLoCo's preset takes ``sgd`` at its lr (:func:`preset_values`; ALGORITHM.md §13).
 
-    In the library ``optimizer`` may also be any callable that takes a trainer's parameters
+    ``optimizer`` may also be a factory: a callable that takes a trainer's parameters
     (:class:`adloco.algorithms.outer.OuterParams`: the flat θ, or ``params.shaped()`` for the model's
-    shapes) and returns a ``torch.optim.Optimizer``; each outer step sets its parameters' ``.grad`` to the
-    averaged Δ and steps it (``lr`` and ``momentum`` are then the callable's business)."""
+    shapes) and returns a ``torch.optim.Optimizer``, given itself (in the library) or by name as
+    ``module:function`` (in a config file too), imported when the dial is built; each outer step sets its
+    parameters' ``.grad`` to the averaged Δ and steps it (``lr`` and ``momentum`` are then its business)."""
 
     SECTION: ClassVar[str] = "outer"
-    optimizer: OuterPreset | OuterFactory = setting(
+    optimizer: OuterPreset | OuterFactory | FactoryName = setting(
         "average",
-        "outer step on the pseudo-gradient (ALGORITHM.md §1); in the library also a callable "
-        "params -> torch.optim.Optimizer",
+        "outer step on the pseudo-gradient (ALGORITHM.md §1): a preset, or module:function naming a factory "
+        "params -> torch.optim.Optimizer (mypkg.outer:make_adam, torch.optim:Adam), imported when the config is "
+        "read; outer.lr and outer.momentum are then its own. In the library also the callable itself",
     )
     lr: float = setting(0.7, "outer learning rate (sgd, nesterov)", above=0)
     momentum: float = setting(0.9, "outer Nesterov momentum", at_least=0, below=1)
@@ -74,6 +79,29 @@ class Outer(Dial):
     def sgd(cls, lr: float | None = None) -> Outer:
         """Plain SGD on Δ; lr defaults to the field's (0.7)."""
         return cls("sgd", cls().lr if lr is None else lr)
+
+    def check(self) -> None:
+        name = self.optimizer
+        if not isinstance(name, str) or name in OUTER_PRESETS:
+            return
+        close = difflib.get_close_matches(name, OUTER_PRESETS, n=1)
+        self.need(
+            NAMED.fullmatch(name) is not None,
+            "optimizer",
+            f"{words(list(OUTER_PRESETS))}, or a factory named module:function (mypkg.outer:make_adam)"
+            + (f"; did you mean {close[0]!r}?" if close else ""),
+        )
+        try:
+            load_named(name)
+        except ValueError as exc:
+            raise ValueError(f"outer.optimizer = {name!r}: {exc}") from None
+
+    @property
+    def factory(self) -> str | OuterFactory:
+        """What makes each trainer's outer optimizer: a preset's name, or the factory (imported where
+        ``optimizer`` names it)."""
+        name = self.optimizer
+        return load_named(name) if isinstance(name, str) and name not in OUTER_PRESETS else name
 
     def stale_momentum(self, overlap: str) -> str | None:
         """Why this step is unstable under ``comm.overlap`` = ``overlap``, or None: with ``delayed`` a Nesterov

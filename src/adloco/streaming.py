@@ -1,7 +1,9 @@
 """When Δ travels (ALGORITHM.md §13): the schedule of every fragment's launch and landing.
 
 θ is synchronized in F = ``comm.fragments`` contiguous fragments of near-equal size (:func:`fragments`;
-F = 1: all of θ at once). The :class:`Schedule` says, after each inner step h of a round (h = H: the
+F = 1: all of θ at once); with an outer step that asks for the model's shapes (a matrix-aware factory),
+fragments that end between whole tensors, as near to those as the tensors allow (:func:`tensor_fragments`).
+The :class:`Schedule` says, after each inner step h of a round (h = H: the
 round's end, phase 2 of ALGORITHM.md §6), which fragments launch their Δ and which land, and how the
 landing is counted; the algorithm then calls each trainer's :meth:`~adloco.trainer.Trainer.prepare_sync`
 and :meth:`~adloco.trainer.Trainer.perform_sync` from one place (:meth:`adloco.method.AdLoCo._synchronize`).
@@ -43,6 +45,24 @@ def fragments(n: int, count: int) -> list[slice]:
         out.append(slice(lo, hi))
         lo = hi
     return out
+
+
+def tensor_fragments(sizes: Sequence[int], count: int) -> list[slice] | None:
+    """``count`` contiguous slices of a flat layout of tensors of ``sizes`` (in its order) that end between
+    whole tensors, each boundary the tensor end nearest to :func:`fragments`' even one; None where the
+    tensors are too few for ``count`` non-empty fragments. What a matrix-aware outer step needs: whole
+    tensors in each fragment (:meth:`adloco.algorithms.outer.OuterParams.shaped`)."""
+    ends = list(itertools.accumulate(sizes))
+    if count > len(ends):
+        return None
+    even = fragments(ends[-1], count)
+    out, lo, i = [], 0, -1
+    for p in range(1, count):
+        # the cut after tensor j: later than the last cut, and leaving a tensor for each fragment after it
+        j = min(range(i + 1, len(ends) - (count - p)), key=lambda j: abs(ends[j] - even[p].start))
+        out.append(slice(lo, ends[j]))
+        lo, i = ends[j], j
+    return [*out, slice(lo, ends[-1])]
 
 
 @dataclass(frozen=True)

@@ -265,7 +265,32 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "unknown-outer-optimizer",
         ["train", *S("logging.out_dir={tmp}/runs", "outer.optimizer=adam")],
-        "config: outer.optimizer = 'adam': must be one of 'average', 'sgd', 'nesterov' or a callable (in the library)",
+        "config: outer.optimizer = 'adam': must be average, sgd or nesterov, or a factory named module:function "
+        "(mypkg.outer:make_adam)",
+    ),
+    (
+        "outer-optimizer-misspelt",
+        ["train", *S("logging.out_dir={tmp}/runs", "outer.optimizer=nesterv")],
+        "config: outer.optimizer = 'nesterv': must be average, sgd or nesterov, or a factory named "
+        "module:function (mypkg.outer:make_adam); did you mean 'nesterov'?",
+    ),
+    (
+        "outer-factory-module-missing",
+        ["train", *S("logging.out_dir={tmp}/runs", "outer.optimizer=no_such_package.outer:make")],
+        "config: outer.optimizer = 'no_such_package.outer:make': module 'no_such_package.outer' does not import "
+        "(ModuleNotFoundError: No module named 'no_such_package'); it is looked for in the installed packages, "
+        "PYTHONPATH and the current folder",
+    ),
+    (
+        "outer-factory-attribute-missing",
+        ["train", *S("logging.out_dir={tmp}/runs", "outer.optimizer=torch.optim:Adamm")],
+        "config: outer.optimizer = 'torch.optim:Adamm': 'torch.optim' has no attribute 'Adamm'; did you mean "
+        "'Adam'?",
+    ),
+    (
+        "outer-factory-not-callable",
+        ["train", *S("logging.out_dir={tmp}/runs", "outer.optimizer=math:pi")],
+        "config: outer.optimizer = 'math:pi': math.pi is a float, not a callable",
     ),
     (
         "override-syntax",
@@ -570,6 +595,17 @@ CASES: list[tuple[str, list[str], str]] = [
         ["train", *S("logging.out_dir={tmp}/runs", "outer.optimizer=sgd", "outer.momentum=0.5")],
         "config: outer.momentum = 0.5: applies to outer.optimizer nesterov only (the outer step is sgd); set "
         "outer.optimizer=nesterov to use a momentum",
+    ),
+    (
+        "outer-factory-not-an-optimizer",
+        ["train", *S("logging.out_dir={tmp}/runs", "outer.optimizer=builtins:list")],
+        "config: outer.optimizer = 'builtins:list': the factory returned a list, not a torch.optim.Optimizer",
+    ),
+    (
+        "outer-lr-with-a-factory",
+        ["train", *S("logging.out_dir={tmp}/runs", "outer.optimizer=torch.optim:Adam", "outer.lr=0.5")],
+        "config: outer.lr = 0.5: applies to outer.optimizer sgd and nesterov only (torch.optim:Adam sets its "
+        "own); set outer.optimizer=sgd to choose an lr",
     ),
     (
         "outer-lr-with-average",

@@ -571,3 +571,34 @@ def test_the_demos_numbers_and_plots_are_its_runs() -> None:
     ]
     for words in said:
         assert words in text, words
+
+
+RECIPES = [
+    "A codec",
+    "An outer step",
+    "An inner optimizer",
+    "A method",
+    "An event",
+    "A tracker",
+    "A launcher",
+]
+
+
+def test_the_contributing_recipes_name_files_that_exist_and_names_that_are_in_them() -> None:
+    """docs/contributing.md's recipes for the common changes: every file they name exists, and every name
+    in parentheses right after a file is in it, so a recipe that drifts from the tree fails here."""
+    text = (ROOT / "docs" / "contributing.md").read_text(encoding="utf-8")
+    section = text.split("\n## Recipes", 1)[1].split("\n## ", 1)[0]
+    assert re.findall(r"^### (.+)$", section, re.M) == RECIPES
+    path = r"[\w./-]+\.(?:py|md|toml|yaml)"
+    named = set(re.findall(rf"`({path})`", section))
+    assert len(named) >= 25
+    assert sorted(p for p in named if not (ROOT / p).is_file()) == []
+    flat = " ".join(section.split())  # a parenthesis may run over a line break
+    checked = 0
+    for file, inside in re.findall(rf"`({path})` \(([^)]*)\)", flat):
+        body = (ROOT / file).read_text(encoding="utf-8")
+        for name in re.findall(r"`([^`]+)`", inside):
+            assert re.search(rf"(?<!\w){re.escape(name)}(?!\w)", body), f"{name} is not in {file}"
+            checked += 1
+    assert checked >= 30

@@ -253,19 +253,127 @@ def test_a_users_own_optimizer_from_its_own_file_takes_the_outer_step() -> None:
     assert algo.trainers[0].outer.state_dict()["momentum_buffer"].shape == theta0.shape
 
 
-def test_shaped_views_need_theta_whole_and_an_optimizer_must_step_what_it_was_given() -> None:
-    wire = Wire(fragments=2)
-    with pytest.raises(ValueError, match=r"^outer.optimizer: params.shaped\(\) needs all of a trainer's θ"):
-        run_round(_diloco(Outer(optimizer=lambda p: torch.optim.SGD(p.shaped(), lr=1.0)), wire), Data())
+def test_a_factorys_fragments_end_between_tensors_so_shaped_views_serve_them() -> None:
+    """Streaming with a factory that asks for the shapes: each fragment holds whole tensors (nn.Linear(6, 1):
+    the weight, then the bias), so ``params.shaped()`` works per fragment; where the tensors are too few for
+    the fragments, it is refused naming why. A flat factory keeps the presets' even fragments (the streaming
+    test above holds it to the preset). An optimizer must step what it was given."""
+    shaped = Outer(optimizer=lambda p: torch.optim.SGD(p.shaped(), lr=1.0))
+    flat = Outer(optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
+    flat_asking = Outer(optimizer=lambda p: torch.optim.SGD(p, lr=1.0) if p.names else None)
+    data = Data()
+    a, b = _diloco(shaped, Wire(fragments=2)), _diloco(flat_asking, Wire(fragments=2))
+    assert a._parts == b._parts == [slice(0, 6), slice(6, 7)]  # even halves, 0:4 and 4:7, cut the weight
+    assert _diloco(flat, Wire(fragments=2))._parts == [slice(0, 4), slice(4, 7)]  # as the presets'
+    for _ in range(2):
+        run_round(a, data)
+        run_round(b, data)
+    assert torch.equal(a.theta(0), b.theta(0))
+    with pytest.raises(
+        ValueError, match=r"^outer.optimizer: params.shaped\(\) has no shapes here: the streaming"
+    ):
+        run_round(_diloco(shaped, Wire(fragments=4)), data)  # 4 fragments of 2 tensors
     copies = Outer(optimizer=lambda p: torch.optim.SGD([p[0].clone()], lr=1.0))
     with pytest.raises(
         ValueError, match="^outer.optimizer: the optimizer must step the tensors its callable"
     ):
         run_round(_diloco(copies), Data())
+    with pytest.raises(ValueError, match="^outer.optimizer: the factory returned a dict, not a torch.optim"):
+        run_round(_diloco(Outer(optimizer=lambda p: {})), Data())
     with pytest.raises(
         ValueError, match=r"^outer.optimizer = 3: must be one of 'average', 'sgd', 'nesterov' or a"
     ):
         Outer(optimizer=3)  # type: ignore[arg-type]
+
+
+def test_tensor_fragments_cut_at_the_tensor_ends_nearest_the_even_split() -> None:
+    from adloco.streaming import tensor_fragments
+
+    assert tensor_fragments([6, 1], 2) == [slice(0, 6), slice(6, 7)]
+    assert tensor_fragments([10, 1, 1, 1], 2) == [slice(0, 10), slice(10, 13)]
+    assert tensor_fragments([4, 4, 4, 4], 3) == [slice(0, 4), slice(4, 12), slice(12, 16)]
+    assert tensor_fragments([100, 1, 1], 3) == [slice(0, 100), slice(100, 101), slice(101, 102)]
+    assert tensor_fragments([1, 1], 3) is None
+    assert tensor_fragments([5], 1) == [slice(0, 5)]
+
+
+FACTORIES = """
+import torch
+
+
+def make(params):
+    return torch.optim.SGD(params, lr=0.5, momentum=0.9)
+
+
+def needs_the_model(params):
+    params.names.index("model.embed_tokens.weight")  # only the real model has it
+"""
+
+
+@pytest.fixture
+def my_outer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A user's module of outer factories in the current folder, which is not on the import path (the
+    ``adloco`` command's case): naming it imports it from there."""
+    (tmp_path / "my_outer.py").write_text(FACTORIES)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "my_outer", raising=False)
+    yield tmp_path
+    sys.modules.pop("my_outer", None)
+
+
+def test_a_factory_named_module_function_in_a_config_is_the_outer_step(my_outer: Path) -> None:
+    from adloco.config import dump_yaml, resolve
+
+    cfg = resolve(overrides=["algorithm.method=diloco", "outer.optimizer=my_outer:make"])
+    assert cfg.outer.optimizer == "my_outer:make" and "optimizer: my_outer:make" in dump_yaml(cfg)
+    make = sys.modules["my_outer"].make
+    assert cfg.outer.factory is make
+    data = Data()
+    named, given = _diloco(cfg.outer), _diloco(Outer(optimizer=make))
+    for _ in range(2):
+        run_round(named, data)
+        run_round(given, data)
+    assert torch.equal(named.theta(0), given.theta(0))
+    assert set(named.trainers[0].outer.state_dict()) == {"momentum_buffer"}
+
+
+def test_the_memory_estimate_counts_the_outer_state(my_outer: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each trainer's outer state is in the estimate: a preset's as known (nesterov's momentum, one float32
+    P-vector), a factory's as a probe of it reports (Adam: two), or 0 with the refusal saying why."""
+    from adloco.algorithms.outer import OuterOptimizer, state_bytes
+    from adloco.config import resolve
+    from adloco.config.checks import outer_state
+    from adloco.errors import UserError
+    from adloco.models import sizing
+
+    def state(*overrides: str) -> tuple[float, str]:
+        return outer_state(resolve(overrides=["model.name=llama-micro", *overrides]))
+
+    for preset in ("average", "sgd", "nesterov"):  # the table is the presets' real state
+        assert sizing.outer_buffers(preset) * 4 == state_bytes(OuterOptimizer(preset, 0.7, 0.9).make)
+    assert state("outer.optimizer=nesterov") == (4, "") and state("outer.optimizer=my_outer:make") == (4, "")
+    assert state("outer.optimizer=torch.optim:Adam") == (8, "")  # exp_avg, exp_avg_sq; step not counted
+    assert state("outer.optimizer=torch.optim:Adam", "algorithm.method=ddp") == (0, "")  # no outer step
+    zero, why = state("outer.optimizer=my_outer:needs_the_model")
+    assert zero == 0 and why.startswith(
+        "outer.optimizer my_outer:needs_the_model's state not counted: its probe"
+    )
+
+    seen: dict[str, int] = {}
+    for step in ("average", "nesterov", "torch.optim:Adam"):
+        monkeypatch.setattr(sizing, "refuse_if_over", lambda est, *a, s=step: seen.setdefault(s, est.state))
+        resolve(overrides=["model.name=llama-tiny", "algorithm.trainers=2", f"outer.optimizer={step}"])
+    n = sizing.llama_parameters(sizing.SHAPES["llama-tiny"], 4096)
+    assert seen["nesterov"] - seen["average"] == 2 * 4 * n  # two trainers, a float32 momentum each
+    assert seen["torch.optim:Adam"] - seen["average"] == 2 * 8 * n
+    monkeypatch.undo()
+    monkeypatch.chdir(my_outer)
+    monkeypatch.setattr(sizing, "physical_memory", lambda: 2**20)
+    with pytest.raises(
+        UserError, match=r"of memory \(outer.optimizer my_outer:needs_the_model's state not counted"
+    ):
+        resolve(overrides=["model.name=llama-tiny", "outer.optimizer=my_outer:needs_the_model"])
 
 
 def test_a_state_dict_in_the_middle_of_a_round_is_refused() -> None:

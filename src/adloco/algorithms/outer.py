@@ -36,12 +36,19 @@ class OuterParams(list[torch.Tensor]):
 
     An optimizer that needs the model's shapes (a Muon-style orthogonalized step) takes :meth:`shaped`
     instead: views of the same memory shaped as the model's parameters, in the flat layout's order
-    (matrices first), named by :attr:`names`. Either way the optimizer must keep the very tensors it was
-    given: adloco sets their ``.grad`` to the matching views of Δ before each outer step."""
+    (matrices first), named by :attr:`names`: all of them, or with streaming fragments the whole tensors
+    of this fragment (a factory's fragments end between tensors). Not on sharded workers
+    (``runtime.shards`` > 1): a rank holds rows of each matrix, and a matrix-aware step on rows is not the
+    step on the matrix. Either way the optimizer must keep the very tensors it was given: adloco sets their
+    ``.grad`` to the matching views of Δ before each outer step."""
 
-    def __init__(self, theta: torch.Tensor, shapes: Sequence[tuple[str, torch.Size]] | None) -> None:
+    def __init__(
+        self, theta: torch.Tensor, shapes: Sequence[tuple[str, torch.Size]] | None, why: str = ""
+    ) -> None:
         super().__init__([theta])
         self._shapes = None if shapes is None else list(shapes)
+        self._why = why  # why there are no shapes
+        self.asked = False  # whether the factory asked for the shapes (names or shaped())
 
     @property
     def names(self) -> list[str]:
@@ -58,11 +65,9 @@ class OuterParams(list[torch.Tensor]):
         return out
 
     def _need_shapes(self) -> list[tuple[str, torch.Size]]:
+        self.asked = True
         if self._shapes is None:
-            raise ValueError(
-                "outer.optimizer: params.shaped() needs all of a trainer's θ on this process, in one piece "
-                "(comm.fragments = 1 and runtime.shards = 1); use the flat params instead"
-            )
+            raise ValueError(f"outer.optimizer: params.shaped() has no shapes here: {self._why}")
         return self._shapes
 
 
@@ -70,6 +75,34 @@ def model_shapes(module: nn.Module, params: Sequence[nn.Parameter]) -> list[tupl
     """(name, shape) of a model's ``params`` (in the flat layout's order)."""
     names = {id(p): n for n, p in module.named_parameters()}
     return [(names[id(p)], p.shape) for p in params]
+
+
+def asks_shapes(
+    make: Callable[[OuterParams], torch.optim.Optimizer],
+    theta: torch.Tensor,
+    shapes: Sequence[tuple[str, torch.Size]],
+) -> bool:
+    """Whether the factory ``make`` asks for the model's shapes (``params.shaped()`` or ``params.names``)
+    when given all of ``theta``: it builds its optimizer once, which is dropped (nothing steps)."""
+    params = OuterParams(theta, shapes)
+    make(params)
+    return params.asked
+
+
+def shapes_within(
+    shapes: Sequence[tuple[str, torch.Size]], part: slice
+) -> list[tuple[str, torch.Size]] | None:
+    """The tensors of ``shapes`` (the flat layout's, in order) that make up ``part`` of it exactly, or None
+    where ``part`` begins or ends inside a tensor."""
+    out, offset = [], 0
+    for name, shape in shapes:
+        end = offset + shape.numel()
+        if part.start <= offset and end <= part.stop:
+            out.append((name, shape))
+        elif offset < part.stop and end > part.start:  # cut by the part's start or stop
+            return None
+        offset = end
+    return out
 
 
 class OuterSGD(torch.optim.Optimizer):
@@ -121,6 +154,14 @@ class OuterSGD(torch.optim.Optimizer):
         return out.mul_(-lr).add_(theta)
 
 
+class NotAnOptimizer(ValueError):
+    """A factory returned something else than a ``torch.optim.Optimizer``."""
+
+    def __init__(self, made: object) -> None:
+        self.reason = f"the factory returned a {type(made).__name__}, not a torch.optim.Optimizer"
+        super().__init__(f"outer.optimizer: {self.reason}")
+
+
 class _Part:
     """The optimizer of one part of θ (a streaming fragment, or all of it) and where its parameters lie."""
 
@@ -143,7 +184,8 @@ class OuterOptimizer:
     """One trainer's outer step: the torch optimizer(s) ``optimizer`` makes (a preset name, with ``lr`` and
     ``momentum``; or a callable ``(OuterParams) -> torch.optim.Optimizer``), one per part of θ (``parts``:
     the streaming fragments; default all of θ), made over the θ it is first given. ``shapes``: the model's
-    parameters' names and shapes, for :meth:`OuterParams.shaped`."""
+    parameters' names and shapes, for :meth:`OuterParams.shaped` (each part's whole tensors); None, or
+    ``why`` not (sharded workers)."""
 
     def __init__(
         self,
@@ -153,6 +195,7 @@ class OuterOptimizer:
         *,
         parts: Sequence[slice] | None = None,
         shapes: Sequence[tuple[str, torch.Size]] | None = None,
+        why: str = "the model's shapes were not given",
     ) -> None:
         if isinstance(optimizer, str):
             if optimizer not in PRESETS:
@@ -163,7 +206,7 @@ class OuterOptimizer:
             self.kind, self.make = "custom", optimizer
         else:
             raise ValueError(f"outer.optimizer = {optimizer!r}: a preset name or a callable")
-        self._parts_given, self._shapes = parts, shapes
+        self._parts_given, self._shapes, self._why = parts, shapes, why
         self._theta: torch.Tensor | None = None
         self._parts: list[_Part] = []
         self._held: dict[str, torch.Tensor] = {}  # a state loaded before there was a θ to hold it
@@ -179,12 +222,21 @@ class OuterOptimizer:
         state = self.state_dict()
         n = theta.numel()
         parts = self._parts_given or [slice(0, n)]
-        whole = len(parts) == 1
         self._theta, self._parts = theta, []
         for part in parts:
             start, stop, _ = part.indices(n)
-            params = OuterParams(theta[start:stop], self._shapes if whole else None)
-            self._parts.append(_Part(self.make(params), theta, start))
+            shapes, why = None, self._why
+            if self._shapes is not None:
+                shapes = shapes_within(self._shapes, slice(start, stop))
+                why = (
+                    f"the streaming fragment θ[{start}:{stop}] begins or ends inside a tensor (the model has "
+                    "too few tensors for every one of comm.fragments to end between them)"
+                )
+            params = OuterParams(theta[start:stop], shapes, why)
+            made = self.make(params)
+            if not isinstance(made, torch.optim.Optimizer):
+                raise NotAnOptimizer(made)
+            self._parts.append(_Part(made, theta, start))
         self._held = {}
         self.load_state_dict(state)
 
@@ -229,7 +281,7 @@ class OuterOptimizer:
         first = self._parts[0].optimizer
         if isinstance(first, OuterSGD) and len(self._parts) == 1:
             return first.trial(self._parts[0].params[0][0], delta, out)
-        twin = OuterOptimizer(self.make, parts=self._parts_given, shapes=self._shapes)
+        twin = OuterOptimizer(self.make, parts=self._parts_given, shapes=self._shapes, why=self._why)
         out.copy_(theta)
         twin.load_state_dict({k: v.clone() for k, v in self.state_dict().items()})
         twin.step(out, delta)
@@ -308,3 +360,22 @@ class OuterOptimizer:
             opt.state.pop(p, None)
             if entry:
                 opt.state[p] = entry
+
+
+def state_bytes(make: Callable[[OuterParams], torch.optim.Optimizer]) -> float:
+    """Bytes of state per value of θ that the optimizers ``make`` builds keep once they stepped, by a probe:
+    one step over a small θ (a 16 × 16 matrix and a 16-vector, flat or shaped, on the CPU). Counted: the
+    state tensors of a parameter's shape (a momentum, Adam's two moments), which grow with θ; not counted:
+    numbers and smaller statistics (a step count, a factored second moment), which grow with the tensors.
+    What the memory estimate adds per trainer for a factory (:func:`adloco.config.checks.outer_state`)."""
+    shapes = [("probe.weight", torch.Size([16, 16])), ("probe.bias", torch.Size([16]))]
+    n = sum(shape.numel() for _, shape in shapes)
+    outer = OuterOptimizer(make, shapes=shapes)
+    delta = torch.randn(n, generator=torch.Generator().manual_seed(0)) * 1e-3
+    outer.step(torch.zeros(n), delta)
+    kept = 0
+    for _, opt, p, _ in outer._params():
+        for v in opt.state.get(p, {}).values():
+            if isinstance(v, torch.Tensor) and v.shape == p.shape:
+                kept += v.numel() * v.element_size()
+    return kept / n

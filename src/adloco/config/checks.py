@@ -15,6 +15,7 @@ from adloco.errors import UserError
 from adloco.fields import check_speeds
 from adloco.models import sizing
 from adloco.profile import StepProfile
+from adloco.settings import OUTER_PRESETS
 
 
 def _need(ok: bool, name: str, value: Any, allowed: str) -> None:
@@ -86,6 +87,7 @@ def check(cfg: Config, resuming: bool = False) -> None:
     check_compute(cfg)
     check_muon(cfg)
     check_wd_scaling(cfg)
+    outer = outer_state(cfg)
     try:
         cfg.comm.check_streaming(a.inner_steps, a.method == "ddp")
         cfg.comm.check_codec(cfg.batch, a.method == "ddp")
@@ -94,7 +96,32 @@ def check(cfg: Config, resuming: bool = False) -> None:
         raise UserError(f"config: {exc}") from None
     if rt.profile is not None and rt.profile != "auto":  # read now: a run must not fail at its first round
         StepProfile.load(rt.profile, where=f"config: runtime.profile = {rt.profile!r}")
-    check_memory(cfg)
+    check_memory(cfg, outer)
+
+
+def outer_state(cfg: Config) -> tuple[float, str]:
+    """Bytes of outer state each trainer keeps per value of θ, for the memory estimate, and "" or why it is
+    not counted. A preset's is known (:func:`adloco.models.sizing.outer_buffers`); a factory named as
+    ``outer.optimizer`` (``module:function``, imported when its section was built) is tried once over a
+    small θ (:func:`adloco.algorithms.outer.state_bytes`): what it returns if not a ``torch.optim.Optimizer``
+    is refused now rather than at the first outer step, and where it cannot take a θ not its model's, its
+    state is not counted (said with a refusal of the estimate). DDP takes no outer step."""
+    name = str(cfg.outer.optimizer)
+    if cfg.algorithm.method == "ddp":
+        return 0.0, ""
+    if name in OUTER_PRESETS:
+        return float(sizing.outer_buffers(name) * sizing.FLOAT), ""
+    from adloco.algorithms.outer import NotAnOptimizer, state_bytes
+
+    try:
+        return state_bytes(cfg.outer.factory), ""  # type: ignore[arg-type]
+    except NotAnOptimizer as exc:
+        raise UserError(f"config: outer.optimizer = {name!r}: {exc.reason}") from None
+    except Exception as exc:  # the factory's own code, on a θ that is not its model's: left to the run
+        return (
+            0.0,
+            f"outer.optimizer {name}'s state not counted: its probe failed ({type(exc).__name__}: {exc})",
+        )
 
 
 def check_checkpoint_dir(where: str) -> None:
@@ -242,9 +269,10 @@ def cuda_graphs_choice(cfg: Config, cuda: bool) -> tuple[bool, str]:
     return (False, f"auto: {why}") if why else (True, "auto: CUDA")
 
 
-def check_memory(cfg: Config) -> None:
+def check_memory(cfg: Config, outer: tuple[float, str] = (0.0, "")) -> None:
     """Refuse a config whose preset model cannot fit where it will run (a checkpoint's size is known only
-    once it is loaded): one line naming the field that makes it too large, the estimate and the memory."""
+    once it is loaded): one line naming the field that makes it too large, the estimate and the memory.
+    ``outer``: each trainer's outer state per value of θ and why it is not counted (:func:`outer_state`)."""
     shape = sizing.SHAPES.get(cfg.model.name)
     if shape is None:
         return
@@ -276,12 +304,13 @@ def check_memory(cfg: Config) -> None:
         opt = (cfg.inner.optimizer, cfg.inner.momentum, min(a.trainers, replicas), layers)
         per_token = sizing.activation_bytes_per_token(shape, logits)
         fb = cfg.comm.feedback  # an error-feedback P-vector per replica
-        train = sizing.estimate(n_params, replicas, *opt, micro, request, d.seq_len, per_token, chunks, fb)
-        val = sizing.estimate(n_params, replicas, *opt, feedback=fb)
-        # validation keeps no activations, but a whole batch's logits and their log-softmax
-        return train, sizing.Estimate(
-            replicas, n_params, val.state, eval_rows * d.seq_len * 2 * sizing.FLOAT * logits
+        train = sizing.estimate(
+            n_params, replicas, *opt, micro, request, d.seq_len, per_token, chunks, fb, *outer
         )
+        val = sizing.estimate(n_params, replicas, *opt, feedback=fb, outer_state=outer[0], uncounted=outer[1])
+        # validation keeps no activations, but a whole batch's logits and their log-softmax
+        step = eval_rows * d.seq_len * 2 * sizing.FLOAT * logits
+        return train, sizing.Estimate(replicas, n_params, val.state, step, uncounted=val.uncounted)
 
     train, val = at(here)
     available, where = sizing.physical_memory(), "this machine has"

@@ -281,7 +281,8 @@ def resolve(
 
 def _ignored_outer(cfg: Config, given: dict[str, Any]) -> None:
     """An outer key the user set away from its default that the outer step in effect does not read is
-    refused, never dropped: ``outer.momentum`` is Nesterov's alone, ``outer.lr`` is not averaging's (lr 1).
+    refused, never dropped: ``outer.momentum`` is Nesterov's alone, ``outer.lr`` is not averaging's (lr 1)
+    nor a factory's (``module:function``, which sets its own).
     (A run's own config.yaml names every key, at the defaults where nothing was set: those pass.)"""
     step, default = cfg.outer.optimizer, type(cfg.outer)()
     given = {k: v for k, v in given.items() if v != getattr(default, k, v)}
@@ -290,10 +291,11 @@ def _ignored_outer(cfg: Config, given: dict[str, Any]) -> None:
             f"config: outer.momentum = {given['momentum']!r}: applies to outer.optimizer nesterov only (the "
             f"outer step is {step}); set outer.optimizer=nesterov to use a momentum"
         )
-    if "lr" in given and step == "average":
+    if "lr" in given and step not in ("sgd", "nesterov"):
+        why = "average steps the whole mean, lr 1" if step == "average" else f"{step} sets its own"
         raise UserError(
-            f"config: outer.lr = {given['lr']!r}: applies to outer.optimizer sgd and nesterov only (average "
-            "steps the whole mean, lr 1); set outer.optimizer=sgd to choose an lr"
+            f"config: outer.lr = {given['lr']!r}: applies to outer.optimizer sgd and nesterov only ({why}); "
+            "set outer.optimizer=sgd to choose an lr"
         )
 
 

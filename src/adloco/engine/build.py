@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -21,6 +22,7 @@ from adloco.engine.inner import make_optimizer
 from adloco.flat import flatten
 from adloco.method import AdLoCo
 from adloco.models import ModelFactory, shard
+from adloco.options import RoundOptions, config_key
 from adloco.profile import AUTO, StepProfile
 
 
@@ -90,9 +92,8 @@ def build_algorithm(
 ) -> AdLoCo:
     """The algorithm object of a config: the replicas of :func:`build_replicas`, inner optimizers on their
     flat parameter groups."""
-    a, b, m = cfg.algorithm, cfg.batch, cfg.merge
+    a, rt = cfg.algorithm, cfg.runtime
     trainers = min(a.trainers, a.workers)  # a run continuing on fewer workers merges down to them
-    rt = cfg.runtime
     graphs, _ = cuda_graphs_choice(cfg, device.type == "cuda")  # runtime.cuda_graphs, auto resolved
     cache = compiling.use_cache(cfg) if rt.compile else ""  # before anything compiles
     models: list[torch.nn.Module] = []
@@ -109,31 +110,36 @@ def build_algorithm(
                 )
         models.append(model)
         optimizers.append(make_optimizer(flat, cfg.inner, capturable=graphs))
-    return METHOD_CLASSES[a.method](
-        models,
-        optimizers,
-        inner_steps=a.inner_steps,
+    options = round_options(
+        cfg,
         trainers=trainers,
-        comm=comm,
-        outer=cfg.outer,
-        batch=b,
-        merge=m,
         switch=dataclasses.replace(cfg.switch, b_max=b_max),
-        wire=cfg.comm,
-        clip=cfg.inner.clip,
-        precision=cfg.model.precision,
-        inner_state=cfg.inner.state,
-        balance=cfg.runtime.balance,
-        fixed_rows=fixed_rows(cfg.runtime.profile),
+        fixed_rows=fixed_rows(rt.profile),
         # one speed per worker id; a run that continues on more workers than listed runs the rest at 1
-        emulate_speed=(list(cfg.runtime.emulate_speed) + [1.0] * a.workers)[: a.workers]
-        if cfg.runtime.emulate_speed
-        else None,
-        on_resize=cfg.elastic.batch,
+        emulate_speed=(list(rt.emulate_speed) + [1.0] * a.workers)[: a.workers] if rt.emulate_speed else None,
         snapshot=True,  # a signal stops a round part-way: undo it in place
         sync_initial=False,  # every process built its replicas from the same seeds
         cuda_graphs=graphs,
     )
+    return METHOD_CLASSES[a.method](models, optimizers, comm=comm, options=options)
+
+
+def round_options(cfg: Config, **derived: Any) -> RoundOptions:
+    """The config's :class:`~adloco.options.RoundOptions`: each field read from the config key it names
+    (:func:`adloco.options.config_key`), the others from ``derived`` (what the run works out: trainers
+    that have workers, b_max, the profile's fixed rows...). A field with no key that is not given is a bug,
+    said as one."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(RoundOptions):
+        key = config_key(f.name)
+        if f.name in derived:
+            values[f.name] = derived[f.name]
+        elif key is None:
+            raise TypeError(f"round_options: RoundOptions.{f.name} has no config key; give it in derived")
+        else:
+            section, _, name = key.partition(".")
+            values[f.name] = getattr(getattr(cfg, section), name) if name else getattr(cfg, section)
+    return RoundOptions(**values)
 
 
 def fixed_rows(profile: str | StepProfile | None) -> float:

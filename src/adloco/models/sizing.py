@@ -3,7 +3,8 @@
 The presets are Llama shapes (the vocabulary comes from the tokenizer). :func:`estimate` is a pure
 function of the parameter count, the replicas, the optimizer and the micro-batch, and a lower bound:
 float32 parameters, gradients and optimizer state of every worker's replica, one θ per trainer, the
-Python objects of each replica, and, when the shape is known, the activations one micro-batch keeps
+Python objects of each replica, the outer optimizer's state of every trainer (:func:`outer_buffers`), and,
+when the shape is known, the activations one micro-batch keeps
 for its backward pass. A run whose lower bound exceeds the memory it will run in cannot fit, so it is
 refused before a single replica is built (building a million of them would otherwise run for hours
 and end in the kernel's out-of-memory killer). ``adloco.config`` applies it to a preset at config
@@ -103,15 +104,25 @@ def optimizer_buffers(optimizer: str, momentum: float = 0.0) -> int:
     return 1 if momentum > 0 else 0
 
 
+def outer_buffers(optimizer: str) -> int:
+    """Per-parameter state buffers of a preset outer step, each trainer's (ALGORITHM.md §1): ``nesterov`` its
+    float32 momentum, one; ``sgd`` and ``average`` none. (A factory's is measured by a probe of it:
+    :func:`adloco.algorithms.outer.state_bytes`.)"""
+    return 1 if optimizer == "nesterov" else 0
+
+
 @dataclass(frozen=True)
 class Estimate:
     """A lower bound on the memory of one machine's (or one device's) share of a run, in bytes."""
 
     replicas: int
     n_params: int
-    state: int  # parameters, gradients, optimizer state (and error feedback) of every replica, θ of every trainer
+    # parameters, gradients, optimizer state (and error feedback) of every replica; θ and outer state of
+    # every trainer
+    state: int
     step: int  # one micro-batch's activations and one inner step's token ids
     probe_gradients: int = 0  # gradients each replica keeps for a batch test, counted in ``state``
+    uncounted: str = ""  # what the bound leaves out that it would count if it could (said with a refusal)
 
     @property
     def total(self) -> int:
@@ -131,8 +142,11 @@ def estimate(
     per_token: int = 0,
     probe_gradients: int = 0,
     feedback: bool = False,
+    outer_state: float = 0.0,
+    uncounted: str = "",
 ) -> Estimate:
-    """The lower bound for ``replicas`` worker replicas of an ``n_params`` model and ``trainers`` θ.
+    """The lower bound for ``replicas`` worker replicas of an ``n_params`` model and ``trainers`` θ, each
+    with ``outer_state`` bytes of outer optimizer state per value (a preset's :func:`outer_buffers` floats).
 
     ``per_token``: activation bytes one token keeps (:func:`activation_bytes_per_token`; 0 when the shape
     is unknown); ``micro_batch`` rows of ``seq_len`` tokens run at once; ``step_rows`` rows are read per
@@ -142,9 +156,11 @@ def estimate(
     """
     buffers = 2 + optimizer_buffers(optimizer, momentum) + probe_gradients + int(feedback)
     objects = REPLICA_OBJECTS_PER_LAYER * (layers + 1)
-    state = replicas * (buffers * FLOAT * n_params + objects) + trainers * FLOAT * n_params
+    state = replicas * (buffers * FLOAT * n_params + objects) + int(
+        trainers * (FLOAT + outer_state) * n_params
+    )
     step = micro_batch * seq_len * per_token + step_rows * seq_len * 8
-    return Estimate(replicas, n_params, state, step, probe_gradients)
+    return Estimate(replicas, n_params, state, step, probe_gradients, uncounted)
 
 
 def physical_memory() -> int:
@@ -188,7 +204,7 @@ def refuse_if_over(est: Estimate, available: int, where: str, field: str, value:
 
     ``where`` says whose memory it is ("this machine has"); ``what`` names the model ("llama-tiny").
     """
-    have = f"{where} {gib(available)} of memory"
+    have = f"{where} {gib(available)} of memory" + (f" ({est.uncounted})" if est.uncounted else "")
     if est.state > available:
         replicas = f"{est.replicas:,} replica{'s' if est.replicas != 1 else ''}"
         probes = f" ({est.probe_gradients:,} probe gradients kept by each)" if est.probe_gradients else ""
