@@ -215,7 +215,7 @@ def test_the_command_prints_a_table_and_writes_whole_files(
 BAD = [
     (
         ["--set", "simulate.nodes=3"],
-        "config: unknown key 'simulate.nodes'; did you mean 'model'? (allowed: model, step_s, tokens_per_s, speeds, link_speeds, ddp_overlap, mtbf_s, restart_s, recovery, checkpoint_s, joins, sweep_workers, sweep_mbits)",
+        "config: unknown key 'simulate.nodes'; did you mean 'simulate.model'? (allowed: model, step_s, tokens_per_s, speeds, link_speeds, ddp_overlap, mtbf_s, restart_s, recovery, checkpoint_s, joins, sweep_workers, sweep_mbits)",
     ),
     (
         ["--set", "simulate.model=a dozen"],
