@@ -349,7 +349,7 @@ def _stopped_text(exc: typing.Any, plots: bool) -> str:
             what = f"validation accuracy {100 * (s['final_val_accuracy'] or 0):.2f}%"
         else:
             what = f"validation perplexity {_fmt(s.get('initial_val_ppl'))} -> {_fmt(s.get('final_val_ppl'))}"
-        lines.append(f"after {s['rounds']} round(s): {what}; summary: {run_dir / 'summary.json'}")
+        lines.append(f"after {s['rounds']} round(s): {what}; summary: {run_dir / 'stopped.json'}")
     drawn = False
     if plots:
         from adloco.report.plots import plot_run

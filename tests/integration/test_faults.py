@@ -78,9 +78,10 @@ def test_sigterm_mid_round_stops_with_a_checkpoint(
     lines = p.stderr.strip().splitlines()
     assert lines[-5] == (  # at once: what will happen
         "adloco: SIGTERM received: stopping at the end of this inner step; round 4 will be undone and the run "
-        f"saved as of round 3 (checkpoint {ck}, summary.json); another signal is ignored while it saves"
+        f"saved as of round 3 (checkpoint {ck}, stopped.json); another signal is ignored while it saves"
     )
-    summary = json.loads((run / "summary.json").read_text())
+    assert not (run / "summary.json").exists()  # summary.json says a run finished
+    summary = json.loads((run / "stopped.json").read_text())
     assert summary["stopped"] == "SIGTERM" and summary["rounds"] == 3
     assert lines[-4] == f"adloco: stopped by SIGTERM in round 4: round 4 undone; checkpoint written: {ck}"
     assert lines[-3].startswith("after 3 round(s): validation perplexity ")

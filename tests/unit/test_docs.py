@@ -485,6 +485,7 @@ def test_run_directory_page_is_what_a_run_writes(tiny_run: Path) -> None:
     listed -= {"wandb/", "mlruns/", "mlflow-run-id"}  # logging.trackers only (tests/unit/test_sinks.py)
     listed.discard("profile.json")  # runtime.profile auto only (tests/unit/test_profile.py)
     listed.discard("trace/")  # logging.trace only (tests/unit/test_gpu_paths.py)
+    listed.discard("stopped.json")  # a run stopped by a signal only (tests/unit/test_stop.py)
     assert written == listed
     assert {"config.yaml", "metrics.jsonl", "summary.json", "model/", "plots/", "checkpoints/"} <= listed
 

@@ -1,7 +1,8 @@
 """A stop that says what it did, in this process: Ctrl-C (SIGINT) part-way through a round is acknowledged
 at once with what will happen; the run undoes that round, writes a checkpoint of the last whole one, its
-summary.json (``stopped``) and its plots, and ends with the command that resumes it, which runs as printed
-and finishes the run. The same stops of a process of its own: tests/integration/test_faults.py."""
+summary as stopped.json (``stopped``: not summary.json, which says a run finished, as a bench and
+`adloco report` read it) and its plots, and ends with the command that resumes it, which runs as printed
+and finishes the run (its summary.json then, the stopped.json gone). The same stops of a process of its own: tests/integration/test_faults.py."""
 
 from __future__ import annotations
 
@@ -47,14 +48,15 @@ def test_ctrl_c_says_at_once_what_happens_and_leaves_a_summary_and_plots(
     ck = run / "checkpoints" / "round-000002"
     assert err[0] == (
         "adloco: SIGINT received: stopping at the end of this inner step; round 3 will be undone and the run "
-        f"saved as of round 2 (checkpoint {ck}, summary.json, plots); another signal is ignored while it saves"
+        f"saved as of round 2 (checkpoint {ck}, stopped.json, plots); another signal is ignored while it saves"
     )
-    summary = json.loads((run / "summary.json").read_text())
+    assert not (run / "summary.json").exists()  # the run did not finish
+    summary = json.loads((run / "stopped.json").read_text())
     assert summary["stopped"] == "SIGINT" and summary["rounds"] == 2
     assert err[1] == f"adloco: stopped by SIGINT in round 3: round 3 undone; checkpoint written: {ck}"
     assert err[2] == (
         f"after 2 round(s): validation perplexity {summary['initial_val_ppl']:.2f} -> "
-        f"{summary['final_val_ppl']:.2f}; summary: {run / 'summary.json'}"
+        f"{summary['final_val_ppl']:.2f}; summary: {run / 'stopped.json'}"
     )
     assert err[3:] == [f"plots: {run / 'plots'}", f"resume with: {program()} train --resume {run}"]
     assert (run / "plots" / "val_ppl_vs_round.png").is_file()
@@ -64,6 +66,7 @@ def test_ctrl_c_says_at_once_what_happens_and_leaves_a_summary_and_plots(
     assert main(resume) == 0  # the hint, as printed
     done = json.loads((run / "summary.json").read_text())
     assert done["stopped"] is None and done["rounds"] == int(RESUME_RUN["algorithm.rounds"])
+    assert not (run / "stopped.json").exists()
 
 
 def test_a_stop_in_the_first_round_names_the_command_that_draws_plots(
@@ -77,8 +80,8 @@ def test_a_stop_in_the_first_round_names_the_command_that_draws_plots(
     )
     run = only_run(out)
     err = capsys.readouterr().err.strip().splitlines()
-    assert "summary.json); another signal" in err[0]  # logging.plots false: none promised
-    assert json.loads((run / "summary.json").read_text())["rounds"] == 0
+    assert "stopped.json); another signal" in err[0]  # logging.plots false: none promised
+    assert json.loads((run / "stopped.json").read_text())["rounds"] == 0
     assert err[-2:] == [
         f"plots and report: {program()} report {run}",
         f"resume with: {program()} train --resume {run}",

@@ -238,7 +238,7 @@ class Run:
             if not self.where.root:
                 return
             r = driver.round
-            kept = ["summary.json", *(["plots"] if cfg.logging.plots else [])]
+            kept = ["stopped.json", *(["plots"] if cfg.logging.plots else [])]
             at = f"checkpoint {where}/{checkpoint.name(r)}, " if where is not None else ""
             print(
                 f"\nadloco: {signal.Signals(signum).name} received: stopping at the end of this inner step; round "
@@ -261,8 +261,9 @@ class Run:
                     stopped = driver.summary(stopped=signal.Signals(signum).name)
                     sink.log(events.End(driver.round, stopped).to_dict())
                     if run_dir is not None:
+                        # not summary.json: that one says a run finished (bench, report and scripts read so)
                         rundir.write_atomic(
-                            run_dir / "summary.json", json.dumps(stopped.to_dict(), indent=2) + "\n"
+                            run_dir / "stopped.json", json.dumps(stopped.to_dict(), indent=2) + "\n"
                         )
                     raise Stopped(signum, exc.round, run_dir, saved, where, stopped.to_dict()) from None
                 except TooManyBadRounds as exc:
@@ -292,3 +293,4 @@ class Run:
         if driver.auto_profile and driver.profile is not None:
             driver.profile.save(run_dir / "profile.json")
         rundir.write_atomic(run_dir / "summary.json", json.dumps(summary.to_dict(), indent=2) + "\n")
+        (run_dir / "stopped.json").unlink(missing_ok=True)  # an earlier stop's, continued to the end
