@@ -186,106 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     distributed = "WORLD_SIZE" in os.environ
     try:
-        from adloco.config import dump_yaml, resolve
-
-        if args.command == "bench":
-            from adloco import bench
-
-            return bench.run(args, argv)
-        if args.command == "report":
-            return _report(args)
-        if args.command == "analyze-gradients":
-            from adloco.report import analysis
-
-            return analysis.run(args)
-        if args.command == "profile":
-            from adloco.engine import profile
-
-            return profile.command(args)
-        if args.command == "launch":
-            from adloco.engine.dist import cluster
-
-            return cluster.command(args)
-        if args.command == "simulate":
-            from adloco.plan import command as simulate
-
-            return simulate.command(args)
-        resume = None
-        if getattr(args, "resume", None) is not None:
-            from pathlib import Path
-
-            from adloco.engine.checkpoint import locate
-
-            if args.config is not None:
-                raise UserError(
-                    "--config: not with --resume (a run resumes with its own config.yaml; change fields with --set)"
-                )
-            resume = locate(Path(args.resume))
-            cfg = resolve(resume[0] / "config.yaml", args.overrides, resuming=True)
-        else:
-            cfg = resolve(args.config, args.overrides)
-        if args.command == "config":
-            sys.stdout.write(dump_yaml(cfg, with_docs=not args.plain, section=args.section))
-            return 0
-        if getattr(args, "max_restarts", 0) and args.nproc is None:
-            raise UserError("--max-restarts: needs --nproc (under torchrun, give torchrun --max-restarts)")
-        if getattr(args, "max_restarts", 0) < 0:
-            raise UserError(f"--max-restarts {args.max_restarts}: must be >= 0")
-        if args.nproc is not None:
-            if args.nproc < 1:
-                raise UserError(f"--nproc {args.nproc}: must be >= 1")
-            if distributed:
-                raise UserError("--nproc: already running under torchrun; drop --nproc")
-            from adloco.config.checks import check_layout
-
-            rt = cfg.runtime
-            flexible = resume is not None or args.max_restarts > 0  # workers follow the processes
-            check_layout(cfg.algorithm.workers, args.nproc, rt.workers_per_process, rt.shards, flexible)
-            return _launch(args.nproc, args.max_restarts, argv)
-        from adloco.engine.train import DistributedFailure, Stopped, TrainingFailed, train
-
-        try:
-            run_dir, summary = train(cfg, resume)
-        except DistributedFailure as exc:
-            if args.debug:
-                raise
-            print(f"adloco: error: {exc}", file=sys.stderr, flush=True)
-            os._exit(EXIT_DISTRIBUTED)  # never wait on a process group that lost a member
-        except Stopped as exc:
-            if exc.run_dir is not None:
-                print(_stopped_text(exc, cfg.logging.plots), file=sys.stderr, flush=True)
-            return 128 + exc.signum
-        except TrainingFailed as exc:
-            if args.debug:
-                raise
-            if exc.run_dir is not None:
-                print(
-                    f"adloco: error: {exc}; checkpoint {exc.saved} written\n"
-                    f"resume with: {_resume_command(exc.run_dir)} --set inner.lr=...",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            return EXIT_FAILED
-        if run_dir is not None and cfg.logging.plots:
-            from adloco.report.plots import plot_run  # after the run, from its directory alone
-
-            plot_run(run_dir)
-        if run_dir is not None:
-            if "final_val_accuracy" in summary:
-                what = (
-                    f"validation accuracy {100 * (summary['initial_val_accuracy'] or 0):.2f}% -> "
-                    f"{100 * (summary['final_val_accuracy'] or 0):.2f}%"
-                )
-            else:
-                what = f"validation perplexity {_fmt(summary['initial_val_ppl'])} -> {_fmt(summary['final_val_ppl'])}"
-            from adloco.telemetry.progress import requests_text
-
-            n = summary["trainers_final"]
-            print(
-                f"done: {what}, {n} trainer{'' if n == 1 else 's'} (requests {requests_text(summary['requests_final'])}), "
-                f"{summary['wall_s']:.0f} s\nrun directory: {run_dir}"
-            )
-        return 0
+        return COMMANDS[args.command](args, argv)
     except UserError as exc:
         if args.debug:
             raise
@@ -303,6 +204,141 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("adloco: interrupted", file=sys.stderr)
         return 130
+
+
+def _resolved(args: argparse.Namespace) -> tuple[typing.Any, typing.Any]:
+    """The command's resolved config and, with ``--resume``, the run and checkpoint it continues."""
+    from adloco.config import resolve
+
+    if getattr(args, "resume", None) is None:
+        return resolve(args.config, args.overrides), None
+    from pathlib import Path
+
+    from adloco.engine.checkpoint import locate
+
+    if args.config is not None:
+        raise UserError(
+            "--config: not with --resume (a run resumes with its own config.yaml; change fields with --set)"
+        )
+    resume = locate(Path(args.resume))
+    return resolve(resume[0] / "config.yaml", args.overrides, resuming=True), resume
+
+
+def _config(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``adloco config``: the resolved config, with each key's doc unless ``--plain``."""
+    from adloco.config import dump_yaml
+
+    cfg, _ = _resolved(args)
+    sys.stdout.write(dump_yaml(cfg, with_docs=not args.plain, section=args.section))
+    return 0
+
+
+def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``adloco train``: in this process, or launched over ``--nproc`` processes; what a run that ended,
+    stopped or failed prints, and its exit code."""
+    cfg, resume = _resolved(args)
+    if args.max_restarts and args.nproc is None:
+        raise UserError("--max-restarts: needs --nproc (under torchrun, give torchrun --max-restarts)")
+    if args.max_restarts < 0:
+        raise UserError(f"--max-restarts {args.max_restarts}: must be >= 0")
+    if args.nproc is not None:
+        if args.nproc < 1:
+            raise UserError(f"--nproc {args.nproc}: must be >= 1")
+        if "WORLD_SIZE" in os.environ:
+            raise UserError("--nproc: already running under torchrun; drop --nproc")
+        from adloco.config.checks import check_layout
+
+        rt = cfg.runtime
+        flexible = resume is not None or args.max_restarts > 0  # workers follow the processes
+        check_layout(cfg.algorithm.workers, args.nproc, rt.workers_per_process, rt.shards, flexible)
+        return _launch(args.nproc, args.max_restarts, argv)
+    from adloco.engine.train import DistributedFailure, Stopped, TrainingFailed, train
+
+    try:
+        run_dir, summary = train(cfg, resume)
+    except DistributedFailure as exc:
+        if args.debug:
+            raise
+        print(f"adloco: error: {exc}", file=sys.stderr, flush=True)
+        os._exit(EXIT_DISTRIBUTED)  # never wait on a process group that lost a member
+    except Stopped as exc:
+        if exc.run_dir is not None:
+            print(_stopped_text(exc, cfg.logging.plots), file=sys.stderr, flush=True)
+        return 128 + exc.signum
+    except TrainingFailed as exc:
+        if args.debug:
+            raise
+        if exc.run_dir is not None:
+            print(
+                f"adloco: error: {exc}; checkpoint {exc.saved} written\n"
+                f"resume with: {_resume_command(exc.run_dir)} --set inner.lr=...",
+                file=sys.stderr,
+                flush=True,
+            )
+        return EXIT_FAILED
+    if run_dir is not None and cfg.logging.plots:
+        from adloco.report.plots import plot_run  # after the run, from its directory alone
+
+        plot_run(run_dir)
+    if run_dir is not None:
+        if "final_val_accuracy" in summary:
+            what = (
+                f"validation accuracy {100 * (summary['initial_val_accuracy'] or 0):.2f}% -> "
+                f"{100 * (summary['final_val_accuracy'] or 0):.2f}%"
+            )
+        else:
+            what = f"validation perplexity {_fmt(summary['initial_val_ppl'])} -> {_fmt(summary['final_val_ppl'])}"
+        from adloco.telemetry.progress import requests_text
+
+        n = summary["trainers_final"]
+        print(
+            f"done: {what}, {n} trainer{'' if n == 1 else 's'} (requests {requests_text(summary['requests_final'])}), "
+            f"{summary['wall_s']:.0f} s\nrun directory: {run_dir}"
+        )
+    return 0
+
+
+def _bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from adloco import bench
+
+    return bench.run(args, list(argv))
+
+
+def _analyze(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from adloco.report import analysis
+
+    return analysis.run(args)
+
+
+def _profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from adloco.engine import profile
+
+    return profile.command(args)
+
+
+def _cluster(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from adloco.engine.dist import cluster
+
+    return cluster.command(args)
+
+
+def _simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from adloco.plan import command as simulate
+
+    return simulate.command(args)
+
+
+# every subcommand's function (args, argv) -> exit code; main parses, dispatches and turns errors into lines
+COMMANDS: dict[str, typing.Callable[[argparse.Namespace, Sequence[str]], int]] = {
+    "train": _train,
+    "config": _config,
+    "bench": _bench,
+    "report": lambda args, argv: _report(args),
+    "analyze-gradients": _analyze,
+    "profile": _profile,
+    "launch": _cluster,
+    "simulate": _simulate,
+}
 
 
 def _report(args: argparse.Namespace) -> int:
