@@ -11,7 +11,7 @@ import torch
 
 from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging
 from adloco.algorithms.batch_schedule import request
-from tests.unit.test_library import Data, loss_fn, models, run_round
+from tests.toy import Data, loss_fn, models, run_round
 
 
 @pytest.mark.parametrize(

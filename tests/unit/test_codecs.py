@@ -419,7 +419,7 @@ def test_topk_resumes_its_error_feedback_bit_for_bit(overlap: str) -> None:
     import copy
 
     from adloco import DiLoCo, Outer, Wire
-    from tests.unit.test_library import Data, loss_fn, models, run_round
+    from tests.toy import Data, loss_fn, models, run_round
 
     def build() -> DiLoCo:
         ms = models(2)

@@ -17,38 +17,9 @@ from torch import nn
 from adloco import DDP, AdaptiveBatch, AdLoCo, DiLoCo, LocalSGD, Merging, Outer, Switch, Wire
 from adloco.comm.base import Comm, wire_bytes
 from adloco.comm.inprocess import InProcessComm
+from tests.toy import D, Data, flat_like, loss_fn, models, run_round, sgd
 
-D = 6  # input features
 P = D + 1  # parameters of nn.Linear(D, 1)
-
-
-def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    x, y = batch
-    return ((model(x).squeeze(-1) - y) ** 2).mean()
-
-
-def models(n: int, seed: int = 0) -> list[nn.Linear]:
-    torch.manual_seed(seed)
-    first = nn.Linear(D, 1)
-    return [copy.deepcopy(first) for _ in range(n)]
-
-
-def sgd(ms: list[nn.Linear], lr: float = 0.05) -> list[torch.optim.Optimizer]:
-    return [torch.optim.SGD(m.parameters(), lr=lr) for m in ms]
-
-
-class Data:
-    """y = x·w* + noise; ``batch(w, round, step, rows)`` is reproducible for any worker and step."""
-
-    def __init__(self, seed: int = 1) -> None:
-        g = torch.Generator().manual_seed(seed)
-        self.w = torch.randn(D, generator=g)
-        self.seed = seed
-
-    def batch(self, w: int, r: int, h: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.Generator().manual_seed(hash((self.seed, w, r, h)) % 2**31)
-        x = torch.randn(rows, D, generator=g)
-        return x, x @ self.w + 0.5 * torch.randn(rows, generator=g)
 
 
 def spied(n: int) -> tuple[Any, InProcessComm]:
@@ -60,15 +31,6 @@ def spied(n: int) -> tuple[Any, InProcessComm]:
     for name in ("reduce", "broadcast", "all_gather_rows", "all_gather_json", "fetch", "drain", "owner"):
         getattr(fake, name).side_effect = getattr(real, name)
     return fake, real
-
-
-def run_round(algo: AdLoCo, data: Data) -> Any:
-    """One round of every local worker's steps; returns the round's report."""
-    r = algo.round
-    for h in range(algo.H):
-        algo.step_all({w: data.batch(w, r, h, algo.batch_size(w)) for w in algo.local_workers})
-    assert algo.round == r + 1
-    return algo.last_report
 
 
 def calls(fake: Any, name: str, kind: str) -> list[Any]:
@@ -167,7 +129,7 @@ def test_delta_weights_workers_by_examples() -> None:
             opts[w].zero_grad()
             loss_fn(ref[w], data.batch(w, 0, h, rows)).backward()
             opts[w].step()
-    flat = [_flat_like(m) for m in ref]
+    flat = [flat_like(m) for m in ref]
     run_round(algo, data)
     torch.testing.assert_close(algo.theta(0), (4 * flat[0] + 2 * flat[1]) / 6, rtol=1e-6, atol=1e-7)
     assert [e.examples for e in algo.last_report.workers] == [8, 4]
@@ -188,20 +150,13 @@ def test_nesterov_outer_step_by_value() -> None:
             opts[w].zero_grad()
             loss_fn(ref[w], data.batch(w, 0, h, 3)).backward()
             opts[w].step()
-    flat = torch.stack([_flat_like(m) for m in ref])
+    flat = torch.stack([flat_like(m) for m in ref])
     delta = theta0 - flat.mean(0)
     run_round(algo, data)
     torch.testing.assert_close(algo.theta(0), theta0 - 0.7 * (delta + 0.9 * delta), rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(algo.trainers[0].outer.v, delta, rtol=1e-6, atol=1e-7)
     for w in (0, 1):  # every worker starts the next round at θ
         assert torch.equal(algo.replicas[w].flat.param, algo.theta(0))
-
-
-def _flat_like(m: nn.Module) -> torch.Tensor:
-    """m's parameters in the flat order adloco uses (matrices first, then the rest)."""
-    params = list(m.parameters())
-    mats = [p.detach().reshape(-1) for p in params if p.ndim >= 2]
-    return torch.cat(mats + [p.detach().reshape(-1) for p in params if p.ndim < 2])
 
 
 def test_merge_averages_theta_and_momentum_by_requests() -> None:

@@ -16,7 +16,7 @@ from adloco import AdaptiveBatch, AdLoCo, Merging, Switch
 from adloco.algorithms import lr_scaling
 from adloco.config import InnerConfig
 from adloco.engine.inner import lr_at
-from tests.unit.test_library import Data, loss_fn, models, run_round
+from tests.toy import Data, loss_fn, models, run_round
 
 
 def test_the_ratios_by_hand() -> None:

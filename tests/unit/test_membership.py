@@ -10,7 +10,7 @@ import torch
 
 from adloco import AdaptiveBatch, AdLoCo, Merging, Outer
 from adloco.algorithms import allocation, membership
-from tests.unit.test_library import Data, loss_fn, models, run_round
+from tests.toy import Data, loss_fn, models, run_round
 
 
 def test_fewer_workers_than_trainers_merges_by_policy_first() -> None:

@@ -20,7 +20,7 @@ from torch import nn
 from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging, Outer, Wire
 from adloco.algorithms.outer import OuterParams
 from adloco.comm.threads import Hub, ThreadComm
-from tests.unit.test_library import Data, loss_fn, models, run_round, sgd
+from tests.toy import Data, loss_fn, models, run_round, sgd
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

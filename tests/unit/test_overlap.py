@@ -21,7 +21,7 @@ from adloco.comm import base
 from adloco.comm.inprocess import InProcessComm
 from adloco.comm.threads import Hub, ThreadComm
 from adloco.netmodel import collective_seconds, round_seconds
-from tests.unit.test_library import Data, loss_fn, models, run_round, sgd
+from tests.toy import Data, flat_like, loss_fn, models, run_round, sgd
 
 MODES = ["delayed", "eager"]
 
@@ -116,7 +116,7 @@ def test_eager_localsgd_starts_each_worker_from_theta_plus_its_own_progress() ->
             loss_fn(m, last[w]).backward()
             torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
             o.step()
-            ended[w] = _flat(m)
+            ended[w] = flat_like(m)
         algo.step_all(last)
         for w in (0, 1):
             expected = algo.theta(0) + (ended[w] - began[w])
@@ -201,7 +201,7 @@ def test_the_hooked_form_gives_the_driven_run(overlap: str) -> None:
     hooked.settle()
     assert torch.equal(hooked.theta(0), driven.theta(0)) and not hooked._flights
     for m in ms:  # settle left every worker with θ
-        assert torch.equal(_flat(m), driven.theta(0))
+        assert torch.equal(flat_like(m), driven.theta(0))
 
 
 def test_a_state_with_delta_in_flight_resumes_without_overlap_by_applying_it() -> None:
@@ -440,12 +440,6 @@ def _streamed(
     )
 
 
-def _flat(m: nn.Module) -> torch.Tensor:
-    from tests.unit.test_library import _flat_like
-
-    return _flat_like(m)
-
-
 def _set_flat(m: nn.Module, v: torch.Tensor) -> None:
     params = list(m.parameters())
     order = [p for p in params if p.ndim >= 2] + [p for p in params if p.ndim < 2]
@@ -465,7 +459,7 @@ def test_streaming_matches_the_rule_step_by_step(delay: int, alpha: float) -> No
     algo = _streamed(2, delay, alpha)
     ref = models(2)
     opts = sgd(ref, lr=0.05)
-    theta = _flat(ref[0]).clone()
+    theta = flat_like(ref[0]).clone()
     v = torch.zeros_like(theta)
     parts = [slice(0, 4), slice(4, 7)]  # P = 7: fragment 0 gets the extra value
     at = {1: 2, 0: 4}
@@ -477,7 +471,7 @@ def test_streaming_matches_the_rule_step_by_step(delay: int, alpha: float) -> No
                 loss_fn(ref[w], data.batch(w, r, h - 1, 2)).backward()
                 opts[w].step()
             for p, s in at.items():
-                x = [_flat(m) for m in ref]
+                x = [flat_like(m) for m in ref]
                 if h == s - delay:
                     sent[p] = (theta[parts[p]] - x[0][parts[p]]) / 2 + (theta[parts[p]] - x[1][parts[p]]) / 2
                 if h == s:
@@ -490,7 +484,7 @@ def test_streaming_matches_the_rule_step_by_step(delay: int, alpha: float) -> No
         run_round(algo, data)
         torch.testing.assert_close(algo.theta(0), theta, rtol=1e-5, atol=1e-6)
         for w in (0, 1):
-            torch.testing.assert_close(algo.replicas[w].flat.param, _flat(ref[w]), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(algo.replicas[w].flat.param, flat_like(ref[w]), rtol=1e-5, atol=1e-6)
     report = algo.last_report
     assert report is not None
     rows = report.behind if delay else report.collectives

@@ -41,7 +41,7 @@ def test_a_readme_program_runs_as_written_in_one_process(
 def test_a_saved_state_continues_the_same_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's way to save (torch.save of state_dict, torch.load with weights_only) resumes bit for bit."""
     from adloco import AdaptiveBatch, AdLoCo, Merging
-    from tests.unit.test_library import Data, loss_fn, models, run_round
+    from tests.toy import Data, loss_fn, models, run_round
 
     def build() -> AdLoCo:
         ms = models(3)

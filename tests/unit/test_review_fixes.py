@@ -16,7 +16,7 @@ from adloco.comm.inprocess import InProcessComm
 from adloco.engine.driver import Driver
 from adloco.flat import flatten
 from tests.helpers import build_fn, run_threaded, synthetic_data, tiny_config
-from tests.unit.test_library import Data, loss_fn, models
+from tests.toy import Data, loss_fn, models
 
 
 def test_a_process_whose_worker_is_left_out_still_gets_the_outer_step() -> None:

@@ -1,0 +1,59 @@
+"""The toy problem the library's tests share: a linear regression (nn.Linear, a squared loss, tuple batches)
+whose batches are reproducible for any worker, round and step. No Hugging Face model is involved."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from adloco import AdLoCo
+
+D = 6  # input features
+
+
+def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    return ((model(x).squeeze(-1) - y) ** 2).mean()
+
+
+def models(n: int, seed: int = 0) -> list[nn.Linear]:
+    torch.manual_seed(seed)
+    first = nn.Linear(D, 1)
+    return [copy.deepcopy(first) for _ in range(n)]
+
+
+def sgd(ms: list[nn.Linear], lr: float = 0.05) -> list[torch.optim.Optimizer]:
+    return [torch.optim.SGD(m.parameters(), lr=lr) for m in ms]
+
+
+class Data:
+    """y = x·w* + noise; ``batch(w, round, step, rows)`` is reproducible for any worker and step."""
+
+    def __init__(self, seed: int = 1) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.w = torch.randn(D, generator=g)
+        self.seed = seed
+
+    def batch(self, w: int, r: int, h: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(hash((self.seed, w, r, h)) % 2**31)
+        x = torch.randn(rows, D, generator=g)
+        return x, x @ self.w + 0.5 * torch.randn(rows, generator=g)
+
+
+def run_round(algo: AdLoCo, data: Data) -> Any:
+    """One round of every local worker's steps; returns the round's report."""
+    r = algo.round
+    for h in range(algo.H):
+        algo.step_all({w: data.batch(w, r, h, algo.batch_size(w)) for w in algo.local_workers})
+    assert algo.round == r + 1
+    return algo.last_report
+
+
+def flat_like(m: nn.Module) -> torch.Tensor:
+    """m's parameters in the flat order adloco uses (matrices first, then the rest)."""
+    params = list(m.parameters())
+    mats = [p.detach().reshape(-1) for p in params if p.ndim >= 2]
+    return torch.cat(mats + [p.detach().reshape(-1) for p in params if p.ndim < 2])
