@@ -62,7 +62,7 @@ def test_cuda_muon_steps_as_on_the_cpu() -> None:
     where the CPU's does, up to the bfloat16 arithmetic of Newton–Schulz (a small share of how far it
     moved), and Muon's state lives on the GPU (its step counters are 0-dim tensors on the host, as
     torch's optimizers keep them unless capturable)."""
-    from tests.unit.test_muon import muon_diloco, run, tiny
+    from tests.toy_lm import muon_diloco, run, tiny
 
     def trained(device: str) -> tuple[torch.Tensor, torch.Tensor, object]:
         ms = [m.to(device) for m in tiny(2)]
