@@ -2,7 +2,7 @@
 grid, the selection rule, failed runs, concurrent runs, and simulated time priced from examples.
 
 Most tests run the bench with a stand-in for `adloco train` (``FAKE``, below) that writes a recorded run
-directory at once (:func:`test_reporting.recorded_run`), so a grid over seeds takes seconds; one test
+directory at once (:func:`tests.recorded.recorded_run`), so a grid over seeds takes seconds; one test
 trains for real, two variants on two seeds, two at a time."""
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ from typing import Any
 
 import pytest
 import yaml
-from test_reporting import recorded_run
 
 from adloco import bench
 from adloco.cli import main
 from adloco.report import markdown as reporting
 from adloco.report import plots, results
+from tests.recorded import recorded_run
 
-TESTS = Path(__file__).parent
 ROOT = Path(__file__).resolve().parents[2]
 
 # `adloco train` as the bench calls it, made up: final perplexity 30 (adloco), 40 (diloco), 50 (others),
@@ -40,8 +39,8 @@ FAKE = """
 import json, os, shutil, sys, time
 from pathlib import Path
 import yaml
-sys.path.insert(0, {tests!r})
-from test_reporting import recorded_run
+sys.path.insert(0, {root!r})
+from tests.recorded import recorded_run
 
 argv = sys.argv[1:]
 sets = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--set")
@@ -108,7 +107,7 @@ if resumed is None and name in spec.get("stop", []):
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     script = tmp_path / "fake_train.py"
-    script.write_text(FAKE.format(tests=str(TESTS)))
+    script.write_text(FAKE.format(root=str(ROOT)))
     monkeypatch.setattr(bench, "train_command", lambda: [sys.executable, str(script)])
     monkeypatch.setattr(bench, "prepare_data", lambda cfg: None)
     monkeypatch.delenv("FAKE_BENCH", raising=False)

@@ -287,7 +287,7 @@ def test_a_budget_run_schedules_by_the_examples_a_grown_request_trains_on() -> N
 
 def test_the_lr_that_follows_the_batch_has_a_plot_of_its_own(tmp_path: Path) -> None:
     from adloco.report import plots, results
-    from tests.unit.test_reporting import recorded_run, rewrite
+    from tests.recorded import recorded_run, rewrite
 
     def with_lr(e: dict[str, Any]) -> list[dict[str, Any]]:
         if e["event"] == "trainer":

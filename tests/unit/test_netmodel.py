@@ -184,7 +184,7 @@ def test_a_run_prices_its_trainers_side_by_side_and_an_older_runs_rows_the_same(
 
 
 def test_a_corrupt_collectives_row_is_one_line_naming_the_run_and_the_round(tmp_path: Path) -> None:
-    from tests.unit.test_reporting import recorded_run
+    from tests.recorded import recorded_run
 
     assert (
         bad_row([["delta", "all_reduce", 2, 8, 1], ["stats", "all_gather", 4, 32, 1, [0, 1, 2, 3]]]) is None

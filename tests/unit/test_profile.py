@@ -14,7 +14,7 @@ from adloco.errors import UserError
 from adloco.profile import StepProfile, fit, fit_runs
 from adloco.report import results
 from tests.helpers import driver, run_main, tiny_config
-from tests.unit.test_reporting import recorded_run
+from tests.recorded import recorded_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
