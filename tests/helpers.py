@@ -133,6 +133,37 @@ def run_threaded(make: Any, owner: dict[int, int], rounds: int) -> list[Any]:
     return drivers
 
 
+def reference_and_threaded(cfg: Config, owner: dict[int, int], rounds: int) -> tuple[Any, list[Any]]:
+    """``rounds`` rounds of ``cfg`` in one process (the in-process backend) and in threads standing for
+    processes (:func:`run_threaded`; ``owner``: worker -> process): the reference's algorithm and each
+    thread's, in rank order."""
+    data = synthetic_data(seq_len=cfg.data.seq_len)
+
+    def make(comm: Any) -> Driver:
+        return Driver(cfg, comm, data, build_fn(data, cfg), torch.device("cpu"), log=lambda s: None)
+
+    ref = make(InProcessComm(cfg.algorithm.workers))
+    for _ in range(rounds):
+        ref.run_round()
+    return ref.algo, [d.algo for d in run_threaded(make, owner, rounds)]
+
+
+def slow_link_rounds(emulate: bool, rounds: int) -> list[dict[str, Any]]:
+    """The round summaries of AdLoCo on 4 workers with ``network.emulate`` on or off: merges, moves, Δ
+    all-reduces and the statistics' gathers every round, on a tiny model (3,632 parameters, 14.5 kB) over a
+    100 kB/s link, so communication dominates; each summary adds the workers' summed compute time."""
+    cfg = tiny_config(
+        f"network.emulate={str(emulate).lower()}", "network.bandwidth=1e5", "network.latency=1e-3"
+    )
+    d = driver(cfg)
+    out = []
+    for _ in range(rounds):
+        evs = d.run_round()
+        compute = [e.compute_s for e in evs if e.event == "worker"]
+        out.append({**evs[-1].to_dict(), "compute_sum_s": sum(compute)})
+    return out
+
+
 def train_once(out: Path, settings: dict[str, str]) -> Path:
     """``adloco train`` in this process with ``--set`` for every setting and ``logging.out_dir=out``; asserts
     exit 0 and returns the one run directory it wrote."""

@@ -58,15 +58,15 @@ def test_an_emulated_run_in_one_process_takes_its_simulated_time() -> None:
     counted collective to its modelled time, so it is never shorter than simulated time; it is longer by
     what simulated time leaves out (in one process the workers compute one after another; the driver's
     own work and the sleeps' overshoot). The same run without the link is far quicker."""
-    from tests.unit.test_emulate import _rounds
+    from tests.helpers import slow_link_rounds
 
-    emulated = _rounds(True, 3)
+    emulated = slow_link_rounds(True, 3)
     train = sum(r["train_s"] for r in emulated)
     sim = sum(r["sim_s"] for r in emulated)
     comm = sum(comm_seconds(r["collectives"], 1e5, 1e-3) for r in emulated)
     others = sum(r["compute_sum_s"] - r["max_compute_s"] for r in emulated)
     assert sim <= train <= 2 * (sim + others) + 1.0
-    real = _rounds(False, 3)
+    real = slow_link_rounds(False, 3)
     assert sum(r["train_s"] for r in real) < train - 0.5 * comm  # the link's sleeps are most of it
 
 

@@ -17,8 +17,7 @@ from adloco.comm.base import wire_bytes
 from adloco.comm.codecs import Codec
 from adloco.comm.compressed import collective, compressed_all_reduce, payload_bytes
 from adloco.comm.quantize import ErrorFeedback
-from tests.helpers import tiny_config
-from tests.unit.test_several_processes import reference_and_threaded
+from tests.helpers import reference_and_threaded, tiny_config
 
 
 class GatheredHalf(Codec):
@@ -518,7 +517,6 @@ def test_the_codecs_rules_not_its_name_drive_the_checks(monkeypatch: pytest.Monk
 def test_int4_on_the_default_adloco_run_compresses_merges_and_moves() -> None:
     """With comm.theta_dtype null θ follows Δ: AdLoCo's default shape (4 workers, 4 trainers merging)
     with comm.dtype int4 sends at most 0.2× the bytes of the float32 run, most of them θ."""
-    from tests.unit.test_several_processes import reference_and_threaded
 
     def sent(dtype: str) -> dict[str, int]:
         cfg = tiny_config(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from adloco.comm import base
 from adloco.comm.inprocess import InProcessComm
 from adloco.comm.threads import Hub, ThreadComm
 from adloco.netmodel import Link, Network, collective_seconds, comm_seconds
-from tests.helpers import driver, run_main, tiny_config
+from tests.helpers import driver, run_main, slow_link_rounds, tiny_config
 
 BW, LAT = 1e4, 2e-3  # 10 kB/s and 2 ms: 400 bytes take 40 ms
 
@@ -126,21 +125,6 @@ def test_a_bad_link_is_refused() -> None:
         InProcessComm(2, link=1e6)  # type: ignore[arg-type]
 
 
-def _rounds(emulate: bool, rounds: int) -> list[dict[str, Any]]:
-    # AdLoCo on 4 workers: merges, moves, Δ all-reduces and the statistics' gathers every round, on a
-    # tiny model (3,632 parameters, 14.5 kB) over a 100 kB/s link: communication dominates
-    cfg = tiny_config(
-        f"network.emulate={str(emulate).lower()}", "network.bandwidth=1e5", "network.latency=1e-3"
-    )
-    d = driver(cfg)
-    out = []
-    for _ in range(rounds):
-        evs = d.run_round()
-        compute = [e.compute_s for e in evs if e.event == "worker"]
-        out.append({**evs[-1].to_dict(), "compute_sum_s": sum(compute)})
-    return out
-
-
 def test_an_emulated_run_holds_each_collective_to_its_modelled_time_and_decides_the_same(
     holds: list[tuple[int, float]],
 ) -> None:
@@ -148,14 +132,14 @@ def test_an_emulated_run_holds_each_collective_to_its_modelled_time_and_decides_
     merges, moves, Δ and statistics is held back once, to its modelled time, and the run decides what the
     same run without the link decides. That its wall time is then its simulated time: the slower tier
     (tests/integration/test_emulate_dist.py), with a margin for a busy machine."""
-    emulated = _rounds(True, 3)
+    emulated = slow_link_rounds(True, 3)
     asked = len(holds)
     for r in emulated:  # the round's time in counted collectives is their modelled time (a hold's share)
         modelled = comm_seconds(r["collectives"], 1e5, 1e-3)
         assert r["comm_s"] >= modelled * (1 - 1e-9) and modelled > 0
     assert asked == sum(count for r in emulated for _, _, n, _, count, *_ in r["collectives"] if n > 1)
     holds.clear()
-    real = _rounds(False, 3)
+    real = slow_link_rounds(False, 3)
     assert holds == []  # no link: nothing held
     same = ("loss", "requests", "requests_next", "allocation", "collectives", "bytes", "communications")
     for a, b in zip(emulated, real, strict=True):  # it only sleeps: nothing decided depends on it

@@ -9,21 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adloco.comm.inprocess import InProcessComm
 from adloco.engine.driver import Driver
-from tests.helpers import build_fn, run_threaded, synthetic_data, tiny_config
-
-
-def reference_and_threaded(cfg, owner, rounds):  # type: ignore[no-untyped-def]
-    data = synthetic_data(seq_len=cfg.data.seq_len)
-
-    def make(comm):  # type: ignore[no-untyped-def]
-        return Driver(cfg, comm, data, build_fn(data, cfg), torch.device("cpu"), log=lambda s: None)
-
-    ref = make(InProcessComm(cfg.algorithm.workers))
-    for _ in range(rounds):
-        ref.run_round()
-    return ref.algo, [d.algo for d in run_threaded(make, owner, rounds)]
+from tests.helpers import build_fn, reference_and_threaded, run_threaded, synthetic_data, tiny_config
 
 
 @pytest.mark.parametrize(
