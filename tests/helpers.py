@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,14 +134,19 @@ def run_threaded(make: Any, owner: dict[int, int], rounds: int) -> list[Any]:
     return drivers
 
 
-def reference_and_threaded(cfg: Config, owner: dict[int, int], rounds: int) -> tuple[Any, list[Any]]:
+def reference_and_threaded(
+    cfg: Config, owner: dict[int, int], rounds: int, prepare: Callable[[Driver], None] | None = None
+) -> tuple[Any, list[Any]]:
     """``rounds`` rounds of ``cfg`` in one process (the in-process backend) and in threads standing for
     processes (:func:`run_threaded`; ``owner``: worker -> process): the reference's algorithm and each
-    thread's, in rank order."""
+    thread's, in rank order. ``prepare`` is given every driver once built (to inject a fault)."""
     data = synthetic_data(seq_len=cfg.data.seq_len)
 
     def make(comm: Any) -> Driver:
-        return Driver(cfg, comm, data, build_fn(data, cfg), torch.device("cpu"), log=lambda s: None)
+        d = Driver(cfg, comm, data, build_fn(data, cfg), torch.device("cpu"), log=lambda s: None)
+        if prepare is not None:
+            prepare(d)
+        return d
 
     ref = make(InProcessComm(cfg.algorithm.workers))
     for _ in range(rounds):

@@ -333,6 +333,33 @@ def test_the_hooked_mode_refuses_a_batch_test() -> None:
         pass
 
 
+def test_inner_state_reset_in_the_hooked_mode_begins_before_the_round() -> None:
+    H = 3
+    ms = models(2)
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.01) for m in ms]
+    algo = AdLoCo(
+        ms,
+        opts,
+        inner_steps=H,
+        trainers=1,
+        loss_fn=loss_fn,
+        inner_state="reset",
+        batch=AdaptiveBatch("none", initial=2, statistics=False),
+        merge=Merging("none"),
+    )
+    data = Data()
+    with algo:
+        for r in range(2):
+            for h in range(H):
+                for w, (m, o) in enumerate(zip(ms, opts, strict=True)):
+                    o.zero_grad()
+                    loss_fn(m, data.batch(w, r, h, 2)).backward()
+                    o.step()
+    assert algo.round == 2
+    for o in opts:  # every round's H steps, from a fresh state
+        assert {int(s["step"]) for s in o.state.values()} == {H}
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -1,7 +1,9 @@
 """The round, written once, gives the same run when several processes each host some workers.
 
 Processes are threads with :class:`adloco.comm.ThreadComm`; real torch.distributed processes are tested
-with the distributed backend.
+with the distributed backend. Among them: a process whose only worker of a trainer is left out (its
+update not finite) still takes the outer step, and a thread hosting no worker of a trainer still takes
+part in its compressed all-reduce.
 """
 
 from __future__ import annotations
@@ -143,3 +145,53 @@ def test_merges_and_moves_travel_compressed_and_every_copy_agrees(dtype: str) ->
         )
         for w, worker in c.replicas.items():
             assert torch.equal(worker.flat.param, ref.replicas[w].flat.param)
+
+
+def test_a_process_whose_worker_is_left_out_still_gets_the_outer_step() -> None:
+    cfg = tiny_config(
+        **{
+            "algorithm": {"workers": 2, "trainers": 1, "rounds": 2},
+            "outer": {"optimizer": "nesterov"},
+            "merge": {"policy": "none"},
+        }
+    )
+
+    def poison(d: Driver) -> None:
+        step_all = d.algo.step_all
+
+        def poisoned(batches, *, stop=False):  # type: ignore[no-untyped-def]
+            out = step_all(batches, stop=stop)
+            if d.algo.round == 1 and d.algo.step_in_round == 1 and 1 in d.algo.replicas:
+                d.algo.replicas[1].flat.param.fill_(float("nan"))  # worker 1 (thread 1's only one) blows up
+            return out
+
+        d.algo.step_all = poisoned  # type: ignore[method-assign]
+
+    ref, coords = reference_and_threaded(cfg, {0: 0, 1: 1}, 2, prepare=poison)
+    for c in coords:
+        assert torch.equal(c.theta(0), ref.theta(0)), c.comm.rank
+        assert torch.equal(c.trainers[0].outer.v, ref.trainers[0].outer.v), c.comm.rank
+        for w, rep in c.replicas.items():
+            assert torch.equal(rep.flat.param, ref.replicas[w].flat.param)
+
+
+def test_compressed_all_reduce_in_threads_hosting_no_worker_of_a_trainer() -> None:
+    # trainer 0 = workers {0, 1} on both threads, trainer 1 = worker {2} on thread 1 alone
+    cfg = tiny_config(
+        **{
+            "algorithm": {"workers": 3, "trainers": 2, "rounds": 2},
+            "merge": {"policy": "none"},
+            "comm": {"dtype": "int8", "block": 64, "error_feedback": True},
+        }
+    )
+    ref, coords = reference_and_threaded(cfg, {0: 0, 1: 1, 2: 1}, 2)
+    assert ref.allocation == {0: 0, 1: 0, 2: 1}
+    for c in coords:
+        assert c.totals.by_kind == ref.totals.by_kind
+        for t, tr in c.trainers.items():
+            if tr.hosted:
+                assert torch.equal(tr.theta, ref.theta(t))
+        assert c.feedback is not None and ref.feedback is not None
+        for w, fb in c.feedback.items():
+            ref_error = ref.feedback[w].error
+            assert (fb.error is None and ref_error is None) or torch.equal(fb.error, ref_error)
