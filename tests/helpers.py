@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,6 +317,82 @@ def set_args(settings: dict[str, str], **extra: str) -> list[str]:
     """``--set K=V`` for every setting, ``extra`` keys written with ``__`` for ``.`` winning."""
     merged = {**settings, **{k.replace("__", "."): v for k, v in extra.items()}}
     return [a for k, v in merged.items() for a in ("--set", f"{k}={v}")]
+
+
+# -- the tiny `adloco train` that the command-line tests of every tier run -----------------------------
+
+TINY_RUN = {  # 3 rounds of 2 inner steps of llama-micro on a 300-token BPE, merging every round
+    "model.name": "llama-micro",
+    "data.tokenizer": "bpe:300",
+    "data.seq_len": "16",
+    "data.val_fraction": "0.2",
+    "algorithm.rounds": "3",
+    "algorithm.inner_steps": "2",
+    "merge.every": "1",
+    "batch.initial": "2",
+    "switch.b_max": "2",
+    "eval.max_examples": "4",
+    "batch.eta": "0.3",
+}
+# TINY_RUN in this process, as `K=V` for S(): 2 rounds, nothing printed, drawn or saved beside the records
+TINY_QUIET = [
+    f"{k}={v}"
+    for k, v in {
+        **TINY_RUN,
+        "algorithm.rounds": "2",
+        "logging.progress": "off",
+        "logging.plots": "false",
+        "logging.save_model": "false",
+    }.items()
+]
+# TINY_RUN in several processes, compared with the same run in one process
+TINY_DIST = set_args(
+    TINY_RUN,
+    logging__progress="plain",
+    runtime__balance="equal",  # bit for bit: shares must not follow timings
+    outer__optimizer="nesterov",  # momentum must travel with θ
+    logging__plots="false",  # drawn after the run from its directory: tests/e2e and tests/unit/test_reporting.py
+    logging__tensorboard="off",  # its scalars: tests/e2e/test_cli.py
+)
+
+
+def S(*kv: str) -> list[str]:  # noqa: N802 - reads like the command line
+    """``--set`` before every ``K=V``."""
+    return [a for x in kv for a in ("--set", x)]
+
+
+def process_env() -> dict[str, str]:
+    """This environment for an adloco process of its own: one thread a process."""
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def adloco_process(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``adloco ARGS`` in a process of its own (``python -m adloco``), as a shell runs it; output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "adloco", *args],
+        capture_output=True,
+        text=True,
+        env=process_env(),
+        timeout=timeout,
+    )
+
+
+def load_run(out: Path) -> dict[str, Any]:
+    """The one run directory in ``out`` (with several processes rank 0 alone writes one), as the tests
+    across processes compare it: each round's requests and allocation, the merges, which worker ran in
+    which round, the start and summary events, and the saved model's tensors."""
+    from safetensors.torch import load_file
+
+    (run,) = list(out.iterdir())
+    events = run_events(run)
+    return {
+        "rounds": [(e["round"], e["requests"], e["allocation"]) for e in events if e["event"] == "round"],
+        "merges": [(e["round"], e["merged"], e["survivor"]) for e in events if e["event"] == "merge"],
+        "workers": [(e["round"], e["worker"]) for e in events if e["event"] == "worker"],
+        "start": next(e for e in events if e["event"] == "start"),
+        "summary": json.loads((run / "summary.json").read_text()),
+        "params": load_file(run / "model" / "model.safetensors"),
+    }
 
 
 def run_events(run: Path) -> list[dict[str, Any]]:

@@ -6,49 +6,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-TINY = [
-    "--set",
-    "model.name=llama-micro",
-    "--set",
-    "data.tokenizer=bpe:300",
-    "--set",
-    "data.seq_len=16",
-    "--set",
-    "data.val_fraction=0.2",
-    "--set",
-    "algorithm.rounds=3",
-    "--set",
-    "algorithm.inner_steps=2",
-    "--set",
-    "merge.every=1",
-    "--set",
-    "batch.initial=2",
-    "--set",
-    "switch.b_max=2",
-    "--set",
-    "eval.max_examples=4",
-    "--set",
-    "batch.eta=0.3",
-]
-
-
-def adloco(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "adloco", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
-    )
+from tests.helpers import TINY_RUN, adloco_process, set_args
 
 
 def test_train_end_to_end(tmp_path: Path, text_corpus: Path) -> None:
     out = tmp_path / "runs"
-    p = adloco("train", "--set", f"data.source={text_corpus}", "--set", f"logging.out_dir={out}", *TINY)
+    p = adloco_process("train", *set_args(TINY_RUN, data__source=str(text_corpus), logging__out_dir=str(out)))
     assert p.returncode == 0, p.stderr
     (run,) = list(out.iterdir())
     summary = json.loads((run / "summary.json").read_text())
@@ -111,8 +78,8 @@ def test_train_end_to_end(tmp_path: Path, text_corpus: Path) -> None:
 def test_bad_input_is_one_line_and_exit_2_from_the_process(tmp_path: Path) -> None:
     """The process as a shell sees it (tests/unit/test_bad_input.py holds every case, in-process)."""
     out = tmp_path / "runs"
-    p = adloco("train", "--set", f"logging.out_dir={out}", "--set", "batch.eta=-1")
+    p = adloco_process("train", "--set", f"logging.out_dir={out}", "--set", "batch.eta=-1")
     assert p.returncode == 2 and p.stderr == "adloco: error: config: batch.eta = -1.0: must be > 0\n"
     assert not out.exists()
-    p = adloco("train", "--debug", "--set", "batch.eta=-1")
+    p = adloco_process("train", "--debug", "--set", "batch.eta=-1")
     assert p.returncode != 0 and "Traceback" in p.stderr

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from adloco.cli import main
-from tests.unit.test_bad_input import TINY, S
+from tests.helpers import TINY_QUIET, S
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "tracking.md"
 
@@ -55,7 +55,9 @@ def get(url: str, body: dict[str, object] | None = None) -> dict[str, object]:
     reason="mlflow ui needs the full mlflow package (pip install mlflow); the mlflow extra is mlflow-skinny",
 )
 def test_the_guides_mlflow_ui_line_serves_a_logged_run(tmp_path: Path, text_corpus: Path) -> None:
-    sets = S(f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", "logging.trackers=mlflow", *TINY)
+    sets = S(
+        f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", "logging.trackers=mlflow", *TINY_QUIET
+    )
     assert main(["train", *sets]) == 0
     (run,) = list(tmp_path.iterdir())
     (line,) = [x for x in GUIDE.read_text().splitlines() if " mlflow ui " in f" {x} "]

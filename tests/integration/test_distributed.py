@@ -21,68 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from safetensors.torch import load_file
 
-from tests.helpers import with_faults
-
-TINY = [
-    "--set",
-    "model.name=llama-micro",
-    "--set",
-    "data.tokenizer=bpe:300",
-    "--set",
-    "data.seq_len=16",
-    "--set",
-    "data.val_fraction=0.2",
-    "--set",
-    "algorithm.rounds=3",
-    "--set",
-    "algorithm.inner_steps=2",
-    "--set",
-    "merge.every=1",
-    "--set",
-    "batch.initial=2",
-    "--set",
-    "switch.b_max=2",
-    "--set",
-    "eval.max_examples=4",
-    "--set",
-    "batch.eta=0.3",
-    "--set",
-    "logging.progress=plain",
-    "--set",
-    "runtime.balance=equal",  # compared with one process bit for bit: shares must not follow timings
-    "--set",
-    "outer.optimizer=nesterov",
-    "--set",
-    "logging.plots=false",  # drawn after the run from its directory: tests/e2e and tests/unit/test_reporting.py
-    "--set",
-    "logging.tensorboard=off",  # its scalars: tests/e2e/test_cli.py
-]
-
-
-def env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def adloco(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "adloco", *args], capture_output=True, text=True, env=env(), timeout=timeout
-    )
-
-
-def load_run(out: Path) -> dict[str, Any]:
-    (run,) = list(out.iterdir())  # rank 0 alone writes a run directory
-    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {
-        "rounds": [(e["round"], e["requests"], e["allocation"]) for e in events if e["event"] == "round"],
-        "merges": [(e["round"], e["merged"], e["survivor"]) for e in events if e["event"] == "merge"],
-        "workers": [(e["round"], e["worker"]) for e in events if e["event"] == "worker"],
-        "start": next(e for e in events if e["event"] == "start"),
-        "summary": json.loads((run / "summary.json").read_text()),
-        "params": load_file(run / "model" / "model.safetensors"),
-    }
-
+from tests.helpers import TINY_DIST, S, adloco_process, load_run, process_env, with_faults
 
 # Every path: the augmented inner-product test (the mean probe gradient all-reduced), int8 with error
 # feedback (the compressed all-to-all and all-gather), Nesterov (momentum moves with θ), merges every round.
@@ -103,10 +43,10 @@ def in_process_and_in_processes(
     process; asserts both succeeded and gave the same decisions, bytes, and model within float32 rounding."""
     from adloco.cli import main
 
-    common = [*TINY, *[a for v in sets for a in ("--set", v)], "--set", f"data.source={text_corpus}"]
+    common = [*TINY_DIST, *S(*sets), "--set", f"data.source={text_corpus}"]
     inproc, dist = tmp_path / "inproc", tmp_path / "dist"
     assert main(["train", *common, "--set", f"logging.out_dir={inproc}"]) == 0
-    p = adloco(
+    p = adloco_process(
         "train",
         "--nproc",
         "2",
@@ -148,12 +88,12 @@ def test_processes_share_rows_by_speed_with_a_profile_they_fit_themselves(
     does not) and the run ends with its own profile."""
     speed = ["runtime.balance=speed", "runtime.profile=auto", "runtime.emulate_speed=[1, 0.5, 1, 0.25]"]
     speed += ["algorithm.trainers=1", "algorithm.rounds=5", "switch.b_max=8"]
-    p = adloco(
+    p = adloco_process(
         "train",
         "--nproc",
         "2",
-        *TINY,
-        *[a for v in [*speed, "runtime.workers_per_process=2"] for a in ("--set", v)],
+        *TINY_DIST,
+        *S(*speed, "runtime.workers_per_process=2"),
         "--set",
         f"data.source={text_corpus}",
         "--set",
@@ -201,7 +141,7 @@ def _spawn(world: int, fault: str, args: list[str]) -> tuple[int, str, float, li
     t0 = time.monotonic()
     for r in range(world):
         e = {
-            **env(),
+            **process_env(),
             "RANK": str(r),
             "WORLD_SIZE": str(world),
             "LOCAL_RANK": str(r),
@@ -231,7 +171,7 @@ def _spawn(world: int, fault: str, args: list[str]) -> tuple[int, str, float, li
 @pytest.mark.parametrize("fault", ["kill", "stop"])
 def test_a_lost_rank_stops_the_others_naming_it(tmp_path: Path, text_corpus: Path, fault: str) -> None:
     args = [
-        *TINY,
+        *TINY_DIST,
         "--set",
         "algorithm.rounds=4",
         "--set",
@@ -253,29 +193,23 @@ def test_a_lost_rank_stops_the_others_naming_it(tmp_path: Path, text_corpus: Pat
     assert seconds < 60  # start-up (imports) + at most runtime.timeout + the 2.5 s liveness check
 
 
-def test_layout_error_under_bare_torchrun_is_one_line(tmp_path: Path, text_corpus: Path) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "-m",
-        "adloco",
-        "train",
-        *TINY,
-        "--set",
-        "algorithm.workers=3",
-        "--set",
-        "algorithm.trainers=3",
-        "--set",
-        f"data.source={text_corpus}",
-        "--set",
-        f"logging.out_dir={tmp_path / 'runs'}",
-    ]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=120)
+def torchrun_errors(*sets: str) -> list[str]:
+    """``adloco train`` in 2 processes that torchrun itself starts (no --nproc), run to its failure: the
+    ``adloco: error:`` lines it wrote."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd += ["-m", "adloco", "train", *TINY_DIST, *S(*sets)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=process_env(), timeout=120)
     assert p.returncode != 0
-    lines = [line for line in p.stderr.splitlines() if line.startswith("adloco: error:")]
+    return [line for line in p.stderr.splitlines() if line.startswith("adloco: error:")]
+
+
+def test_layout_error_under_bare_torchrun_is_one_line(tmp_path: Path, text_corpus: Path) -> None:
+    lines = torchrun_errors(
+        "algorithm.workers=3",
+        "algorithm.trainers=3",
+        f"data.source={text_corpus}",
+        f"logging.out_dir={tmp_path / 'runs'}",
+    )
     assert lines == [
         "adloco: error: config: algorithm.workers = 3: must equal processes (2) x "
         "runtime.workers_per_process (1)"
@@ -283,26 +217,11 @@ def test_layout_error_under_bare_torchrun_is_one_line(tmp_path: Path, text_corpu
 
 
 def test_a_data_error_on_rank_0_is_said_once(tmp_path: Path) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "-m",
-        "adloco",
-        "train",
-        *TINY,
-        "--set",
+    lines = torchrun_errors(
         "runtime.workers_per_process=2",
-        "--set",
         "data.source=/nonexistent/corpus",
-        "--set",
         f"logging.out_dir={tmp_path / 'runs'}",
-    ]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=120)
-    assert p.returncode != 0
-    lines = [line for line in p.stderr.splitlines() if line.startswith("adloco: error:")]
+    )
     assert lines == [
         "adloco: error: data.source = '/nonexistent/corpus': no such file or folder (or use 'stdlib')"
     ]

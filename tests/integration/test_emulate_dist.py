@@ -15,7 +15,7 @@ import torch
 
 from adloco.comm.inprocess import InProcessComm
 from adloco.netmodel import Link, collective_seconds, comm_seconds
-from tests.integration.test_distributed import TINY, adloco
+from tests.helpers import TINY_DIST, adloco_process, set_args, slow_link_rounds
 
 BW, LAT = 1e5, 1e-3  # 100 kB/s: llama-micro's Δ (29.6 kB) takes about 0.45 s a round
 
@@ -34,8 +34,8 @@ def test_processes_hold_every_collective_to_the_link(tmp_path: Path, text_corpus
         "logging.plots": "false",
         "logging.save_model": "false",
     }
-    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
-    p = adloco("train", "--nproc", "2", *TINY, *args)
+    args = set_args(sets)
+    p = adloco_process("train", "--nproc", "2", *TINY_DIST, *args)
     assert p.returncode == 0, p.stderr[-3000:]
     (run,) = list((tmp_path / "runs").iterdir())
     lines = (run / "metrics.jsonl").read_text().splitlines()
@@ -58,8 +58,6 @@ def test_an_emulated_run_in_one_process_takes_its_simulated_time() -> None:
     counted collective to its modelled time, so it is never shorter than simulated time; it is longer by
     what simulated time leaves out (in one process the workers compute one after another; the driver's
     own work and the sleeps' overshoot). The same run without the link is far quicker."""
-    from tests.helpers import slow_link_rounds
-
     emulated = slow_link_rounds(True, 3)
     train = sum(r["train_s"] for r in emulated)
     sim = sum(r["sim_s"] for r in emulated)

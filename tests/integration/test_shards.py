@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.integration.test_distributed import TINY, adloco, load_run
+from tests.helpers import TINY_DIST, S, adloco_process, load_run
 
 SHARDED = ["--set", "algorithm.workers=2", "--set", "switch.b_max=4", "--set", "algorithm.rounds=4"]
 ADLOCO = [  # two trainers that merge (a move of θ and momentum), the test that needs the shared mean
@@ -32,10 +32,10 @@ def _pair(tmp_path: Path, corpus: Path, extra: list[str]) -> tuple[dict, dict]:
     tests/integration/test_distributed.py), the sharded one as 4 gloo processes."""
     from adloco.cli import main
 
-    common = [*TINY, *SHARDED, *[a for v in extra for a in ("--set", v)], "--set", f"data.source={corpus}"]
+    common = [*TINY_DIST, *SHARDED, *S(*extra, f"data.source={corpus}")]
     one = ["--set", "runtime.threads=1", "--set", f"logging.out_dir={tmp_path / 'unsharded'}"]
     assert main(["train", *common, *one]) == 0
-    p = adloco(
+    p = adloco_process(
         "train",
         "--nproc",
         "4",
@@ -101,7 +101,7 @@ def _resumes(tmp_path: Path) -> None:
 
             assert main([*resume, "--set", "runtime.backend=inprocess", "--set", "runtime.threads=1"]) == 0
         else:
-            p = adloco(*resume[:1], "--nproc", nproc, *resume[1:])
+            p = adloco_process(*resume[:1], "--nproc", nproc, *resume[1:])
             assert p.returncode == 0, p.stderr[-3000:]
         got = load_file(run / "model" / "model.safetensors")
         for name, ref in whole.items():

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from adloco import netmodel
-from tests.integration.test_distributed import TINY, adloco, load_run
+from tests.helpers import TINY_DIST, S, adloco_process, load_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -50,10 +50,10 @@ def test_sixteen_processes_give_the_in_process_run(
         "data.val_fraction=0.05",
         "runtime.timeout=600",
     ]
-    common = [*TINY, *[a for v in sets for a in ("--set", v)]]
+    common = [*TINY_DIST, *S(*sets)]
     inproc, dist = tmp_path / "inproc", tmp_path / "dist"
     assert main(["train", *common, "--set", f"logging.out_dir={inproc}"]) == 0
-    p = adloco("train", "--nproc", str(N), *common, "--set", f"logging.out_dir={dist}", timeout=900)
+    p = adloco_process("train", "--nproc", str(N), *common, "--set", f"logging.out_dir={dist}", timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     a, b = load_run(inproc), load_run(dist)
     assert b["rounds"] == a["rounds"] and b["merges"] == a["merges"]

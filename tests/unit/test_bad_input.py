@@ -16,24 +16,7 @@ import pytest
 
 from adloco.cli import main
 from adloco.models import sizing
-
-TINY = [
-    "model.name=llama-micro",
-    "data.tokenizer=bpe:300",
-    "data.seq_len=16",
-    "algorithm.rounds=2",
-    "algorithm.inner_steps=2",
-    "batch.initial=2",
-    "switch.b_max=2",
-    "eval.max_examples=4",
-    "logging.progress=off",
-    "logging.plots=false",
-    "logging.save_model=false",
-]
-
-
-def S(*kv: str) -> list[str]:  # noqa: N802 - reads like the command line
-    return [a for x in kv for a in ("--set", x)]
+from tests.helpers import TINY_QUIET, S
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +43,9 @@ def world(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> dict[s
     )
     LlamaForCausalLM(cfg).save_pretrained(tmp / "ckpt")
     data.tokenizer.save_pretrained(tmp / "ckpt")
-    assert main(["train", *S(f"data.source={text_corpus}", f"logging.out_dir={tmp / 'ok'}", *TINY)]) == 0
+    assert (
+        main(["train", *S(f"data.source={text_corpus}", f"logging.out_dir={tmp / 'ok'}", *TINY_QUIET)]) == 0
+    )
     (run_ok,) = list((tmp / "ok").iterdir())
     old = tmp / "old-format"  # a run whose checkpoint an earlier adloco wrote (format 2: safetensors)
     (old / "checkpoints" / "round-000002").mkdir(parents=True)
@@ -429,12 +414,12 @@ CASES: list[tuple[str, list[str], str]] = [
     ),
     (
         "out-dir-not-writable",
-        ["train", *S("logging.out_dir={tmp}/afile/runs", "data.source={corpus}", *TINY)],
+        ["train", *S("logging.out_dir={tmp}/afile/runs", "data.source={corpus}", *TINY_QUIET)],
         "config: logging.out_dir = '{tmp}/afile/runs': cannot be created (Not a directory)",
     ),
     (
         "out-dir-a-file",
-        ["train", *S("logging.out_dir={tmp}/afile", "data.source={corpus}", *TINY)],
+        ["train", *S("logging.out_dir={tmp}/afile", "data.source={corpus}", *TINY_QUIET)],
         "config: logging.out_dir = '{tmp}/afile': a file, not a folder (name a folder for run directories)",
     ),
     (
@@ -1213,6 +1198,6 @@ def test_an_out_dir_that_cannot_hold_runs_is_refused_before_any_tokenizing(
 
     monkeypatch.setattr(train, "prepare", never)
     for out in ("afile", "afile/runs"):
-        args = S(f"logging.out_dir={world['tmp'] / out}", f"data.source={world['corpus']}", *TINY)
+        args = S(f"logging.out_dir={world['tmp'] / out}", f"data.source={world['corpus']}", *TINY_QUIET)
         assert main(["train", *args]) == 2
         assert "logging.out_dir" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import pytest
 from adloco.cli import main
 from adloco.config import resolve
 from adloco.engine.describe import describe_run
-from tests.unit.test_bad_input import TINY, S
+from tests.helpers import TINY_QUIET, S
 
 
 def lines(*sets: str) -> list[str]:
@@ -68,7 +68,9 @@ def test_each_setting_shows_in_the_first_lines(sets: list[str], line: int, said:
 def test_a_run_prints_them_first(
     tmp_path: Path, text_corpus: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    sets = S(f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", *TINY, "logging.progress=plain")
+    sets = S(
+        f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", *TINY_QUIET, "logging.progress=plain"
+    )
     assert main(["train", *sets, *S("comm.dtype=int8", "comm.overlap=delayed")]) == 0
     out = capsys.readouterr().out.splitlines()
     start = next(i for i, x in enumerate(out) if x.startswith("adloco: llama-micro"))
@@ -86,7 +88,9 @@ def test_a_run_says_which_outer_step_the_codec_brought(
 ) -> None:
     """DiLoCo with topk and no outer step set: the first lines say the step in effect (SGD lr 1) and why,
     before anything else of the run."""
-    sets = S(f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", *TINY, "logging.progress=plain")
+    sets = S(
+        f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", *TINY_QUIET, "logging.progress=plain"
+    )
     assert main(["train", *sets, *S("algorithm.method=diloco", "comm.dtype=topk", "algorithm.rounds=1")]) == 0
     out = capsys.readouterr().out.splitlines()
     start = next(i for i, x in enumerate(out) if x.startswith("diloco: llama-micro"))

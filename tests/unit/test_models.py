@@ -17,28 +17,14 @@ from adloco.engine.inner import make_optimizer
 from adloco.errors import UserError
 from adloco.flat import flatten
 from adloco.replica import Probe, Replica
-from tests.helpers import driver, run_main, synthetic_data, tiny_config
+from tests.helpers import TINY_RUN, driver, run_main, set_args, synthetic_data, tiny_config
 
-TINY = [
-    "--set",
-    "data.seq_len=16",
-    "--set",
-    "data.val_fraction=0.2",
-    "--set",
-    "algorithm.rounds=2",
-    "--set",
-    "algorithm.inner_steps=2",
-    "--set",
-    "merge.every=1",
-    "--set",
-    "batch.initial=2",
-    "--set",
-    "switch.b_max=2",
-    "--set",
-    "eval.max_examples=4",
-    "--set",
-    "logging.progress=plain",
-]
+# TINY_RUN for 2 rounds on the model and tokenizer each test names (a checkpoint's own tokenizer when unset)
+TINY = set_args(
+    {k: v for k, v in TINY_RUN.items() if k not in ("model.name", "data.tokenizer")},
+    algorithm__rounds="2",
+    logging__progress="plain",
+)
 
 
 adloco = run_main  # the command, in this process

@@ -156,9 +156,11 @@ def test_a_run_says_the_time_left_after_each_round(
     tmp_path: Path, text_corpus: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from adloco.cli import main
-    from tests.unit.test_bad_input import TINY, S
+    from tests.helpers import TINY_QUIET, S
 
-    sets = S(f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", *TINY, "logging.progress=plain")
+    sets = S(
+        f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", *TINY_QUIET, "logging.progress=plain"
+    )
     assert main(["train", *sets, *S("algorithm.rounds=3")]) == 0
     rounds = [x for x in capsys.readouterr().out.splitlines() if x.startswith("round ") and "val ppl" in x]
     assert len(rounds) == 3 and all(x.endswith(" left") for x in rounds[:2]) and "left" not in rounds[2]

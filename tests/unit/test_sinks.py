@@ -14,7 +14,7 @@ import pytest
 
 from adloco.cli import main
 from adloco.telemetry import metrics
-from tests.unit.test_bad_input import TINY, S
+from tests.helpers import TINY_QUIET, S
 
 
 def wandb_records(run_dir: Path) -> list[Any]:
@@ -92,7 +92,10 @@ def test_wandb_and_mlflow_get_the_scalars_and_the_config(
     pytest.importorskip("wandb", reason="the wandb extra (installed with dev; CI has it)")
     pytest.importorskip("mlflow", reason="the mlflow extra (installed with dev; CI has it)")
     sets = S(
-        f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", "logging.trackers=wandb,mlflow", *TINY
+        f"data.source={text_corpus}",
+        f"logging.out_dir={tmp_path}",
+        "logging.trackers=wandb,mlflow",
+        *TINY_QUIET,
     )
     assert main(["train", *sets]) == 0
     (run,) = list(tmp_path.iterdir())
@@ -119,7 +122,7 @@ def test_trackers_only_when_listed_and_older_configs_keep_theirs(
     config's logging.wandb / logging.mlflow keep what they did: on, or auto with the package installed."""
     pytest.importorskip("wandb", reason="the wandb extra (installed with dev; CI has it)")
     pytest.importorskip("mlflow", reason="the mlflow extra (installed with dev; CI has it)")
-    sets = S(f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", *TINY)
+    sets = S(f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", *TINY_QUIET)
     assert main(["train", *sets]) == 0
     (run,) = list(tmp_path.iterdir())
     assert not (run / "mlruns").exists() and not (run / "wandb").exists()
@@ -146,7 +149,7 @@ def test_a_tracker_asked_for_without_its_package_is_refused_in_one_line(
 ) -> None:
     monkeypatch.setattr(metrics, "available", lambda s: s != sink)
     ask = "logging.tensorboard=on" if sink == "tensorboard" else f"logging.trackers=[{sink}]"
-    sets = S(f"data.source={text_corpus}", f"logging.out_dir={tmp_path / 'runs'}", ask, *TINY)
+    sets = S(f"data.source={text_corpus}", f"logging.out_dir={tmp_path / 'runs'}", ask, *TINY_QUIET)
     assert main(["train", *sets]) == 2
     err = capsys.readouterr().err.strip()
     if sink == "tensorboard":
