@@ -78,6 +78,37 @@ def run_round(d: Driver) -> dict[str, Any]:
     return {"events": evs, "summary": evs[-1]}
 
 
+def tiny_checkpoint(folder: Path, corpus: Path, hidden: int = 16, cache_dir: Path | None = None) -> Path:
+    """A one-layer Llama (2 heads, ``hidden`` wide, 64 positions, seeded) and a 300-token BPE trained on
+    ``corpus``, saved the Hugging Face way into ``folder``; ``cache_dir``: the BPE's own cache, else
+    adloco's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from adloco.config import DataConfig
+    from adloco.data.tokens import prepare
+
+    cache = {} if cache_dir is None else {"cache_dir": str(cache_dir)}
+    data = prepare(
+        DataConfig(source=str(corpus), tokenizer="bpe:300", seq_len=16, **cache), log=lambda s: None
+    )
+    cfg = LlamaConfig(
+        vocab_size=len(data.tokenizer),
+        hidden_size=hidden,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        eos_token_id=data.eos_id,
+        bos_token_id=data.eos_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    data.tokenizer.save_pretrained(folder)
+    return folder
+
+
 FAULTS = Path(__file__).parent / "faultinject"
 
 

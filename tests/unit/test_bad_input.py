@@ -16,33 +16,15 @@ import pytest
 
 from adloco.cli import main
 from adloco.models import sizing
-from tests.helpers import TINY_QUIET, S
+from tests.helpers import TINY_QUIET, S, tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> dict[str, Path]:
     """Files the cases point at: a tiny checkpoint (vocabulary 300, 64 positions), a finished run, a run
     directory with no checkpoint, and assorted broken inputs."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from adloco.config import DataConfig
-    from adloco.data.tokens import prepare
-
     tmp = tmp_path_factory.mktemp("bad-input")
-    data = prepare(DataConfig(source=str(text_corpus), tokenizer="bpe:300", seq_len=16), log=lambda s: None)
-    cfg = LlamaConfig(
-        vocab_size=len(data.tokenizer),
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=64,
-        eos_token_id=data.eos_id,
-        bos_token_id=data.eos_id,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(tmp / "ckpt")
-    data.tokenizer.save_pretrained(tmp / "ckpt")
+    tiny_checkpoint(tmp / "ckpt", text_corpus)
     assert (
         main(["train", *S(f"data.source={text_corpus}", f"logging.out_dir={tmp / 'ok'}", *TINY_QUIET)]) == 0
     )

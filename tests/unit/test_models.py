@@ -11,13 +11,12 @@ import pytest
 import torch
 
 from adloco import models
-from adloco.config import DataConfig, InnerConfig, ModelConfig
-from adloco.data.tokens import prepare
+from adloco.config import InnerConfig, ModelConfig
 from adloco.engine.inner import make_optimizer
 from adloco.errors import UserError
 from adloco.flat import flatten
 from adloco.replica import Probe, Replica
-from tests.helpers import TINY_RUN, driver, run_main, set_args, synthetic_data, tiny_config
+from tests.helpers import TINY_RUN, driver, run_main, set_args, synthetic_data, tiny_checkpoint, tiny_config
 
 # TINY_RUN for 2 rounds on the model and tokenizer each test names (a checkpoint's own tokenizer when unset)
 TINY = set_args(
@@ -42,29 +41,8 @@ def never_waits(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> Path:
     """A tiny Llama checkpoint and its tokenizer, saved the Hugging Face way into one folder."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     tmp = tmp_path_factory.mktemp("ckpt")
-    data = prepare(
-        DataConfig(source=str(text_corpus), tokenizer="bpe:300", seq_len=16, cache_dir=str(tmp / "cache")),
-        log=lambda s: None,
-    )
-    cfg = LlamaConfig(
-        vocab_size=len(data.tokenizer),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-        eos_token_id=data.eos_id,
-        bos_token_id=data.eos_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(tmp / "model")
-    data.tokenizer.save_pretrained(tmp / "model")
-    return tmp / "model"
+    return tiny_checkpoint(tmp / "model", text_corpus, hidden=32, cache_dir=tmp / "cache")
 
 
 def test_checkpoint_by_path_end_to_end(tmp_path: Path, text_corpus: Path, checkpoint: Path) -> None:
