@@ -123,6 +123,30 @@ def with_faults(env: dict[str, str], fault: str | None) -> dict[str, str]:
     return env
 
 
+def on_threads(hub: Any, work: Callable[[int], None]) -> None:
+    """``work(rank)`` in a thread of its own for every rank of ``hub`` (an :class:`adloco.comm.threads.Hub`);
+    the first error of any thread aborts the hub, so that no thread waits for the one that failed, and is
+    raised here once every thread has ended."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def guarded(rank: int) -> None:
+        try:
+            work(rank)
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the test's thread
+            errors.append(exc)
+            hub.abort()
+
+    threads = [threading.Thread(target=guarded, args=(r,)) for r in range(hub.world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def run_threaded(make: Any, owner: dict[int, int], rounds: int) -> list[Any]:
     """Build one driver per rank (``make(comm)``) on a :class:`adloco.comm.ThreadComm` and run ``rounds``
     rounds in threads; returns the drivers in rank order and re-raises the first error of any thread."""
@@ -136,7 +160,6 @@ def run_threaded(make: Any, owner: dict[int, int], rounds: int) -> list[Any]:
     # processes do not): builds run one at a time. Construction runs collectives, so each driver is
     # built in its own thread.
     drivers: list[Any] = [None] * world
-    errors: list[BaseException] = []
     lock = threading.Lock()
     build = models.ModelFactory.build
 
@@ -145,25 +168,15 @@ def run_threaded(make: Any, owner: dict[int, int], rounds: int) -> list[Any]:
             return build(self, seed)
 
     def work(rank: int) -> None:
-        try:
-            drivers[rank] = make(ThreadComm(hub, rank, owner))
-            for _ in range(rounds):
-                drivers[rank].run_round()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            errors.append(exc)
-            hub.abort()
+        drivers[rank] = make(ThreadComm(hub, rank, owner))
+        for _ in range(rounds):
+            drivers[rank].run_round()
 
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(world)]
     models.ModelFactory.build = locked_build  # type: ignore[method-assign]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        on_threads(hub, work)
     finally:
         models.ModelFactory.build = build  # type: ignore[method-assign]
-    if errors:
-        raise errors[0]
     return drivers
 
 

@@ -4,6 +4,7 @@ whose batches are reproducible for any worker, round and step. No Hugging Face m
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -57,3 +58,26 @@ def flat_like(m: nn.Module) -> torch.Tensor:
     params = list(m.parameters())
     mats = [p.detach().reshape(-1) for p in params if p.ndim >= 2]
     return torch.cat(mats + [p.detach().reshape(-1) for p in params if p.ndim < 2])
+
+
+def rounds_in_threads(
+    make: Callable[[Any, list[nn.Linear]], Any], n: int, rounds: int, data: Data
+) -> list[Any]:
+    """``make(comm, [model])`` for each of ``n`` workers, one a thread (a
+    :class:`adloco.comm.threads.ThreadComm` each), run for ``rounds`` rounds of ``data``'s batches; the
+    algorithms in rank order. The models are built here, before the threads, which share torch's
+    generator."""
+    from adloco.comm.threads import Hub, ThreadComm
+    from tests.helpers import on_threads
+
+    hub, ms = Hub(n, timeout=60), models(n)
+    algos: list[Any] = [None] * n
+
+    def work(rank: int) -> None:
+        algos[rank] = algo = make(ThreadComm(hub, rank), [ms[rank]])
+        for r in range(rounds):
+            for h in range(algo.H):
+                algo.step_all({rank: data.batch(rank, r, h, algo.batch_size(rank))})
+
+    on_threads(hub, work)
+    return algos

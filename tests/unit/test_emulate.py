@@ -19,7 +19,7 @@ from adloco.comm import base
 from adloco.comm.inprocess import InProcessComm
 from adloco.comm.threads import Hub, ThreadComm
 from adloco.netmodel import Link, Network, collective_seconds, comm_seconds
-from tests.helpers import driver, run_main, slow_link_rounds, tiny_config
+from tests.helpers import driver, on_threads, run_main, slow_link_rounds, tiny_config
 
 BW, LAT = 1e4, 2e-3  # 10 kB/s and 2 ms: 400 bytes take 40 ms
 
@@ -86,26 +86,16 @@ def test_threads_hold_back_once_per_thread_that_takes_part(holds: list[tuple[int
     hub = Hub(2, timeout=30)
     comms = [ThreadComm(hub, r, owner, link=(BW, LAT)) for r in range(2)]
     idents: dict[int, int] = {}
-    errors: list[BaseException] = []
 
     def work(rank: int) -> None:
-        try:
-            comm = comms[rank]
-            idents[rank] = threading.get_ident()
-            parts = {w: _add(1.0) for w in comm.local_workers}
-            out = torch.zeros(100)
-            comm.reduce(parts, [0, 1, 2], "delta", out)  # both threads take part: each holds once
-            comm.broadcast(out, 0, [0, 1], "move")  # thread 0 alone hosts these workers
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-            hub.abort()
+        comm = comms[rank]
+        idents[rank] = threading.get_ident()
+        parts = {w: _add(1.0) for w in comm.local_workers}
+        out = torch.zeros(100)
+        comm.reduce(parts, [0, 1, 2], "delta", out)  # both threads take part: each holds once
+        comm.broadcast(out, 0, [0, 1], "move")  # thread 0 alone hosts these workers
 
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    on_threads(hub, work)
     per_thread = {r: [s for i, s in holds if i == idents[r]] for r in range(2)}
     assert len(per_thread[0]) == 2 and len(per_thread[1]) == 1  # not once per worker hosted
     recs = [comm.drain() for comm in comms]

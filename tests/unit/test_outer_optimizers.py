@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import importlib.util
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +18,7 @@ from torch import nn
 
 from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging, Outer, Wire
 from adloco.algorithms.outer import OuterParams
-from adloco.comm.threads import Hub, ThreadComm
-from tests.toy import Data, loss_fn, models, run_round, sgd
+from tests.toy import Data, loss_fn, models, rounds_in_threads, run_round, sgd
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -136,28 +134,11 @@ def test_moves_carry_any_optimizers_state_between_threads() -> None:
     for _ in range(3):
         run_round(ref, data)
     assert len(ref.alive) == 1 and ref.totals.by_kind["move"] > 0
-    hub, ms, got, errors = Hub(4, timeout=60), models(4), {}, []
-
-    def work(rank: int) -> None:
-        try:
-            algo = make(ThreadComm(hub, rank), [ms[rank]])
-            for r in range(3):
-                for h in range(algo.H):
-                    algo.step_all({rank: data.batch(rank, r, h, algo.batch_size(rank))})
-            got[rank] = (algo.theta(0).clone(), algo.trainers[0].outer.state_dict())
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            errors.append(exc)
-            hub.abort()
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    algos = rounds_in_threads(make, 4, 3, data)
     want = ref.trainers[0].outer.state_dict()
-    for theta, outer in got.values():  # float32 sums in another order: equal within rounding
-        torch.testing.assert_close(theta, ref.theta(0), rtol=1e-5, atol=1e-6)
+    for algo in algos:  # float32 sums in another order: equal within rounding
+        torch.testing.assert_close(algo.theta(0), ref.theta(0), rtol=1e-5, atol=1e-6)
+        outer = algo.trainers[0].outer.state_dict()
         assert outer.keys() == want.keys()
         for k in want:
             torch.testing.assert_close(outer[k], want[k], rtol=1e-5, atol=1e-6)

@@ -8,7 +8,6 @@ priced as hidden behind compute, threads against one process, and resume with Δ
 from __future__ import annotations
 
 import copy
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,9 +18,8 @@ from torch import nn
 from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging, Outer, Wire
 from adloco.comm import base
 from adloco.comm.inprocess import InProcessComm
-from adloco.comm.threads import Hub, ThreadComm
 from adloco.netmodel import collective_seconds, round_seconds
-from tests.toy import Data, flat_like, loss_fn, models, run_round, sgd
+from tests.toy import Data, flat_like, loss_fn, models, rounds_in_threads, run_round, sgd
 
 MODES = ["delayed", "eager"]
 
@@ -222,29 +220,8 @@ def _in_threads_and_one_process(make: Any, rounds: int) -> None:
     ref = make(None, models(2))
     for _ in range(rounds):
         run_round(ref, data)
-    hub = Hub(2, timeout=30)
-    got: dict[int, torch.Tensor] = {}
-    errors: list[BaseException] = []
-    ms = models(2)  # here: threads share torch's generator
-
-    def work(rank: int) -> None:
-        try:
-            algo = make(ThreadComm(hub, rank), [ms[rank]])
-            for r in range(rounds):
-                for h in range(algo.H):
-                    algo.step_all({rank: data.batch(rank, r, h, algo.batch_size(rank))})
-            got[rank] = algo.theta(0).clone()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            errors.append(exc)
-            hub.abort()
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    assert torch.equal(got[0], ref.theta(0)) and torch.equal(got[1], ref.theta(0))
+    for algo in rounds_in_threads(make, 2, rounds, data):
+        assert torch.equal(algo.theta(0), ref.theta(0))
 
 
 def test_threads_give_the_run_of_one_process() -> None:
