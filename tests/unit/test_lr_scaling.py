@@ -15,6 +15,7 @@ import torch
 from adloco import AdaptiveBatch, AdLoCo, Merging, Switch
 from adloco.algorithms import lr_scaling
 from adloco.config import InnerConfig
+from adloco.engine.driver import Driver
 from adloco.engine.inner import lr_at
 from tests.toy import Data, loss_fn, models, run_round
 
@@ -222,6 +223,20 @@ def test_gain_follows_the_measured_noise_and_the_state_keeps_it() -> None:
     assert again.replicas[0].lr_scale == algo.replicas[0].lr_scale
 
 
+def inner_lrs(d: Driver) -> list[float]:
+    """The inner lr of every step the driver ``d`` takes from now on (its first local worker's), appended
+    as it takes them."""
+    seen: list[float] = []
+    step_all = d.algo.step_all
+
+    def spy(batches: Any, *, stop: bool = False) -> Any:
+        seen.append(float(next(iter(d.algo.replicas.values())).optimizer.param_groups[0]["lr"]))
+        return step_all(batches, stop=stop)
+
+    d.algo.step_all = spy  # type: ignore[method-assign]
+    return seen
+
+
 def test_a_constant_batch_keeps_its_schedule_and_a_growing_one_advances_it() -> None:
     """The schedule counts examples in steps of the initial request: a constant batch's lr sequence is
     the step-indexed one exactly; a request grown to 4x reaches the end of warmup 4x sooner."""
@@ -234,14 +249,7 @@ def test_a_constant_batch_keeps_its_schedule_and_a_growing_one_advances_it() -> 
         "algorithm.inner_steps=3",
     )
     d = driver(cfg)
-    seen: list[float] = []
-    step_all = d.algo.step_all
-
-    def spy(batches: Any, *, stop: bool = False) -> Any:
-        seen.append(float(next(iter(d.algo.replicas.values())).optimizer.param_groups[0]["lr"]))
-        return step_all(batches, stop=stop)
-
-    d.algo.step_all = spy  # type: ignore[method-assign]
+    seen = inner_lrs(d)
     for _ in range(4):
         d.run_round()
     total = 4 * 3
@@ -270,14 +278,7 @@ def test_a_budget_run_schedules_by_the_examples_a_grown_request_trains_on() -> N
     for tr in d.algo.trainers.values():
         tr.request = 4 * cfg.batch.initial
     d.algo._plan()
-    seen: list[float] = []
-    step_all = d.algo.step_all
-
-    def spy(batches: Any, *, stop: bool = False) -> Any:
-        seen.append(float(next(iter(d.algo.replicas.values())).optimizer.param_groups[0]["lr"]))
-        return step_all(batches, stop=stop)
-
-    d.algo.step_all = spy  # type: ignore[method-assign]
+    seen = inner_lrs(d)
     d.run_round()
     assert d.trained == 5 * cfg.algorithm.inner_steps * unit  # then four units a step
     total = cfg.algorithm.rounds * cfg.algorithm.inner_steps
