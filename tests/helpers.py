@@ -200,6 +200,24 @@ def reference_and_threaded(
     return ref.algo, [d.algo for d in run_threaded(make, owner, rounds)]
 
 
+def assert_copies_agree(ref: Any, copies: list[Any]) -> None:
+    """Every thread's algorithm (:func:`reference_and_threaded`) holds the one process's run bit for bit:
+    requests, allocation and bytes by kind, θ of each trainer it hosts, its workers' parameters and error
+    feedback."""
+    for c in copies:
+        assert c.requests == ref.requests and c.allocation == ref.allocation
+        assert c.totals.by_kind == ref.totals.by_kind
+        for t, tr in c.trainers.items():
+            if tr.hosted:
+                assert torch.equal(tr.theta, ref.theta(t))
+        for w, rep in c.replicas.items():
+            assert torch.equal(rep.flat.param, ref.replicas[w].flat.param)
+        assert (c.feedback is None) == (ref.feedback is None)
+        for w, fb in (c.feedback or {}).items():  # kept where each thread's own workers encoded
+            mine, theirs = fb.error, ref.feedback[w].error
+            assert (mine is None and theirs is None) or (mine is not None and torch.equal(mine, theirs))
+
+
 def slow_link_rounds(emulate: bool, rounds: int) -> list[dict[str, Any]]:
     """The round summaries of AdLoCo on 4 workers with ``network.emulate`` on or off: merges, moves, Δ
     all-reduces and the statistics' gathers every round, on a tiny model (3,632 parameters, 14.5 kB) over a

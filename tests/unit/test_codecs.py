@@ -17,7 +17,7 @@ from adloco.comm.base import wire_bytes
 from adloco.comm.codecs import Codec
 from adloco.comm.compressed import collective, compressed_all_reduce, payload_bytes
 from adloco.comm.quantize import ErrorFeedback
-from tests.helpers import reference_and_threaded, tiny_config
+from tests.helpers import assert_copies_agree, reference_and_threaded, tiny_config
 
 
 class GatheredHalf(Codec):
@@ -90,17 +90,7 @@ def test_a_codec_registered_outside_the_round_carries_delta_merges_and_moves(
     assert sent["merge"] == 2 * wire_bytes("all_gather", 3, 2 * P)  # a 2-worker and a 1-worker trainer
     assert sent["move"] == 2 * wire_bytes("broadcast", 2, 2 * P)
     assert ref.feedback is not None
-    for c in threads:
-        assert c.feedback is not None
-        for w, fb in c.feedback.items():  # kept where each thread's own workers encoded
-            mine, theirs = fb.error, ref.feedback[w].error
-            assert (mine is None and theirs is None) or (mine is not None and torch.equal(mine, theirs))
-        assert c.totals.by_kind == ref.totals.by_kind and c.allocation == ref.allocation
-        for t, tr in c.trainers.items():
-            if tr.hosted:
-                assert torch.equal(tr.theta, ref.theta(t))
-        for w, rep in c.replicas.items():
-            assert torch.equal(rep.flat.param, ref.replicas[w].flat.param)
+    assert_copies_agree(ref, threads)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -286,17 +276,7 @@ def test_topk_through_adloco_train_in_threads_bitwise(tmp_path: Path) -> None:
     B = codecs.TopK(0.1, 64, 2).nbytes(P)
     assert ref.totals.by_kind["delta"] == 2 * wire_bytes("all_gather", 2, B)  # a 2-worker trainer, 2 rounds
     assert ref.feedback is not None and any(f.error is not None for f in ref.feedback.values())
-    for c in threads:
-        assert c.feedback is not None
-        for w, fb in c.feedback.items():
-            mine, theirs = fb.error, ref.feedback[w].error
-            assert (mine is None and theirs is None) or (mine is not None and torch.equal(mine, theirs))
-        assert c.totals.by_kind == ref.totals.by_kind and c.allocation == ref.allocation
-        for t, tr in c.trainers.items():
-            if tr.hosted:
-                assert torch.equal(tr.theta, ref.theta(t))
-        for w, rep in c.replicas.items():
-            assert torch.equal(rep.flat.param, ref.replicas[w].flat.param)
+    assert_copies_agree(ref, threads)
 
 
 def test_topk_in_the_library_counts_its_exact_bytes_and_is_refused_where_it_cannot_work() -> None:
