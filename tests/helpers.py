@@ -341,47 +341,7 @@ def readme_programs() -> list[str]:
     return [b[: b.index("```")] for b in blocks]
 
 
-# -- the tiny runs that the resume, resize, fault and elastic tests share (each file keeps its own shape) --
-
-ELASTIC_RUN = {  # resized and elastic runs: rounds, workers and trainers are each test's
-    "model.name": "llama-micro",
-    "data.tokenizer": "bpe:300",
-    "data.seq_len": "16",
-    "data.val_fraction": "0.2",
-    "algorithm.inner_steps": "2",
-    "batch.initial": "2",
-    "batch.eta": "0.3",
-    "switch.b_max": "2",
-    "eval.max_examples": "8",
-    "logging.progress": "plain",
-    "logging.plots": "false",
-    "runtime.timeout": "60",
-}
-RESUME_RUN = {  # 5 rounds of 4 workers and 4 trainers, checkpointed every 2: what a resume must reproduce
-    "model.name": "llama-micro",
-    "data.tokenizer": "bpe:300",
-    "data.seq_len": "16",
-    "data.val_fraction": "0.2",
-    "algorithm.rounds": "5",
-    "algorithm.inner_steps": "3",
-    "merge.every": "2",
-    "batch.initial": "2",
-    "switch.b_max": "2",
-    "eval.max_examples": "8",
-    "batch.eta": "0.3",
-    "checkpoint.every": "2",
-    "logging.progress": "plain",
-    "logging.plots": "false",
-}
-
-
-def set_args(settings: dict[str, str], **extra: str) -> list[str]:
-    """``--set K=V`` for every setting, ``extra`` keys written with ``__`` for ``.`` winning."""
-    merged = {**settings, **{k.replace("__", "."): v for k, v in extra.items()}}
-    return [a for k, v in merged.items() for a in ("--set", f"{k}={v}")]
-
-
-# -- the tiny `adloco train` that the command-line tests of every tier run -----------------------------
+# -- the tiny `adloco train` that the command-line tests of every tier run, and its variants -------------
 
 TINY_RUN = {  # 3 rounds of 2 inner steps of llama-micro on a 300-token BPE, merging every round
     "model.name": "llama-micro",
@@ -396,6 +356,33 @@ TINY_RUN = {  # 3 rounds of 2 inner steps of llama-micro on a 300-token BPE, mer
     "eval.max_examples": "4",
     "batch.eta": "0.3",
 }
+# progress as lines, and no plots (drawn after a run from its directory: tests/e2e, tests/unit/test_reporting.py)
+PLAIN = {"logging.progress": "plain", "logging.plots": "false"}
+# what a resume must reproduce: 5 rounds of 3 steps, merging and checkpointed every 2
+RESUME_RUN = {
+    **TINY_RUN,
+    "algorithm.rounds": "5",
+    "algorithm.inner_steps": "3",
+    "merge.every": "2",
+    "eval.max_examples": "8",
+    "checkpoint.every": "2",
+    **PLAIN,
+}
+# resized and elastic runs: rounds (and workers and trainers) are each test's, merges at their default
+ELASTIC_RUN = {
+    **{k: v for k, v in TINY_RUN.items() if k not in ("algorithm.rounds", "merge.every")},
+    "eval.max_examples": "8",
+    **PLAIN,
+    "runtime.timeout": "60",
+}
+
+
+def set_args(settings: dict[str, str], **extra: str) -> list[str]:
+    """``--set K=V`` for every setting, ``extra`` keys written with ``__`` for ``.`` winning."""
+    merged = {**settings, **{k.replace("__", "."): v for k, v in extra.items()}}
+    return [a for k, v in merged.items() for a in ("--set", f"{k}={v}")]
+
+
 # TINY_RUN in this process, as `K=V` for S(): 2 rounds, nothing printed, drawn or saved beside the records
 TINY_QUIET = [
     f"{k}={v}"
@@ -409,11 +396,9 @@ TINY_QUIET = [
 ]
 # TINY_RUN in several processes, compared with the same run in one process
 TINY_DIST = set_args(
-    TINY_RUN,
-    logging__progress="plain",
+    {**TINY_RUN, **PLAIN},
     runtime__balance="equal",  # bit for bit: shares must not follow timings
     outer__optimizer="nesterov",  # momentum must travel with θ
-    logging__plots="false",  # drawn after the run from its directory: tests/e2e and tests/unit/test_reporting.py
     logging__tensorboard="off",  # its scalars: tests/e2e/test_cli.py
 )
 
