@@ -1,4 +1,7 @@
-"""Shared test helpers: synthetic token data, tiny configs, the driver on the in-process backend."""
+"""Shared test helpers: synthetic token data, tiny configs, the driver on the in-process backend, processes
+as threads, the command in this process and in its own, the tiny runs' settings, and what a run directory
+holds. Test files import what they share from here (and from tests/toy.py, tests/toy_lm.py and
+tests/recorded.py), never from one another."""
 
 from __future__ import annotations
 
@@ -109,18 +112,7 @@ def tiny_checkpoint(folder: Path, corpus: Path, hidden: int = 16, cache_dir: Pat
     return folder
 
 
-FAULTS = Path(__file__).parent / "faultinject"
-
-
-def with_faults(env: dict[str, str], fault: str | None) -> dict[str, str]:
-    """``env`` for a subprocess, with test-only fault injection when ``fault`` is given (the grammar is in
-    tests/faultinject/sitecustomize.py)."""
-    env = dict(env)
-    env.pop("ADLOCO_TEST_FAULT", None)
-    if fault:
-        env["ADLOCO_TEST_FAULT"] = fault
-        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(FAULTS), env.get("PYTHONPATH", "")) if x)
-    return env
+# -- several processes as threads, against one process ------------------------------------------------
 
 
 def on_threads(hub: Any, work: Callable[[int], None]) -> None:
@@ -234,6 +226,9 @@ def slow_link_rounds(emulate: bool, rounds: int) -> list[dict[str, Any]]:
     return out
 
 
+# -- the command in this process ------------------------------------------------------------------------
+
+
 def train_once(out: Path, settings: dict[str, str]) -> Path:
     """``adloco train`` in this process with ``--set`` for every setting and ``logging.out_dir=out``; asserts
     exit 0 and returns the one run directory it wrote."""
@@ -247,6 +242,28 @@ def train_with_output(out: Path, settings: dict[str, str]) -> tuple[Path, str]:
     assert ran.returncode == 0, ran.stderr
     (run,) = list(out.iterdir())
     return run, ran.stdout
+
+
+@dataclass
+class Ran:
+    """What a command did in this process: its exit code and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_main(*args: str) -> Ran:
+    """``adloco ARGS`` in this process (no interpreter or torch import to pay for), its output captured."""
+    import contextlib
+    import io
+
+    from adloco.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return Ran(code, out.getvalue(), err.getvalue())
 
 
 # -- faults injected in this process (tests/faultinject does the same in subprocesses) -------------------
@@ -306,27 +323,7 @@ def disk_full(monkeypatch: Any, round_: int) -> None:
     monkeypatch.setattr(filesystem.FileSystem, "create_stream", full)
 
 
-@dataclass
-class Ran:
-    """What a command did in this process: its exit code and what it printed."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def run_main(*args: str) -> Ran:
-    """``adloco ARGS`` in this process (no interpreter or torch import to pay for), its output captured."""
-    import contextlib
-    import io
-
-    from adloco.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(args))
-    return Ran(code, out.getvalue(), err.getvalue())
-
+# -- the README's programs ------------------------------------------------------------------------------
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -408,6 +405,9 @@ def S(*kv: str) -> list[str]:  # noqa: N802 - reads like the command line
     return [a for x in kv for a in ("--set", x)]
 
 
+# -- the command in processes of its own, and the run directory it writes ---------------------------------
+
+
 def process_env() -> dict[str, str]:
     """This environment for an adloco process of its own: one thread a process."""
     return {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -422,6 +422,20 @@ def adloco_process(*args: str, timeout: float = 300) -> subprocess.CompletedProc
         env=process_env(),
         timeout=timeout,
     )
+
+
+FAULTS = Path(__file__).parent / "faultinject"
+
+
+def with_faults(env: dict[str, str], fault: str | None) -> dict[str, str]:
+    """``env`` for a subprocess, with test-only fault injection when ``fault`` is given (the grammar is in
+    tests/faultinject/sitecustomize.py)."""
+    env = dict(env)
+    env.pop("ADLOCO_TEST_FAULT", None)
+    if fault:
+        env["ADLOCO_TEST_FAULT"] = fault
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(FAULTS), env.get("PYTHONPATH", "")) if x)
+    return env
 
 
 def load_run(out: Path) -> dict[str, Any]:
