@@ -2,8 +2,8 @@
 
 Each takes its defaults from the method presets of :data:`adloco.settings.PRESETS`, the table
 ``adloco train``'s ``algorithm.method`` reads: one trainer, a constant batch (never capped to b_max), no
-merging, and its outer step (DiLoCo: Nesterov with the ``outer`` section's lr 0.7 and momentum 0.9, SGD
-at lr 0.7 with ``wire=Wire(overlap="delayed")``, ALGORITHM.md §13; LocalSGD and DDP: averaging). As in a
+merging, and its outer step (DiLoCo: SGD at lr 0.5 without momentum, measured best at these sizes, where
+the paper's is Nesterov at lr 0.7, momentum 0.9, ``outer=Outer.nesterov()``; LocalSGD and DDP: averaging). As in a
 config, a preset only fills what you leave unset: any dial passed explicitly wins
 (``DiLoCo(..., batch=AdaptiveBatch("norm"))`` is DiLoCo with the norm test).
 """
@@ -24,8 +24,9 @@ from adloco.settings import PRESETS, AdaptiveBatch, preset
 
 
 class DiLoCo(AdLoCo):
-    """DiLoCo (Douillard et al. 2023): H local steps, then an outer Nesterov step on the averaged
-    pseudo-gradient; constant batch, one trainer (or K independent ones), no merging (ALGORITHM.md §6).
+    """DiLoCo (Douillard et al. 2023): H local steps, then an outer step on the averaged pseudo-gradient
+    (the preset's SGD at lr 0.5; the paper's Nesterov is ``outer=Outer.nesterov()``); constant batch, one
+    trainer (or K independent ones), no merging (ALGORITHM.md §6).
 
     Its arguments are ``AdLoCo``'s and ``batch_size``; the dials it leaves unset are its method's preset
     (:meth:`adloco.options.RoundOptions.for_method`: ``trainers`` 1, a constant batch, no merging, its

@@ -56,10 +56,9 @@ class RoundOptions:
         trainers: K0, model instances at start, each with at least one worker (None: the method's, 4 for
             AdLoCo and 1 for DiLoCo, LocalSGD and DDP).
         outer: the outer step (:class:`~adloco.settings.Outer`; None: the method's, averaging for AdLoCo,
-            LocalSGD and DDP, DiLoCo's Nesterov at lr 0.7 and momentum 0.9; with a codec that brings its own
-            step, that one (topk: SparseLoCo's SGD at lr 1, no momentum), or under ``comm.overlap`` delayed
-            SGD at lr 0.7, since a momentum fed Δ one round stale diverges (ALGORITHM.md §13), each said in
-            one log line).
+            LocalSGD and DDP, DiLoCo's SGD at lr 0.5 without momentum (measured best at these sizes; the
+            paper's Nesterov 0.7/0.9 is ``Outer.nesterov()``); with a codec that brings its own step, that
+            one (topk: SparseLoCo's SGD at lr 1, no momentum), said in one log line).
         batch, merge, switch, wire: the dials (:mod:`adloco.settings`), each the config section of the same
             name (``wire`` is ``comm``); None: the method's (AdLoCo: the sections' defaults; the presets: a
             constant batch, no merging, ``accumulate`` so a constant batch is never capped to b_max).
@@ -133,13 +132,13 @@ class RoundOptions:
 
     def for_method(self, method: str) -> RoundOptions:
         """These options as ``method`` runs them: every dial left None takes the method's preset
-        (:func:`adloco.settings.preset`); the outer step the preset gives way to (a codec's own, or SGD under
-        ``comm.overlap`` delayed: :func:`adloco.settings.preset_values`) is said in one log line. A dial
+        (:func:`adloco.settings.preset`); the outer step the preset gives way to (a codec's own:
+        :func:`adloco.settings.preset_values`) is said in one log line. A dial
         that is set is never replaced."""
         wire = self.wire if self.wire is not None else Wire()
         outer = self.outer
         if outer is None:
-            outer = preset(method, Outer, wire.overlap, wire.dtype)
+            outer = preset(method, Outer, wire.dtype)
             if (note := outer_note(method, outer, wire)) is not None:
                 log.info(note)
         return self.replace(

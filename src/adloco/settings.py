@@ -49,9 +49,9 @@ FactoryName = str  # a factory's name, module:function (adloco.fields.NAMED), im
 @dataclass(frozen=True)
 class Outer(Dial):
     """The outer step on the pseudo-gradient Δ (ALGORITHM.md §1, step 4): ``average`` (θ ← the workers'
-    mean), ``sgd`` (θ ← θ − lr·Δ) or ``nesterov`` (PyTorch SGD semantics; DiLoCo's lr 0.7, momentum 0.9).
-    Under ``comm.overlap: delayed`` a ``nesterov`` step with a momentum is warned of (:meth:`stale_momentum`)
-    and DiLoCo's preset takes ``sgd`` at its lr (:func:`preset_values`; ALGORITHM.md §13).
+    mean), ``sgd`` (θ ← θ − lr·Δ; DiLoCo's preset, at lr 0.5) or ``nesterov`` (PyTorch SGD semantics; the
+    DiLoCo paper's lr 0.7, momentum 0.9, the fields' defaults). Under ``comm.overlap: delayed`` a ``nesterov``
+    step with a momentum is warned of (:meth:`stale_momentum`; ALGORITHM.md §13).
 
     ``optimizer`` may also be a factory: a callable that takes a trainer's parameters
     (:class:`adloco.algorithms.outer.OuterParams`: the flat θ, or ``params.shaped()`` for the model's
@@ -112,7 +112,7 @@ class Outer(Dial):
             return (
                 f"outer.optimizer nesterov with outer.momentum {self.momentum:g} under comm.overlap delayed: a "
                 "momentum fed Δ one round stale oscillates and may diverge (ALGORITHM.md §13); outer.optimizer "
-                "sgd (DiLoCo's preset under delayed), outer.momentum 0 or comm.overlap eager are stable"
+                "sgd (DiLoCo's preset), outer.momentum 0 or comm.overlap eager are stable"
             )
         return None
 
@@ -514,7 +514,9 @@ _ONE_TRAINER_CONSTANT_BATCH: dict[str, dict[str, Any]] = {
 }
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "adloco": {},
-    "diloco": {**_ONE_TRAINER_CONSTANT_BATCH, "outer": {"optimizer": "nesterov"}},
+    # DiLoCo's outer step: SGD at lr 0.5 without momentum, measured best at these sizes and worker counts
+    # (benchmarks/RESULTS.md, "DiLoCo's outer step"); the paper's Nesterov 0.7/0.9 is outer.optimizer nesterov
+    "diloco": {**_ONE_TRAINER_CONSTANT_BATCH, "outer": {"optimizer": "sgd", "lr": 0.5}},
     "localsgd": {**_ONE_TRAINER_CONSTANT_BATCH, "outer": {"optimizer": "average"}},
     "ddp": {**_ONE_TRAINER_CONSTANT_BATCH, "outer": {"optimizer": "average"}},
 }
@@ -529,54 +531,52 @@ def words(names: list[str], last: str = "or") -> str:
 def preset_values(
     method: str,
     section: str,
-    overlap: str = "none",
     table: Mapping[str, Mapping[str, Any]] | None = None,
     dtype: str = "float32",
 ) -> dict[str, Any]:
-    """What ``method`` fixes in ``section`` (``table``: default :data:`PRESETS`) under ``comm.overlap`` =
-    ``overlap`` and ``comm.dtype`` = ``dtype``. A preset Nesterov outer step gives way to the outer step the
-    codec brings (:attr:`adloco.comm.codecs.Codec.outer`: topk, SparseLoCo's plain descent at lr 1, whose
-    decaying error feedback plays the momentum's part), else under ``delayed`` to ``sgd`` at the same lr,
-    since a momentum fed Δ one round stale diverges (:meth:`Outer.stale_momentum`; ALGORITHM.md §13).
-    Whoever sets ``outer.optimizer`` or ``outer.momentum`` keeps the preset (:func:`outer_note` says which
-    step a run took and why)."""
+    """What ``method`` fixes in ``section`` (``table``: default :data:`PRESETS`) under ``comm.dtype`` =
+    ``dtype``. A preset outer step that steps Δ (DiLoCo's ``sgd``) gives way to the outer step the codec
+    brings (:attr:`adloco.comm.codecs.Codec.outer`: topk, SparseLoCo's plain descent at lr 1, whose decaying
+    error feedback plays the momentum's part). Whoever sets ``outer.optimizer`` or ``outer.momentum`` keeps
+    the preset (:func:`outer_note` says which step a run took and why). No preset keeps a momentum, so none
+    is unstable under ``comm.overlap`` delayed (:meth:`Outer.stale_momentum`)."""
     values = dict((PRESETS if table is None else table)[method].get(section, {}))
-    if section == Outer.SECTION and values.get("optimizer") == "nesterov":
+    if section == Outer.SECTION and values.get("optimizer") in ("sgd", "nesterov"):
         from adloco.comm.codecs import rules
 
         own = rules(dtype)
         if own is not None and own.outer:
-            values.update(own.outer)
-        elif overlap == "delayed":
-            values["optimizer"] = "sgd"
+            values = {**{k: v for k, v in values.items() if k not in own.outer}, **own.outer}
     return values
+
+
+def _step(values: Mapping[str, Any]) -> str:
+    """An outer step as words: 'sgd at lr 0.5', 'Nesterov at lr 0.7, momentum 0.9'."""
+    d = Outer()
+    name, lr = values.get("optimizer", d.optimizer), values.get("lr", d.lr)
+    if name == "nesterov":
+        return f"Nesterov at lr {lr:g}, momentum {values.get('momentum', d.momentum):g}"
+    return f"{name} at lr {lr:g}" if name == "sgd" else str(name)
 
 
 def outer_note(method: str, outer: Outer, wire: Wire) -> str | None:
     """One line saying why the outer step in effect is not ``method``'s preset, where it took the codec's
-    own or the one for ``comm.overlap: delayed`` (:func:`preset_values`); None where it is the preset or
-    what the user asked for."""
-    preset = PRESETS[method].get(Outer.SECTION, {}).get("optimizer")
-    if preset != "nesterov" or outer.optimizer != "sgd":
+    own (:func:`preset_values`); None where it is the preset or what the user asked for."""
+    preset = dict(PRESETS[method].get(Outer.SECTION, {}))
+    if preset.get("optimizer") not in ("sgd", "nesterov") or outer.optimizer != "sgd":
         return None
     from adloco.comm.codecs import rules
 
     own = rules(wire.dtype)
-    if own is not None and own.outer.get("optimizer") == "sgd":
-        return (
-            f"outer step: sgd at lr {outer.lr:g}, no momentum, in place of {method}'s Nesterov: comm.dtype "
-            f"{wire.dtype} brings {own.outer_why} (set outer.optimizer or outer.momentum to choose)"
-        )
-    if wire.overlap == "delayed":
-        return (
-            f"outer step: sgd at lr {outer.lr:g}, no momentum, in place of {method}'s Nesterov: under "
-            "comm.overlap delayed a momentum fed Δ one round stale diverges (ALGORITHM.md §13; set "
-            "outer.optimizer or outer.momentum to choose)"
-        )
-    return None
+    if own is None or own.outer.get("optimizer") != "sgd" or outer.lr != own.outer.get("lr", outer.lr):
+        return None  # the preset, or an lr the user chose
+    return (
+        f"outer step: sgd at lr {outer.lr:g}, no momentum, in place of {method}'s {_step(preset)}: comm.dtype "
+        f"{wire.dtype} brings {own.outer_why} (set outer.optimizer or outer.momentum to choose)"
+    )
 
 
-def preset(method: str, cls: type[D], overlap: str = "none", dtype: str = "float32", **changes: Any) -> D:
+def preset(method: str, cls: type[D], dtype: str = "float32", **changes: Any) -> D:
     """The dial ``cls`` as ``method`` sets it (its preset over the field defaults, :func:`preset_values`
-    under ``comm.overlap`` = ``overlap`` and ``comm.dtype`` = ``dtype``), with ``changes``."""
-    return cls(**{**preset_values(method, cls.SECTION, overlap, dtype=dtype), **changes})
+    under ``comm.dtype`` = ``dtype``), with ``changes``."""
+    return cls(**{**preset_values(method, cls.SECTION, dtype=dtype), **changes})

@@ -352,7 +352,7 @@ def test_topk_brings_its_own_outer_step_and_warns_of_a_momentum_asked_for(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """DiLoCo's preset with topk takes SparseLoCo's outer step (SGD, lr 1, no momentum), said in one line;
-    a Nesterov momentum asked for is kept, with a warning; int4 keeps the preset."""
+    a Nesterov momentum asked for is kept, with a warning; int4 keeps the preset (SGD at lr 0.5)."""
     from torch import nn
 
     from adloco import DiLoCo, Outer, Wire
@@ -363,7 +363,8 @@ def test_topk_brings_its_own_outer_step_and_warns_of_a_momentum_asked_for(
         algo = DiLoCo(ms, sgd, inner_steps=2, batch_size=2, wire=Wire("topk"))
     assert algo.outer_spec == Outer("sgd", 1.0, Outer().momentum)
     assert (
-        "outer step: sgd at lr 1, no momentum, in place of diloco's Nesterov: comm.dtype topk" in caplog.text
+        "outer step: sgd at lr 1, no momentum, in place of diloco's sgd at lr 0.5: comm.dtype topk"
+        in caplog.text
     )
     assert "WARNING" not in caplog.text
     caplog.clear()
@@ -375,7 +376,7 @@ def test_topk_brings_its_own_outer_step_and_warns_of_a_momentum_asked_for(
     with caplog.at_level("INFO", logger="adloco"):
         DiLoCo(ms, sgd, inner_steps=2, batch_size=2, wire=Wire("topk"), outer=Outer.nesterov(0.5, 0.0))
         algo = DiLoCo(ms, sgd, inner_steps=2, batch_size=2, wire=Wire("int4"))
-    assert "topk" not in caplog.text and algo.outer_spec.optimizer == "nesterov"
+    assert "topk" not in caplog.text and algo.outer_spec == Outer("sgd", 0.5, Outer().momentum)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -489,8 +490,8 @@ def test_the_codecs_rules_not_its_name_drive_the_checks(monkeypatch: pytest.Monk
     assert Wire("int4", theta_dtype="float32").theta.dtype == "float32"  # an explicit θ wire is honoured
     assert [Wire(d).feedback for d in ("float32", "int4", "topk")] == [False, False, True]
     assert [Wire(d).decay for d in ("int4", "topk")] == [1.0, 0.95]
-    assert preset_values("diloco", "outer", "delayed", dtype="topk") == {"optimizer": "sgd", "lr": 1.0}
-    assert preset_values("diloco", "outer", "delayed") == {"optimizer": "sgd"}
+    assert preset_values("diloco", "outer", dtype="topk") == {"optimizer": "sgd", "lr": 1.0}
+    assert preset_values("diloco", "outer", dtype="int4") == {"optimizer": "sgd", "lr": 0.5}  # the preset
     assert preset_values("adloco", "outer", dtype="topk") == {}  # averaging is the codec's step already
 
 

@@ -16,7 +16,7 @@ def test_config_prints_every_field_with_its_doc(capsys: pytest.CaptureFixture[st
     assert "inner_steps: 12" in out and "# H: inner OPTIMIZER steps" in out
     assert main(["config", "--set", "algorithm.method=diloco", "--plain"]) == 0
     out = capsys.readouterr().out
-    assert "optimizer: nesterov" in out and "policy: none" in out
+    assert "optimizer: sgd" in out and "lr: 0.5" in out and "policy: none" in out
 
 
 def test_version_is_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:

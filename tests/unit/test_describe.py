@@ -49,7 +49,12 @@ def test_the_defaults_say_what_they_are() -> None:
         (["comm.overlap=eager"], 2, "overlap eager (workers go on from their own Δ's step while it travels)"),
         (["comm.overlap=delayed"], 2, "overlap delayed (Δ lands a round late)"),
         (["comm.fragments=4", "algorithm.inner_steps=12"], 2, "overlap streaming in 4 fragments"),
-        (["algorithm.method=diloco"], 1, "outer nesterov lr 0.7 momentum 0.9"),
+        (
+            ["algorithm.method=diloco"],
+            1,
+            "outer sgd lr 0.5",
+        ),  # the preset's step (RESULTS, DiLoCo's outer step)
+        (["algorithm.method=diloco", "outer.optimizer=nesterov"], 1, "outer nesterov lr 0.5 momentum 0.9"),
         (["algorithm.method=diloco"], 0, "diloco: llama-tiny, 1.38M parameters, 4 workers, 1 trainer, D"),
         (["algorithm.method=localsgd"], 1, "optimizers: inner sgd lr 0.2, cosine schedule; outer average"),
         (
@@ -96,6 +101,7 @@ def test_a_run_says_which_outer_step_the_codec_brought(
     start = next(i for i, x in enumerate(out) if x.startswith("diloco: llama-micro"))
     assert out[start + 1].startswith("optimizers: inner adamw lr ") and "outer sgd lr 1" in out[start + 1]
     assert out[start + 3].startswith(
-        "outer step: sgd at lr 1, no momentum, in place of diloco's Nesterov: comm.dtype topk brings SparseLoCo's"
+        "outer step: sgd at lr 1, no momentum, in place of diloco's sgd at lr 0.5: comm.dtype topk brings "
+        "SparseLoCo's"
     )
     assert out[start + 4].startswith("run directory ")

@@ -48,7 +48,7 @@ def test_a_dial_left_unset_is_the_methods_and_one_set_is_kept() -> None:
     opts = RoundOptions(inner_steps=2)
     assert opts.trainers is None and opts.outer is None  # the method decides
     diloco = DiLoCo(*replicas(2), loss_fn=loss_fn, options=opts)
-    assert len(diloco.trainers) == 1 and diloco.outer_spec.optimizer == "nesterov"
+    assert len(diloco.trainers) == 1 and diloco.outer_spec == Outer.sgd(0.5)
     assert diloco.batch.test == "none" and diloco.merging.policy == "none"
     adloco = AdLoCo(*replicas(2), loss_fn=loss_fn, options=opts.replace(trainers=2))
     assert len(adloco.trainers) == 2 and adloco.outer_spec == Outer() and adloco.batch == AdaptiveBatch()

@@ -58,12 +58,15 @@ def test_the_simulated_round_is_the_engines(case: str, sets: list[str], rounds: 
 
 
 def test_a_rejoining_worker_is_sent_theta_as_the_engine_moves_it() -> None:
-    s = _setup(method="diloco", workers=4, wire=Wire("int4"))
-    r = price(s, range(4), joiners=[3])
-    # θ and DiLoCo's outer momentum, int4-encoded once, broadcast from worker 0 to worker 3
     from adloco.comm.codecs import of
 
-    assert r.rows[0] == ["move", "broadcast", 2, of(Wire("int4")).nbytes(s.parameters), 2, [0, 3]]
+    size = of(Wire("int4")).nbytes(10**9)
+    # DiLoCo's preset (SGD, no momentum): θ alone, int4-encoded once, broadcast from worker 0 to worker 3
+    s = _setup(method="diloco", workers=4, wire=Wire("int4"))
+    assert price(s, range(4), joiners=[3]).rows[0] == ["move", "broadcast", 2, size, 1, [0, 3]]
+    # with an outer momentum (the paper's Nesterov): θ and the momentum
+    s = _setup(method="diloco", workers=4, wire=Wire("int4"), momentum=True)
+    assert price(s, range(4), joiners=[3]).rows[0] == ["move", "broadcast", 2, size, 2, [0, 3]]
 
 
 # -- the clock ------------------------------------------------------------------------------------

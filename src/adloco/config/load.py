@@ -259,14 +259,13 @@ def resolve(
     given = {s: _read_section(s, v) for s, v in user.items()}
     # The method decides the preset (read like any other key).
     method = given.get("algorithm", {}).get("method", "adloco")
-    # the preset's outer step gives way to the codec's, or under delayed to sgd (ALGORITHM.md §13), unless
-    # the user chose the step: a momentum they set is never dropped
+    # the preset's outer step gives way to the codec's (topk: SparseLoCo's), unless the user chose the step:
+    # a momentum they set is never dropped
     chosen = {"optimizer", "momentum"} & set(given.get("outer", {}))
-    overlap = "none" if chosen else given.get("comm", {}).get("overlap", "none")
     dtype = "float32" if chosen else given.get("comm", {}).get("dtype", "float32")
     values: dict[str, dict[str, Any]] = {}
     for section in SECTIONS:
-        values[section] = {**preset_values(method, section, overlap, dtype), **given.get(section, {})}
+        values[section] = {**preset_values(method, section, dtype), **given.get(section, {})}
     model = values["model"].get("name", SECTION_TYPES["model"]().name)  # type: ignore[attr-defined]
     if "tokenizer" not in given.get("data", {}) and model not in SHAPES:
         values["data"]["tokenizer"] = model  # a checkpoint: its own tokenizer, not one trained anew
@@ -320,12 +319,23 @@ def dump_yaml(cfg: Config, with_docs: bool = False, section: str | None = None) 
         tree = {section: tree[section]}
     if not with_docs:
         return yaml.safe_dump(tree, sort_keys=False)
+    from adloco.config.reasons import reason
+
     lines: list[str] = []
-    docs = {(s, k): d for s, k, _, d in field_docs()}
+    docs = {(s, k): (default, d) for s, k, default, d in field_docs()}
+    method = cfg.algorithm.method
     for name, keys in tree.items():
         lines.append(f"{name}:")
+        preset = preset_values(method, name)
         for key, value in keys.items():
             rendered = yaml.safe_dump({key: value}, default_flow_style=True, sort_keys=False).strip()
             rendered = rendered[1:-1] if rendered.startswith("{") else rendered
-            lines.append(f"  {rendered:<34} # {docs[(name, key)]}")
+            default, doc = docs[(name, key)]
+            lines.append(f"  {rendered:<34} # {doc}")
+            if key in preset:  # the method's preset set it: its reason, while the value is the preset's
+                why = reason(method, f"{name}.{key}", preset=True) if value == preset[key] else None
+            else:
+                why = reason(method, f"{name}.{key}", preset=False) if value == default else None
+            if why is not None:
+                lines.append(f"  {'':<34} #   why this default: {why}")
     return "\n".join(lines) + "\n"

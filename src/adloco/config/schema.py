@@ -536,11 +536,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 assert tuple(PRESETS) == METHODS
 
 
-def preset_values(method: str, section: str, overlap: str = "none", dtype: str = "float32") -> dict[str, Any]:
-    """What ``method`` fixes in ``section`` under ``comm.overlap`` = ``overlap`` and ``comm.dtype`` =
-    ``dtype``: :data:`PRESETS`, with the library's rule for the outer step a codec brings or ``delayed``
-    needs (:func:`adloco.settings.preset_values`)."""
-    return dial_preset_values(method, section, overlap, PRESETS, dtype)
+def preset_values(method: str, section: str, dtype: str = "float32") -> dict[str, Any]:
+    """What ``method`` fixes in ``section`` under ``comm.dtype`` = ``dtype``: :data:`PRESETS`, with the
+    library's rule for the outer step a codec brings (:func:`adloco.settings.preset_values`)."""
+    return dial_preset_values(method, section, PRESETS, dtype)
 
 
 # What ``adloco train --resume`` may change with ``--set``: how long the run goes, learning rates and

@@ -307,10 +307,7 @@ def _move(s: Setup, src: int, to: int) -> list[Any]:
     payload = 4 * s.parameters if codec is None else codec.nbytes(s.parameters)
     momentum = s.momentum
     if momentum is None:
-        momentum = (
-            preset_values(s.method, "outer", s.wire.overlap, dtype=s.wire.dtype).get("optimizer")
-            == "nesterov"
-        )
+        momentum = preset_values(s.method, "outer", dtype=s.wire.dtype).get("optimizer") == "nesterov"
     count = 2 if momentum else 1
     return ["move", "broadcast", 2, payload, count, [src, to]]
 

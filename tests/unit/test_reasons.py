@@ -1,0 +1,61 @@
+"""`adloco config` says why a default is what it is (adloco.config.reasons): every reason names a real key
+and real sections of RESULTS.md, shows while the value is the default or the method's preset, and goes
+away where the user set the value."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from adloco.cli import main
+from adloco.config.load import field_docs
+from adloco.config.reasons import PRESET_REASONS, REASONS
+from adloco.config.schema import preset_values
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "RESULTS.md"
+
+
+def test_every_reason_names_a_key_and_sections_that_exist() -> None:
+    keys = {f"{s}.{k}" for s, k, _, _ in field_docs()}
+    headings = [m.group(1) for m in re.finditer(r"^#{2,3} (.+)$", RESULTS.read_text(encoding="utf-8"), re.M)]
+    for key, (why, sections) in REASONS.items():
+        assert key in keys, key
+        assert why and "\n" not in why
+        for section in sections:
+            assert any(h.startswith(section) for h in headings), f"{key}: no RESULTS heading {section!r}"
+    for (method, key), (_, sections) in PRESET_REASONS.items():
+        section, name = key.split(".")
+        assert name in preset_values(method, section), f"{method}'s preset does not set {key}"
+        for s in sections:
+            assert any(h.startswith(s) for h in headings), f"{method} {key}: no RESULTS heading {s!r}"
+
+
+def _why(out: str, key: str) -> str | None:
+    """The reason printed under ``key`` (indented ``key: value``), or None."""
+    lines = out.splitlines()
+    i = next(i for i, line in enumerate(lines) if line.startswith(f"  {key}:"))
+    after = lines[i + 1] if i + 1 < len(lines) else ""
+    return after.split("why this default: ", 1)[1] if "why this default: " in after else None
+
+
+def test_config_says_why_while_the_value_is_the_default_or_the_preset(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["config", "inner"]) == 0
+    assert (_why(capsys.readouterr().out, "optimizer") or "").startswith("AdamW stays until Muon wins")
+    assert main(["config", "inner", "--set", "inner.optimizer=muon"]) == 0
+    assert _why(capsys.readouterr().out, "optimizer") is None  # the user's choice: nothing to explain
+    assert main(["config", "outer", "--set", "algorithm.method=diloco"]) == 0
+    out = capsys.readouterr().out
+    assert (_why(out, "optimizer") or "").startswith("DiLoCo's preset: SGD without momentum")
+    assert "DiLoCo's outer step: the preset" in (_why(out, "lr") or "")
+    assert (
+        main(["config", "outer", "--set", "algorithm.method=diloco", "--set", "outer.optimizer=nesterov"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert _why(out, "optimizer") is None and _why(out, "lr") is not None  # the preset's lr still stands
+    assert main(["config", "--plain", "inner"]) == 0
+    assert "why" not in capsys.readouterr().out  # plain YAML: values only
