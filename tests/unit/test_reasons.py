@@ -59,3 +59,13 @@ def test_config_says_why_while_the_value_is_the_default_or_the_preset(
     assert _why(out, "optimizer") is None and _why(out, "lr") is not None  # the preset's lr still stands
     assert main(["config", "--plain", "inner"]) == 0
     assert "why" not in capsys.readouterr().out  # plain YAML: values only
+
+
+def test_diloco_s_preset_is_the_step_results_names() -> None:
+    """RESULTS' section on DiLoCo's outer step names the preset; the table that every run reads holds it."""
+    from adloco.settings import PRESETS
+
+    text = RESULTS.read_text(encoding="utf-8")
+    section = text.split("## DiLoCo's outer step: the preset", 1)[1].split("\n## ", 1)[0]
+    assert "DiLoCo's preset outer step is **SGD at lr 0.5 without momentum**" in section
+    assert PRESETS["diloco"]["outer"] == {"optimizer": "sgd", "lr": 0.5}
