@@ -28,8 +28,8 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "inner.optimizer": (
         "AdamW stays until Muon wins everywhere measured: Muon ended 6-round runs at 0.49-0.67x AdamW's "
-        "perplexity (3 seeds) and an 8x longer AdLoCo run at 0.80x (1 seed), but llama-10m and longer budgets "
-        "on both corpora are not measured yet",
+        "perplexity (3 seeds) and 8x longer runs at 0.62-0.80x (code, 1 seed), but llama-10m and larger and "
+        "the long budget on prose are not measured yet",
         (MUON, LONG),
     ),
     "inner.lr": (
