@@ -27,9 +27,10 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
         (COMPARED, SCALING),
     ),
     "inner.optimizer": (
-        "AdamW stays until Muon wins everywhere measured: Muon ended 6-round runs at 0.49-0.67x AdamW's "
-        "perplexity (3 seeds) and 8x longer runs at 0.62-0.80x (code, 1 seed), but llama-10m and larger and "
-        "the long budget on prose are not measured yet",
+        "AdamW stays: Muon ended 6-round runs at 0.47-0.69x AdamW's perplexity (1.4M and 11M parameters) and 8x "
+        "longer runs at 0.62-0.80x (code, 1 seed), but it cannot be captured in CUDA graphs (on by default on a GPU, where "
+        "they run workers side by side) nor sharded, and models past 11M parameters are not measured; "
+        "choose it with inner.optimizer muon",
         (MUON, LONG),
     ),
     "inner.lr": (
