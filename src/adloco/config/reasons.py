@@ -27,10 +27,10 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
         (COMPARED, SCALING),
     ),
     "inner.optimizer": (
-        "AdamW stays: Muon ended 6-round runs at 0.47-0.69x AdamW's perplexity (1.4M and 11M parameters) and 8x "
-        "longer runs at 0.62-0.80x (code, 1 seed), but it cannot be captured in CUDA graphs (on by default on a GPU, where "
-        "they run workers side by side) nor sharded, and models past 11M parameters are not measured; "
-        "choose it with inner.optimizer muon",
+        "AdamW stays: Muon ended 6-round runs at 0.47-0.69x AdamW's perplexity (1.4M and 11M parameters) "
+        "and 8x longer runs at 0.62-0.80x (both corpora, 1 seed), but it cannot be captured in CUDA graphs "
+        "(on by default on a GPU, where they run workers side by side) nor sharded, and models past 11M "
+        "parameters are not measured; choose it with inner.optimizer muon",
         (MUON, LONG),
     ),
     "inner.lr": (
@@ -62,8 +62,8 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
         (SPARSE,),
     ),
     "comm.topk_fraction": (
-        "Covenant-72B's density; on a 1.4M-parameter model the SparseLoCo paper's 1/32 ended 11% lower for "
-        "1.9x the bytes and 1/16 20% lower for 3.8x (one short run): try 0.0625 on small models",
+        "Covenant-72B's density; on a short run 1/32 and 1/16 ended 11% and 20% lower for 1.9x and 3.8x the "
+        "bytes, but on a run 8x longer 1/16 ended 15% higher than 1/64",
         (SPARSE,),
     ),
     "comm.topk_bits": ("SparseLoCo's 2 bits; 4 bits ended 2% lower for 1.3x the bytes", (SPARSE,)),
