@@ -1,4 +1,4 @@
-"""Communication behind compute on an emulated link: DiLoCo and AdLoCo with ``comm.overlap`` none, delayed
+"""Communication behind compute on an emulated link: DiLoCo and AdLoCo with ``sync.overlap`` none, delayed
 and eager, streaming fragments (4, τ = 1), and torchft's published defaults, on a link held back to
 10 or 100 Mbit/s (``network.emulate``, ALGORITHM.md §7 and ALGORITHM.md §13).
 
@@ -53,16 +53,16 @@ ADLOCO = [
     "inner.lr=0.002",
     "batch.lr_scaling=gain",
 ]
-STREAM = ["comm.fragments=4", "comm.fragment_delay=1"]
+STREAM = ["sync.fragments=4", "sync.fragment_delay=1"]
 VARIANTS: dict[str, list[str]] = {
     **{
-        f"{m}-{o}": [*base, f"comm.overlap={o}"]
+        f"{m}-{o}": [*base, f"sync.overlap={o}"]
         for m, base in (("diloco", DILOCO), ("adloco", ADLOCO))
         for o in ("none", "delayed", "eager")
     },
     "diloco-stream4": [*DILOCO, *STREAM],
     # does a smaller outer step make up for the staleness? (DiLoCo's tuned lr halved; run only when named)
-    **{f"diloco-{o}-lr0.25": [*DILOCO, "outer.lr=0.25", f"comm.overlap={o}"] for o in ("delayed", "eager")},
+    **{f"diloco-{o}-lr0.25": [*DILOCO, "outer.lr=0.25", f"sync.overlap={o}"] for o in ("delayed", "eager")},
     "adloco-stream4": [*ADLOCO, *STREAM],
     # torchft's published defaults: outer Nesterov lr 0.7, momentum 0.9, fragments with delay 0 and α 0
     "torchft-defaults": [
@@ -71,7 +71,7 @@ VARIANTS: dict[str, list[str]] = {
         "outer.lr=0.7",
         "outer.momentum=0.9",
         "inner.lr=0.004",
-        "comm.fragments=4",
+        "sync.fragments=4",
     ],
 }
 ORDER = [

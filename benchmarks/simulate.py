@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from adloco import netmodel  # noqa: E402
 from adloco.plan import calibration  # noqa: E402
 from adloco.plan.sim import Device, Failures, Setup, price  # noqa: E402
-from adloco.settings import Wire  # noqa: E402
+from adloco.settings import Sync, Wire  # noqa: E402
 
 MBIT = 1e6 / 8
 
@@ -118,15 +118,16 @@ def at_scale(out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     mbits = [10, 30, 100, 300, 1000, 3000, 10000]
     s = replace(base, workers=64)
-    for label, w in [
-        ("float32", Wire()),
-        ("int8", Wire("int8")),
-        ("int4", Wire("int4")),
-        ("topk", Wire("topk")),
-        ("int4, delayed overlap", Wire("int4", overlap="delayed")),
+    for label, w, sync in [
+        ("float32", Wire(), Sync()),
+        ("int8", Wire("int8"), Sync()),
+        ("int4", Wire("int4"), Sync()),
+        ("topk", Wire("topk"), Sync()),
+        ("int4, delayed overlap", Wire("int4"), Sync(overlap="delayed")),
     ]:
         us = [
-            100 * price(replace(s, wire=w, net=netmodel.Link(m * MBIT, 0.01)), range(64)).utilization
+            100
+            * price(replace(s, wire=w, sync=sync, net=netmodel.Link(m * MBIT, 0.01)), range(64)).utilization
             for m in mbits
         ]
         ax.plot(mbits, us, marker="o", label=label)
@@ -224,10 +225,16 @@ def needs() -> None:
     for name, P, step in (("1B", 1e9, 0.1), ("10B", 1e10, 0.8), ("70B", 7e10, 4.9)):
         for mb in (100, 1000):
             cells = []
-            for w in (Wire(), Wire("int8"), Wire("int4"), Wire("int4", overlap="delayed"), Wire("topk")):
-                s = Setup(
-                    "diloco", 64, int(P), Device.of_step(step), netmodel.Link(mb * MBIT, 0.01), 1, wire=w
-                )
+            delayed = Sync(overlap="delayed")
+            for w, sync in (
+                (Wire(), Sync()),
+                (Wire("int8"), Sync()),
+                (Wire("int4"), Sync()),
+                (Wire("int4"), delayed),
+                (Wire("topk"), Sync()),
+            ):
+                link = netmodel.Link(mb * MBIT, 0.01)
+                s = Setup("diloco", 64, int(P), Device.of_step(step), link, 1, wire=w, sync=sync)
                 got = next(
                     (h for h in Hs if price(replace(s, inner_steps=h), range(64)).utilization >= 0.9), None
                 )

@@ -314,7 +314,7 @@ API_GROUPS: dict[str, tuple[str, list[str]]] = {
     "dials": (
         "Small frozen dataclasses, each a config section of `adloco train` with the same fields, defaults "
         "and checks; every field's doc is in the [configuration reference](config.md).",
-        ["Outer", "AdaptiveBatch", "Merging", "Switch", "Wire"],
+        ["Outer", "AdaptiveBatch", "Merging", "Switch", "Wire", "Sync"],
     ),
     "outer step": (
         "What the callable of `Outer(optimizer=...)` is given: a trainer's parameters, flat or shaped.",

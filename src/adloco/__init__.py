@@ -1,6 +1,6 @@
 """adloco: low-communication distributed training with AdLoCo, DiLoCo, LocalSGD and DDP.
 
-    from adloco import DiLoCo, AdLoCo, Outer, AdaptiveBatch, Merging, Switch, Wire
+    from adloco import DiLoCo, AdLoCo, Outer, AdaptiveBatch, Merging, Switch, Wire, Sync
 
 Build an algorithm object from your model and inner optimizer, then either let it run each inner step
 (``algo.step(batch)``, which AdLoCo's batch test needs) or hook your optimizer (``with algo:``). See
@@ -29,6 +29,7 @@ _EXPORTS = {
     "OuterParams": "adloco.algorithms.outer",
     "Switch": "adloco.settings",
     "Wire": "adloco.settings",
+    "Sync": "adloco.settings",
     "InProcessComm": "adloco.comm",
     "ThreadComm": "adloco.comm",
     "TorchDistComm": "adloco.comm",

@@ -246,7 +246,7 @@ class Round(Event):
         default_factory=list,
         metadata={
             "doc": "[kind, op, workers, payload bytes, count, share] per counted collective that ran behind "
-            "a share of this round's compute (`comm.overlap`: 1; streaming: fragment_delay / inner_steps); "
+            "a share of this round's compute (`sync.overlap`: 1; streaming: fragment_delay / inner_steps); "
             "`sim_s` prices them at what the compute did not hide"
         },
     )

@@ -105,19 +105,14 @@ class AdLoCo:
         **dials: Any,
     ) -> None:
         o = self.options = RoundOptions.given(options, dials, type(self).__name__).for_method(self.METHOD)
-        assert o.outer and o.batch and o.merge and o.switch and o.wire  # for_method fills them
+        assert o.outer and o.batch and o.merge and o.switch and o.wire and o.sync  # for_method fills them
         models = as_list(model, "model")
         self.balance, self.on_resize, self.inner_state = o.balance, o.on_resize, o.inner_state
         self.fixed_rows = float(o.fixed_rows)
         self.clip, self.precision = o.clip, o.precision
-        self.outer_spec, self.batch, self.merging, self.switch, self.wire = (
-            o.outer,
-            o.batch,
-            o.merge,
-            o.switch,
-            o.wire,
-        )
-        self.wire.check_streaming(o.inner_steps, self.ddp)
+        self.outer_spec, self.batch, self.merging, self.switch = o.outer, o.batch, o.merge, o.switch
+        self.wire, self.sync_spec = o.wire, o.sync
+        self.sync_spec.check_round(o.inner_steps, self.ddp, self.wire)
         self.wire.check_codec(self.batch, self.ddp)
         outer, own = self.outer_spec, codecs.rules(self.wire.dtype)
         if own is not None and own.outer and outer.optimizer == "nesterov" and outer.momentum > 0:
@@ -130,7 +125,7 @@ class AdLoCo:
                 self.wire.decay,
                 ", ".join(f"{k} {v}" for k, v in own.outer.items()),
             )
-        if not self.ddp and (why := self.outer_spec.stale_momentum(self.wire.overlap)) is not None:
+        if not self.ddp and (why := self.outer_spec.stale_momentum(self.sync_spec.overlap)) is not None:
             log.warning(why)
         self.comm = comm if comm is not None else default_comm(len(models))
         n = self.comm.n_workers
@@ -166,7 +161,7 @@ class AdLoCo:
         self.scratch2 = torch.zeros(self.n_params, device=self.device)
         flats = {w: rep.flat for w, rep in self.replicas.items()}
         # the parts: when Δ travels, the batch tests, merges and moves
-        self.schedule = Schedule(self.wire, o.inner_steps, self.ddp, flats, self.feedback, self.scratch2)
+        self.schedule = Schedule(self.sync_spec, o.inner_steps, self.ddp, flats, self.feedback, self.scratch2)
         self._parts, self._shapes = self._fragments()
         self.tests = BatchTests(self.batch, self.comm, self.replicas, self._reduce, self.scratch)
         self.regroup = Regroup(
@@ -266,7 +261,7 @@ class AdLoCo:
         return [w for w in workers if w in self.replicas]
 
     def _fragments(self) -> tuple[list[slice], list[tuple[str, torch.Size]] | None]:
-        """The parts of θ that synchronize apart (``comm.fragments``; ALGORITHM.md §13) and the model's
+        """The parts of θ that synchronize apart (``sync.fragments``; ALGORITHM.md §13) and the model's
         shapes for a factory's ``params.shaped()`` (None on sharded workers: a rank holds rows of each
         matrix). Fragments are even, but a factory that asks for the shapes (a matrix-aware step) gets
         fragments that end between whole tensors where the tensors allow it."""
@@ -453,7 +448,7 @@ class AdLoCo:
     ) -> RoundReport:
         """Phase 5: workers load where they start the next round (:meth:`adloco.trainer.Trainer.start_next`);
         the round counted, its decisions checked for agreement, the next round planned, the report made."""
-        whole, alpha, results = regrouped[0] is not None, self.wire.fragment_alpha, gathered.results
+        whole, alpha, results = regrouped[0] is not None, self.sync_spec.fragment_alpha, gathered.results
         for w, rep in self.replicas.items():
             tr, fresh = self.trainers[self.allocation[w]], whole or not results[w].finite
             rep.load(tr.start_next(w, rep.flat.param, fresh, self.schedule.streaming, alpha))
@@ -498,7 +493,7 @@ class AdLoCo:
         return in_flight(self.trainers)
 
     def settle(self) -> Traffic:
-        """Land every Δ in flight (``comm.overlap``) and load every worker with its trainer's θ (streaming:
+        """Land every Δ in flight (``sync.overlap``) and load every worker with its trainer's θ (streaming:
         its own fragments too): the end of training, or wherever the model must be whole. Call it on every
         process, between rounds; returns what it communicated, counted as a round's."""
         if self._h:
@@ -512,7 +507,7 @@ class AdLoCo:
     # -- state (ALGORITHM.md §9.2, ALGORITHM.md §13): each part's, put together by adloco.state ---------
     def state_dict(self) -> dict[str, Any]:
         """This process's state: the replicated decisions, θ and outer state of the trainers it hosts, the
-        state of its workers. Between rounds only. With ``comm.overlap`` it first waits for what is in
+        state of its workers. Between rounds only. With ``sync.overlap`` it first waits for what is in
         flight: each trainer's average (``pending``) is applied when it would have landed (ALGORITHM.md §13)."""
         return state.local(self._decisions(), self.trainers, self.workers, self.schedule, self.comm)
 

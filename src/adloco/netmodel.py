@@ -11,7 +11,7 @@ in the order the engine issued them; a collective starts when the last of its wo
 all of them for its time. Collectives of disjoint workers (trainers' own Δ) overlap; one among all
 workers (the batch statistics) waits for every worker. A row that does not name its workers (runs
 recorded before rows did) is taken to hold every worker: the slowest compute plus every collective one
-after another. A collective run behind the round's compute (``comm.overlap``) costs max(0, its time −
+after another. A collective run behind the round's compute (``sync.overlap``) costs max(0, its time −
 that compute) (ALGORITHM.md §13).
 
 A :class:`Link` is the same model handed to a communicator: with ``network.emulate`` every counted
@@ -261,7 +261,7 @@ def round_seconds(
 
     ``behind``: ``[kind, op, n, payload, count, share]`` rows of collectives that ran behind a ``share``
     of the round's compute (ALGORITHM.md §13), each costing only what that compute did not hide. Those
-    behind the whole round (``comm.overlap``: share 1) share it, one after another on the background lane:
+    behind the whole round (``sync.overlap``: share 1) share it, one after another on the background lane:
     max(0, their time − the compute). Those behind part of it (streaming: τ of H inner steps) each have a
     window of their own: max(0, its time − share · the compute), every one of them."""
     clock, cost = round_clocks(compute_s, collectives, bandwidth, latency, speeds, behind, net)

@@ -28,6 +28,7 @@ from adloco.settings import (
     Outer,
     Precision,
     Switch,
+    Sync,
     Wire,
     outer_note,
     preset,
@@ -59,11 +60,12 @@ class RoundOptions:
             LocalSGD and DDP, DiLoCo's SGD at lr 0.5 without momentum (measured best at these sizes; the
             paper's Nesterov 0.7/0.9 is ``Outer.nesterov()``); with a codec that brings its own step, that
             one (topk: SparseLoCo's SGD at lr 1, no momentum), said in one log line).
-        batch, merge, switch, wire: the dials (:mod:`adloco.settings`), each the config section of the same
-            name (``wire`` is ``comm``); None: the method's (AdLoCo: the sections' defaults; the presets: a
-            constant batch, no merging, ``accumulate`` so a constant batch is never capped to b_max).
-            ``switch.b_max`` is every local worker's largest micro-batch (``set_b_max`` sets one per
-            worker); ``wire`` is how Δ travels (dtype, blocks, error feedback, overlap, fragments).
+        batch, merge, switch, wire, sync: the dials (:mod:`adloco.settings`), each the config section of
+            the same name (``wire`` is ``comm``); None: the method's (AdLoCo: the sections' defaults; the
+            presets: a constant batch, no merging, ``accumulate`` so a constant batch is never capped to
+            b_max). ``switch.b_max`` is every local worker's largest micro-batch (``set_b_max`` sets one per
+            worker); ``wire`` is what Δ travels as (dtype, blocks, error feedback), ``sync`` when (overlap,
+            streaming fragments).
         clip: inner gradient clipping (global norm; 0 turns it off).
         precision: fp32, or bf16 / fp16 autocast on CUDA (fp16 with dynamic loss scaling).
         inner_state: keep (DiLoCo) or reset the inner optimizer every round (the reference).
@@ -99,6 +101,7 @@ class RoundOptions:
     merge: Merging | None = field(default=None, metadata={"config": "merge"})
     switch: Switch | None = field(default=None, metadata={"config": None})
     wire: Wire | None = field(default=None, metadata={"config": "comm"})
+    sync: Sync | None = field(default=None, metadata={"config": "sync"})
     clip: float = field(default=1.0, metadata={"config": "inner.clip"})
     precision: Precision = field(default="fp32", metadata={"config": "model.precision"})
     inner_state: InnerState = field(default="keep", metadata={"config": "inner.state"})
@@ -117,11 +120,17 @@ class RoundOptions:
         choice("inner_state", self.inner_state, InnerState)
         choice("balance", self.balance, Balance)
         choice("on_resize", self.on_resize, OnResize)
-        for name, cls in (("outer", Outer), ("batch", AdaptiveBatch), ("merge", Merging), ("switch", Switch)):
+        dials: tuple[tuple[str, type], ...] = (
+            ("outer", Outer),
+            ("batch", AdaptiveBatch),
+            ("merge", Merging),
+            ("switch", Switch),
+            ("wire", Wire),
+            ("sync", Sync),
+        )
+        for name, cls in dials:
             if getattr(self, name) is not None:
                 dial(name, getattr(self, name), cls)
-        if self.wire is not None:
-            dial("wire", self.wire, Wire)
         for name in ("snapshot", "sync_initial", "cuda_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} = {getattr(self, name)!r}: must be True or False")
@@ -148,6 +157,7 @@ class RoundOptions:
             merge=self.merge if self.merge is not None else preset(method, Merging),
             switch=self.switch if self.switch is not None else preset(method, Switch),
             wire=wire,
+            sync=self.sync if self.sync is not None else Sync(),
         )
 
     @classmethod

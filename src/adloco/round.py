@@ -154,7 +154,7 @@ class Traffic:
     """What was communicated since the last count: bytes on the wire, messages, this process's seconds in
     the collectives on its critical path (waits for what ran behind compute included), and the counted
     collectives as ``[kind, op, n, payload bytes, count, workers]`` rows; those that ran behind the workers'
-    compute (``comm.overlap``, streaming) apart, as ``[..., count, share]`` rows (the share of a round's
+    compute (``sync.overlap``, streaming) apart, as ``[..., count, share]`` rows (the share of a round's
     compute each ran behind), with the seconds they took there."""
 
     bytes: int = 0

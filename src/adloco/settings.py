@@ -11,6 +11,7 @@ and ``--set`` (:mod:`adloco.config` adds the sections that only the application 
     Merging        ``merge``: trainer merging and worker allocation (ALGORITHM.md §3, ALGORITHM.md §4)
     Switch         ``switch``: when gradient accumulation pays (ALGORITHM.md §5)
     Wire           ``comm``: what the round's all-reduces travel as (ALGORITHM.md §9.4)
+    Sync           ``sync``: when Δ travels against the compute: overlap and streaming (ALGORITHM.md §13)
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ FactoryName = str  # a factory's name, module:function (adloco.fields.NAMED), im
 class Outer(Dial):
     """The outer step on the pseudo-gradient Δ (ALGORITHM.md §1, step 4): ``average`` (θ ← the workers'
     mean), ``sgd`` (θ ← θ − lr·Δ; DiLoCo's preset, at lr 0.5) or ``nesterov`` (PyTorch SGD semantics; the
-    DiLoCo paper's lr 0.7, momentum 0.9, the fields' defaults). Under ``comm.overlap: delayed`` a ``nesterov``
+    DiLoCo paper's lr 0.7, momentum 0.9, the fields' defaults). Under ``sync.overlap: delayed`` a ``nesterov``
     step with a momentum is warned of (:meth:`stale_momentum`; ALGORITHM.md §13).
 
     ``optimizer`` may also be a factory: a callable that takes a trainer's parameters
@@ -104,15 +105,15 @@ class Outer(Dial):
         return load_named(name) if isinstance(name, str) and name not in OUTER_PRESETS else name
 
     def stale_momentum(self, overlap: str) -> str | None:
-        """Why this step is unstable under ``comm.overlap`` = ``overlap``, or None: with ``delayed`` a Nesterov
+        """Why this step is unstable under ``sync.overlap`` = ``overlap``, or None: with ``delayed`` a Nesterov
         momentum is fed a Δ measured from a θ one outer step stale, oscillates and may diverge (DiLoCo's lr
         0.7 and momentum 0.9: validation perplexity 1.9M where ``none`` ends at 1116; ALGORITHM.md §13).
         ``eager`` corrects each worker's start and keeps the momentum."""
         if overlap == "delayed" and self.optimizer == "nesterov" and self.momentum > 0:
             return (
-                f"outer.optimizer nesterov with outer.momentum {self.momentum:g} under comm.overlap delayed: a "
+                f"outer.optimizer nesterov with outer.momentum {self.momentum:g} under sync.overlap delayed: a "
                 "momentum fed Δ one round stale oscillates and may diverge (ALGORITHM.md §13); outer.optimizer "
-                "sgd (DiLoCo's preset), outer.momentum 0 or comm.overlap eager are stable"
+                "sgd (DiLoCo's preset), outer.momentum 0 or sync.overlap eager are stable"
             )
         return None
 
@@ -319,32 +320,6 @@ class Wire(Dial):
         "them (all: a value only one worker sent is divided by their number)",
     )
 
-    overlap: Literal["none", "delayed", "eager"] = setting(
-        "none",
-        "the round's all-reduce of Δ behind the next round's compute (ALGORITHM.md §13): none waits for it; "
-        "delayed applies it one round late, the workers starting from the θ they know; eager also lets each "
-        "worker take the outer step of its own Δ at once, corrected when the average lands",
-    )
-    fragments: int = setting(
-        1,
-        "streaming (ALGORITHM.md §13): Δ is all-reduced in F = this many fragments of the parameters, "
-        "fragment p at inner step p·H/F of every round (0 at the round's end): peak bytes per collective ÷ F",
-        at_least=1,
-    )
-    fragment_delay: int = setting(
-        0,
-        "streaming: inner steps a fragment's all-reduce runs behind compute before its outer step "
-        "(torchft's fragment_sync_delay, τ < H / comm.fragments)",
-        at_least=0,
-    )
-    fragment_alpha: float = setting(
-        0.0,
-        "streaming: after its outer step a worker's fragment becomes (1 − α)·θ + α·(its own values) "
-        "(torchft's fragment_update_alpha)",
-        at_least=0,
-        at_most=1,
-    )
-
     def check(self) -> None:
         if all(getattr(self, f.name) == f.default for f in fields(self)):
             return  # nothing set: nothing to check (and the codecs need not be imported, FLOAT32 below)
@@ -412,45 +387,6 @@ class Wire(Dial):
                 "test and the pooled estimator"
             )
 
-    def check_streaming(self, inner_steps: int, ddp: bool) -> None:
-        """The rules across the streaming and overlap keys and the round (ValueError naming the key)."""
-        p, tau = self.fragments, self.fragment_delay
-        if ddp and (self.overlap != "none" or p > 1):
-            key, value = ("comm.overlap", self.overlap) if self.overlap != "none" else ("comm.fragments", p)
-            raise ValueError(
-                f"{key} = {value!r}: must be {'none' if key == 'comm.overlap' else 1} with DDP (it averages "
-                "gradients every step: there is no round to overlap)"
-            )
-        if p == 1:
-            if tau or self.fragment_alpha:
-                key = "comm.fragment_delay" if tau else "comm.fragment_alpha"
-                raise ValueError(
-                    f"{key}: set with comm.fragments = 1; it applies to streaming fragments only"
-                )
-            return
-        if inner_steps % p:
-            raise ValueError(
-                f"comm.fragments = {p}: must divide algorithm.inner_steps ({inner_steps}): one fragment "
-                "every H/F steps"
-            )
-        if tau >= inner_steps // p:
-            raise ValueError(
-                f"comm.fragment_delay = {tau}: must be < algorithm.inner_steps / comm.fragments "
-                f"({inner_steps // p}): a fragment lands before the next is sent"
-            )
-        if self.overlap != "none":
-            raise ValueError(
-                f"comm.overlap = {self.overlap!r}: must be none with comm.fragments > 1 (streaming overlaps "
-                "by comm.fragment_delay)"
-            )
-        if self.error_feedback or self.feedback:
-            why = (
-                f" (comm.dtype = {self.dtype!r} turns it on unless set false)"
-                if self.error_feedback is None
-                else ""
-            )
-            raise ValueError(f"comm.error_feedback: must be false with comm.fragments > 1{why}")
-
     @property
     def feedback(self) -> bool:
         """Whether each worker keeps error feedback of its Δ: ``error_feedback``, or where it is null the
@@ -500,6 +436,81 @@ class Wire(Dial):
         return FLOAT32 if name == "float32" else Wire(name, self.block, error_feedback=False)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class Sync(Dial):
+    """When the round's Δ travels against the compute (ALGORITHM.md §13): at the round's end on the critical
+    path (``overlap: none``), behind the next round's compute (``delayed``, ``eager``), or streamed in
+    fragments of θ, each behind a few inner steps (``fragments``, ``fragment_delay``, ``fragment_alpha``).
+    What Δ travels as is :class:`Wire`'s."""
+
+    SECTION: ClassVar[str] = "sync"
+    overlap: Literal["none", "delayed", "eager"] = setting(
+        "none",
+        "the round's all-reduce of Δ behind the next round's compute (ALGORITHM.md §13): none waits for it; "
+        "delayed applies it one round late, the workers starting from the θ they know; eager also lets each "
+        "worker take the outer step of its own Δ at once, corrected when the average lands",
+    )
+    fragments: int = setting(
+        1,
+        "streaming (ALGORITHM.md §13): Δ is all-reduced in F = this many fragments of the parameters, "
+        "fragment p at inner step p·H/F of every round (0 at the round's end): peak bytes per collective ÷ F",
+        at_least=1,
+    )
+    fragment_delay: int = setting(
+        0,
+        "streaming: inner steps a fragment's all-reduce runs behind compute before its outer step "
+        "(torchft's fragment_sync_delay, τ < H / sync.fragments)",
+        at_least=0,
+    )
+    fragment_alpha: float = setting(
+        0.0,
+        "streaming: after its outer step a worker's fragment becomes (1 − α)·θ + α·(its own values) "
+        "(torchft's fragment_update_alpha)",
+        at_least=0,
+        at_most=1,
+    )
+
+    def check_round(self, inner_steps: int, ddp: bool, wire: Wire) -> None:
+        """The rules across these keys, the round and the codec's error feedback (ValueError naming the
+        key)."""
+        p, tau = self.fragments, self.fragment_delay
+        if ddp and (self.overlap != "none" or p > 1):
+            key, value = ("sync.overlap", self.overlap) if self.overlap != "none" else ("sync.fragments", p)
+            raise ValueError(
+                f"{key} = {value!r}: must be {'none' if key == 'sync.overlap' else 1} with DDP (it averages "
+                "gradients every step: there is no round to overlap)"
+            )
+        if p == 1:
+            if tau or self.fragment_alpha:
+                key = "sync.fragment_delay" if tau else "sync.fragment_alpha"
+                raise ValueError(
+                    f"{key}: set with sync.fragments = 1; it applies to streaming fragments only"
+                )
+            return
+        if inner_steps % p:
+            raise ValueError(
+                f"sync.fragments = {p}: must divide algorithm.inner_steps ({inner_steps}): one fragment "
+                "every H/F steps"
+            )
+        if tau >= inner_steps // p:
+            raise ValueError(
+                f"sync.fragment_delay = {tau}: must be < algorithm.inner_steps / sync.fragments "
+                f"({inner_steps // p}): a fragment lands before the next is sent"
+            )
+        if self.overlap != "none":
+            raise ValueError(
+                f"sync.overlap = {self.overlap!r}: must be none with sync.fragments > 1 (streaming overlaps "
+                "by sync.fragment_delay)"
+            )
+        if wire.error_feedback or wire.feedback:
+            why = (
+                f" (comm.dtype = {wire.dtype!r} turns it on unless set false)"
+                if wire.error_feedback is None
+                else ""
+            )
+            raise ValueError(f"comm.error_feedback: must be false with sync.fragments > 1{why}")
+
+
 FLOAT32 = Wire()  # what merges, moves and initial broadcasts travel as
 
 
@@ -539,7 +550,7 @@ def preset_values(
     brings (:attr:`adloco.comm.codecs.Codec.outer`: topk, SparseLoCo's plain descent at lr 1, whose decaying
     error feedback plays the momentum's part). Whoever sets ``outer.optimizer`` or ``outer.momentum`` keeps
     the preset (:func:`outer_note` says which step a run took and why). No preset keeps a momentum, so none
-    is unstable under ``comm.overlap`` delayed (:meth:`Outer.stale_momentum`)."""
+    is unstable under ``sync.overlap`` delayed (:meth:`Outer.stale_momentum`)."""
     values = dict((PRESETS if table is None else table)[method].get(section, {}))
     if section == Outer.SECTION and values.get("optimizer") in ("sgd", "nesterov"):
         from adloco.comm.codecs import rules

@@ -60,7 +60,7 @@ def meta(d: Decisions, trainers: Mapping[int, Trainer], workers: Workers, n_work
         "speed": dict(d.speed),
         # ALGORITHM.md §10: each trainer's b₀ and noise ratio B̂ (its lr multiplier follows from them)
         "lr_state": {t: [tr.b0, tr.noise] for t, tr in sorted(trainers.items())},
-        # comm.overlap: what was in flight (its average is the trainer's `pending`) and its traffic
+        # sync.overlap: what was in flight (its average is the trainer's `pending`) and its traffic
         "in_flight": [
             {"trainer": f.trainer, "round": f.round, "records": [r.to_dict() for r in f.pending.records]}
             for f in in_flight(trainers)
@@ -86,7 +86,7 @@ def worker_state(w: int, workers: Workers, trainer: Trainer) -> dict[str, torch.
 def local(
     d: Decisions, trainers: Mapping[int, Trainer], workers: Workers, schedule: Schedule, comm: Comm
 ) -> dict[str, Any]:
-    """This process's state (:meth:`adloco.method.AdLoCo.state_dict`): with ``comm.overlap`` it first waits
+    """This process's state (:meth:`adloco.method.AdLoCo.state_dict`): with ``sync.overlap`` it first waits
     for what is in flight, whose average each trainer keeps as ``pending`` (ALGORITHM.md §13)."""
     workers.between_rounds("state_dict", schedule.H)
     schedule.receive(trainers)

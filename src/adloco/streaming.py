@@ -1,6 +1,6 @@
 """When Δ travels (ALGORITHM.md §13): the schedule of every fragment's launch and landing.
 
-θ is synchronized in F = ``comm.fragments`` contiguous fragments of near-equal size (:func:`fragments`;
+θ is synchronized in F = ``sync.fragments`` contiguous fragments of near-equal size (:func:`fragments`;
 F = 1: all of θ at once); with an outer step that asks for the model's shapes (a matrix-aware factory),
 fragments that end between whole tensors, as near to those as the tensors allow (:func:`tensor_fragments`).
 The :class:`Schedule` says, after each inner step h of a round (h = H: the
@@ -8,7 +8,7 @@ round's end, phase 2 of ALGORITHM.md §6), which fragments launch their Δ and w
 landing is counted; the algorithm then calls each trainer's :meth:`~adloco.trainer.Trainer.prepare_sync`
 and :meth:`~adloco.trainer.Trainer.perform_sync` from one place (:meth:`adloco.method.AdLoCo._synchronize`).
 
-- ``comm.overlap: none`` (F = 1): Δ launched and landed at the round's end, on the critical path.
+- ``sync.overlap: none`` (F = 1): Δ launched and landed at the round's end, on the critical path.
 - ``delayed`` / ``eager``: Δ launched at the round's end on the background lane, landed at the end of the
   next round (behind its whole compute); eager also starts each worker from its own Δ's outer step.
 - Streaming (F > 1, Streaming DiLoCo 2501.18512 with torchft's ``fragment_sync_delay`` τ and
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from adloco.comm.quantize import ErrorFeedback
-from adloco.settings import Wire
+from adloco.settings import Sync
 from adloco.trainer import Flight, Trainer
 
 log = logging.getLogger("adloco")
@@ -75,14 +75,14 @@ class Due:
 
 
 class Schedule:
-    """When each fragment's Δ is launched and lands, for one round of H inner steps (``comm.overlap``,
-    ``comm.fragments``, ``comm.fragment_delay``; DDP has no rounds to overlap), and the one place both
+    """When each fragment's Δ is launched and lands, for one round of H inner steps (``sync.overlap``,
+    ``sync.fragments``, ``sync.fragment_delay``; DDP has no rounds to overlap), and the one place both
     happen (:meth:`run`). It keeps the order of every launch (reductions land in that order) and the
     seconds waited for what ran behind compute."""
 
     def __init__(
         self,
-        wire: Wire,
+        sync: Sync,
         H: int,
         ddp: bool,
         flats: Mapping[int, Any],
@@ -91,16 +91,16 @@ class Schedule:
     ) -> None:
         self.H = H
         self.flats, self.feedback, self.scratch = flats, feedback, scratch  # this process's workers
-        if wire.fragments > scratch.numel():
+        if sync.fragments > scratch.numel():
             raise ValueError(
-                f"comm.fragments = {wire.fragments}: more fragments than parameters ({scratch.numel()})"
+                f"sync.fragments = {sync.fragments}: more fragments than parameters ({scratch.numel()})"
             )
-        self.streaming = wire.fragments > 1 and not ddp
-        self.count = wire.fragments if self.streaming else 1
-        self.tau = wire.fragment_delay if self.streaming else 0
-        self.alpha = wire.fragment_alpha
-        self.lag = 1 if wire.overlap != "none" and not ddp else 0  # rounds from launch to landing
-        self.eager = self.lag > 0 and wire.overlap == "eager"
+        self.streaming = sync.fragments > 1 and not ddp
+        self.count = sync.fragments if self.streaming else 1
+        self.tau = sync.fragment_delay if self.streaming else 0
+        self.alpha = sync.fragment_alpha
+        self.lag = 1 if sync.overlap != "none" and not ddp else 0  # rounds from launch to landing
+        self.eager = self.lag > 0 and sync.overlap == "eager"
         every = H // self.count
         self._at = [p * every if p else H for p in range(self.count)]  # the step after which p lands
         self._launches = itertools.count()

@@ -7,7 +7,7 @@ every process, the reductions of its Δ in flight (:class:`Flight`: every proces
 those hosting none of its workers with nothing to add).
 
 Its synchronization is written as torchft writes a streaming fragment's: :meth:`Trainer.prepare_sync`
-launches the reduction of one fragment's Δ (all of θ unless ``comm.fragments`` > 1), now or on the
+launches the reduction of one fragment's Δ (all of θ unless ``sync.fragments`` > 1), now or on the
 communicator's background lane; :meth:`Trainer.perform_sync` waits for it and takes the outer step on
 that fragment. *When* each happens is the schedule's, which calls both from one place
 (:meth:`adloco.streaming.Schedule.run`).

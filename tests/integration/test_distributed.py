@@ -110,8 +110,8 @@ def test_processes_share_rows_by_speed_with_a_profile_they_fit_themselves(
 @pytest.mark.parametrize(
     "sets",
     [
-        ["comm.overlap=eager", "merge.every=3"],
-        ["algorithm.inner_steps=4", "comm.fragments=2", "comm.fragment_delay=1", "merge.every=3"],
+        ["sync.overlap=eager", "merge.every=3"],
+        ["algorithm.inner_steps=4", "sync.fragments=2", "sync.fragment_delay=1", "merge.every=3"],
     ],
     ids=["eager", "streaming"],
 )

@@ -41,14 +41,14 @@ def test_a_killed_process_is_restarted_and_the_run_finishes(
     restarts the processes, they continue from round 2's checkpoint, and the run ends with exit 0. Two
     workers: in 2 processes (two trainers that merge), or with runtime.shards 2 in 4 (ALGORITHM.md §12),
     where the rank lost is one shard of worker 0: its worker is lost with it, and the restarted ranks
-    reshard the checkpoint; there Δ also travels behind compute (comm.overlap delayed, ALGORITHM.md §13;
+    reshard the checkpoint; there Δ also travels behind compute (sync.overlap delayed, ALGORITHM.md §13;
     one trainer of both workers): round 2's checkpoint holds its average in flight, which the restarted
     ranks apply at the end of round 3."""
     out = tmp_path / "runs"
     nproc, trainers = 2 * shards, "2" if shards == 1 else "1"
     cmd = [sys.executable, "-m", "adloco", "train", "--nproc", str(nproc), "--max-restarts", "1"]
     cmd += sets(algorithm__rounds="5", algorithm__workers="2", algorithm__trainers=trainers, merge__every="2")
-    cmd += ["--set", f"runtime.shards={shards}"] + (["--set", "comm.overlap=delayed"] if shards > 1 else [])
+    cmd += ["--set", f"runtime.shards={shards}"] + (["--set", "sync.overlap=delayed"] if shards > 1 else [])
     cmd += ["--set", f"data.source={text_corpus}", "--set", f"logging.out_dir={out}"]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env("kill@1:3"), timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -67,6 +67,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, text_corpus: Path) -> dict[s
     (tmp / "mixed" / "b.md").write_text("more text " * 50)
     (tmp / "mixed" / "c.txt").write_bytes(b"GIF89a\x01\x00\x01\x00\x00\xff")  # a binary named .txt
     (tmp / "section5.yaml").write_text("algorithm: 5\n")
+    (tmp / "oldcomm.yaml").write_text("comm:\n  dtype: int8\n  fragments: 2\n")
     (tmp / "list.yaml").write_text("- model\n- data\n")
     (tmp / "latin1.yaml").write_bytes("logging:\n  name: caf\u00e9\n".encode("latin-1"))
     return {"tmp": tmp, "corpus": text_corpus, "ckpt": tmp / "ckpt", "run": run_ok, "nock": nock}
@@ -217,7 +218,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "unknown-section",
         ["train", *S("logging.out_dir={tmp}/runs", "bach.eta=0.5")],
-        "config: unknown section 'bach'; did you mean 'batch'? (allowed: model, data, algorithm, inner, outer, batch, merge, switch, eval, runtime, comm, network, checkpoint, elastic, faults, logging)",
+        "config: unknown section 'bach'; did you mean 'batch'? (allowed: model, data, algorithm, inner, outer, batch, merge, switch, eval, runtime, comm, sync, network, checkpoint, elastic, faults, logging)",
     ),
     (
         "unknown-method",
@@ -421,42 +422,67 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: algorithm.workers = 3: must equal processes (2) x runtime.workers_per_process (1)",
     ),
     (
+        "comm-overlap-moved",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.overlap=delayed")],
+        "config: comm.overlap: moved to sync.overlap (comm says what Δ travels as, sync when it travels)",
+    ),
+    (
+        "comm-fragments-moved",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.fragments=2")],
+        "config: comm.fragments: moved to sync.fragments (comm says what Δ travels as, sync when it travels)",
+    ),
+    (
+        "comm-fragment-delay-moved",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.fragment_delay=1")],
+        "config: comm.fragment_delay: moved to sync.fragment_delay (comm says what Δ travels as, sync when it travels)",
+    ),
+    (
+        "comm-fragment-alpha-moved",
+        ["train", *S("logging.out_dir={tmp}/runs", "comm.fragment_alpha=0.5")],
+        "config: comm.fragment_alpha: moved to sync.fragment_alpha (comm says what Δ travels as, sync when it travels)",
+    ),
+    (
+        "comm-moved-in-a-file",
+        ["train", "--config", "{tmp}/oldcomm.yaml", *S("logging.out_dir={tmp}/runs")],
+        "config: comm.fragments: moved to sync.fragments (comm says what Δ travels as, sync when it travels)",
+    ),
+    (
         "overlap-unknown",
-        ["train", *S("logging.out_dir={tmp}/runs", "comm.overlap=later")],
-        "config: comm.overlap = 'later': must be one of 'none', 'delayed', 'eager'",
+        ["train", *S("logging.out_dir={tmp}/runs", "sync.overlap=later")],
+        "config: sync.overlap = 'later': must be one of 'none', 'delayed', 'eager'",
     ),
     (
         "overlap-ddp",
-        ["train", *S("logging.out_dir={tmp}/runs", "algorithm.method=ddp", "comm.overlap=eager")],
-        "config: comm.overlap = 'eager': must be none with DDP (it averages gradients every step: there is no round to overlap)",
+        ["train", *S("logging.out_dir={tmp}/runs", "algorithm.method=ddp", "sync.overlap=eager")],
+        "config: sync.overlap = 'eager': must be none with DDP (it averages gradients every step: there is no round to overlap)",
     ),
     (
         "fragments-not-dividing-h",
-        ["train", *S("logging.out_dir={tmp}/runs", "algorithm.inner_steps=6", "comm.fragments=4")],
-        "config: comm.fragments = 4: must divide algorithm.inner_steps (6): one fragment every H/F steps",
+        ["train", *S("logging.out_dir={tmp}/runs", "algorithm.inner_steps=6", "sync.fragments=4")],
+        "config: sync.fragments = 4: must divide algorithm.inner_steps (6): one fragment every H/F steps",
     ),
     (
         "fragment-delay-too-long",
         [
             "train",
-            *S("logging.out_dir={tmp}/runs", "algorithm.inner_steps=8", "comm.fragments=4"),
-            *S("comm.fragment_delay=2"),
+            *S("logging.out_dir={tmp}/runs", "algorithm.inner_steps=8", "sync.fragments=4"),
+            *S("sync.fragment_delay=2"),
         ],
-        "config: comm.fragment_delay = 2: must be < algorithm.inner_steps / comm.fragments (2): a fragment lands before the next is sent",
+        "config: sync.fragment_delay = 2: must be < algorithm.inner_steps / sync.fragments (2): a fragment lands before the next is sent",
     ),
     (
         "fragments-with-overlap",
         [
             "train",
-            *S("logging.out_dir={tmp}/runs", "algorithm.inner_steps=8", "comm.fragments=4"),
-            *S("comm.overlap=delayed"),
+            *S("logging.out_dir={tmp}/runs", "algorithm.inner_steps=8", "sync.fragments=4"),
+            *S("sync.overlap=delayed"),
         ],
-        "config: comm.overlap = 'delayed': must be none with comm.fragments > 1 (streaming overlaps by comm.fragment_delay)",
+        "config: sync.overlap = 'delayed': must be none with sync.fragments > 1 (streaming overlaps by sync.fragment_delay)",
     ),
     (
         "fragment-alpha-range",
-        ["train", *S("logging.out_dir={tmp}/runs", "comm.fragment_alpha=1.5")],
-        "config: comm.fragment_alpha = 1.5: must be in [0, 1]",
+        ["train", *S("logging.out_dir={tmp}/runs", "sync.fragment_alpha=1.5")],
+        "config: sync.fragment_alpha = 1.5: must be in [0, 1]",
     ),
     (
         "topk-fraction-zero",
@@ -604,10 +630,10 @@ CASES: list[tuple[str, list[str], str]] = [
         "topk-streaming",
         [
             "train",
-            *S("logging.out_dir={tmp}/runs", "algorithm.inner_steps=8", "comm.fragments=2"),
+            *S("logging.out_dir={tmp}/runs", "algorithm.inner_steps=8", "sync.fragments=2"),
             *S("comm.dtype=topk"),
         ],
-        "config: comm.error_feedback: must be false with comm.fragments > 1 (comm.dtype = 'topk' turns it on "
+        "config: comm.error_feedback: must be false with sync.fragments > 1 (comm.dtype = 'topk' turns it on "
         "unless set false)",
     ),
     (
@@ -874,7 +900,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "yaml-top-level-not-a-mapping",
         ["train", "--config", "{tmp}/list.yaml", *S("logging.out_dir={tmp}/runs")],
-        "config file '{tmp}/list.yaml': the top level must be a mapping of sections (model, data, algorithm, inner, outer, batch, merge, switch, eval, runtime, comm, network, checkpoint, elastic, faults, logging), got a list",
+        "config file '{tmp}/list.yaml': the top level must be a mapping of sections (model, data, algorithm, inner, outer, batch, merge, switch, eval, runtime, comm, sync, network, checkpoint, elastic, faults, logging), got a list",
     ),
     (
         "yaml-not-utf8",
@@ -975,7 +1001,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "config-unknown-section",
         ["config", "batches"],
-        "config: unknown section 'batches'; did you mean 'batch'? (allowed: model, data, algorithm, inner, outer, batch, merge, switch, eval, runtime, comm, network, checkpoint, elastic, faults, logging)",
+        "config: unknown section 'batches'; did you mean 'batch'? (allowed: model, data, algorithm, inner, outer, batch, merge, switch, eval, runtime, comm, sync, network, checkpoint, elastic, faults, logging)",
     ),
     (
         "tracker-unknown",

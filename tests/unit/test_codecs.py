@@ -398,7 +398,7 @@ def test_topk_resumes_its_error_feedback_bit_for_bit(overlap: str) -> None:
     the uninterrupted one sends, round after round, with Δ in flight or not."""
     import copy
 
-    from adloco import DiLoCo, Outer, Wire
+    from adloco import DiLoCo, Outer, Sync, Wire
     from tests.toy import Data, loss_fn, models, run_round
 
     def build() -> DiLoCo:
@@ -410,7 +410,8 @@ def test_topk_resumes_its_error_feedback_bit_for_bit(overlap: str) -> None:
             batch_size=2,
             loss_fn=loss_fn,
             outer=Outer.sgd(0.7),
-            wire=Wire("topk", topk_block=8, topk_fraction=0.25, overlap=overlap),
+            wire=Wire("topk", topk_block=8, topk_fraction=0.25),
+            sync=Sync(overlap=overlap),
             sync_initial=False,
         )
 

@@ -46,9 +46,9 @@ def test_the_defaults_say_what_they_are() -> None:
             2,
             "Δ int4 (blocks of 256), error feedback off, θ int4 (blocks of 256), following Δ",
         ),
-        (["comm.overlap=eager"], 2, "overlap eager (workers go on from their own Δ's step while it travels)"),
-        (["comm.overlap=delayed"], 2, "overlap delayed (Δ lands a round late)"),
-        (["comm.fragments=4", "algorithm.inner_steps=12"], 2, "overlap streaming in 4 fragments"),
+        (["sync.overlap=eager"], 2, "overlap eager (workers go on from their own Δ's step while it travels)"),
+        (["sync.overlap=delayed"], 2, "overlap delayed (Δ lands a round late)"),
+        (["sync.fragments=4", "algorithm.inner_steps=12"], 2, "overlap streaming in 4 fragments"),
         (
             ["algorithm.method=diloco"],
             1,
@@ -76,7 +76,7 @@ def test_a_run_prints_them_first(
     sets = S(
         f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", *TINY_QUIET, "logging.progress=plain"
     )
-    assert main(["train", *sets, *S("comm.dtype=int8", "comm.overlap=delayed")]) == 0
+    assert main(["train", *sets, *S("comm.dtype=int8", "sync.overlap=delayed")]) == 0
     out = capsys.readouterr().out.splitlines()
     start = next(i for i, x in enumerate(out) if x.startswith("adloco: llama-micro"))
     assert "4 workers, 4 trainers" in out[start] and "device cpu, 1 thread(s)" in out[start]

@@ -36,7 +36,7 @@ COMMANDS = documented()
 
 
 def test_the_pages_show_commands() -> None:
-    assert len(COMMANDS) > 50 and any(c.startswith("train --set comm.overlap") for _, c in COMMANDS)
+    assert len(COMMANDS) > 50 and any(c.startswith("train --set sync.overlap") for _, c in COMMANDS)
 
 
 @pytest.mark.parametrize("page,command", COMMANDS, ids=[f"{p}: {c[:60]}" for p, c in COMMANDS])

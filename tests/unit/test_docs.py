@@ -428,6 +428,7 @@ def test_dials_are_config_sections() -> None:
         "Merging": "merge",
         "Switch": "switch",
         "Wire": "comm",
+        "Sync": "sync",
     }
 
 

@@ -38,7 +38,7 @@ def test_sgd() -> None:
 
 
 def test_a_state_with_momentum_is_refused_by_a_preset_that_keeps_none() -> None:
-    """A Nesterov state loaded into `sgd` (DiLoCo's preset under comm.overlap delayed) would lose its momentum
+    """A Nesterov state loaded into `sgd` (DiLoCo's preset under sync.overlap delayed) would lose its momentum
     without a word: refused, naming what to load it with."""
     theta = torch.linspace(-1, 1, 6)
     nesterov = OuterOptimizer("nesterov", lr=0.7, momentum=0.9)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging, Outer, Wire
+from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging, Outer, Sync
 from adloco.algorithms.outer import OuterParams
 from tests.toy import Data, loss_fn, models, rounds_in_threads, run_round, sgd
 
@@ -49,7 +49,7 @@ def _adloco(
     )
 
 
-def _diloco(outer: Outer, wire: Wire | None = None, **kw: Any) -> DiLoCo:
+def _diloco(outer: Outer, sync: Sync | None = None, **kw: Any) -> DiLoCo:
     ms = models(2)
     return DiLoCo(
         ms,
@@ -58,7 +58,7 @@ def _diloco(outer: Outer, wire: Wire | None = None, **kw: Any) -> DiLoCo:
         batch_size=2,
         loss_fn=loss_fn,
         outer=outer,
-        wire=wire,
+        sync=sync,
         sync_initial=False,
         **kw,
     )
@@ -147,8 +147,8 @@ def test_moves_carry_any_optimizers_state_between_threads() -> None:
 def test_eager_takes_any_optimizers_step_on_a_copy_of_its_state() -> None:
     data = Data()
     ours, theirs = (
-        _diloco(Outer.nesterov(0.7, 0.9), Wire(overlap="eager")),
-        _diloco(Outer(optimizer=torch_nesterov), Wire(overlap="eager")),
+        _diloco(Outer.nesterov(0.7, 0.9), Sync(overlap="eager")),
+        _diloco(Outer(optimizer=torch_nesterov), Sync(overlap="eager")),
     )
     for _ in range(3):
         run_round(ours, data)
@@ -178,8 +178,8 @@ def test_streaming_steps_any_optimizer_fragment_by_fragment_and_undoes_an_aborte
     from adloco import RoundAborted
 
     data = Data()
-    wire = Wire(fragments=2, fragment_delay=1, fragment_alpha=0.5)
-    a, b = _diloco(outer, wire, snapshot=True), _diloco(Outer.nesterov(0.7, 0.9), wire, snapshot=True)
+    sync = Sync(fragments=2, fragment_delay=1, fragment_alpha=0.5)
+    a, b = _diloco(outer, sync, snapshot=True), _diloco(Outer.nesterov(0.7, 0.9), sync, snapshot=True)
     for _ in range(2):
         run_round(a, data)
         run_round(b, data)
@@ -191,7 +191,7 @@ def test_streaming_steps_any_optimizer_fragment_by_fragment_and_undoes_an_aborte
             a.step_all({w: data.batch(w, a.round, h, 2) for w in a.local_workers}, stop=h == 2)
     assert torch.equal(a.theta(0), theta)
     assert all(torch.equal(a.trainers[0].outer.state_dict()[k], v) for k, v in held.items())
-    c = _diloco(outer, wire, snapshot=True)
+    c = _diloco(outer, sync, snapshot=True)
     c.load_state_dict(state)
     for _ in range(2):
         run_round(a, data)
@@ -243,9 +243,9 @@ def test_a_factorys_fragments_end_between_tensors_so_shaped_views_serve_them() -
     flat = Outer(optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
     flat_asking = Outer(optimizer=lambda p: torch.optim.SGD(p, lr=1.0) if p.names else None)
     data = Data()
-    a, b = _diloco(shaped, Wire(fragments=2)), _diloco(flat_asking, Wire(fragments=2))
+    a, b = _diloco(shaped, Sync(fragments=2)), _diloco(flat_asking, Sync(fragments=2))
     assert a._parts == b._parts == [slice(0, 6), slice(6, 7)]  # even halves, 0:4 and 4:7, cut the weight
-    assert _diloco(flat, Wire(fragments=2))._parts == [slice(0, 4), slice(4, 7)]  # as the presets'
+    assert _diloco(flat, Sync(fragments=2))._parts == [slice(0, 4), slice(4, 7)]  # as the presets'
     for _ in range(2):
         run_round(a, data)
         run_round(b, data)
@@ -253,7 +253,7 @@ def test_a_factorys_fragments_end_between_tensors_so_shaped_views_serve_them() -
     with pytest.raises(
         ValueError, match=r"^outer.optimizer: params.shaped\(\) has no shapes here: the streaming"
     ):
-        run_round(_diloco(shaped, Wire(fragments=4)), data)  # 4 fragments of 2 tensors
+        run_round(_diloco(shaped, Sync(fragments=4)), data)  # 4 fragments of 2 tensors
     copies = Outer(optimizer=lambda p: torch.optim.SGD([p[0].clone()], lr=1.0))
     with pytest.raises(
         ValueError, match="^outer.optimizer: the optimizer must step the tensors its callable"

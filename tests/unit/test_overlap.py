@@ -1,4 +1,4 @@
-"""``comm.overlap`` (ALGORITHM.md §13): Δ all-reduced behind the next round's compute.
+"""``sync.overlap`` (ALGORITHM.md §13): Δ all-reduced behind the next round's compute.
 
 The order of outer steps by value (a delayed or eager run is ``none`` one round late, exactly), the eager
 start, merges and the end of training waiting for what is in flight, the background lane's collectives
@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging, Outer, Wire
+from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging, Outer, Sync
 from adloco.comm import base
 from adloco.comm.inprocess import InProcessComm
 from adloco.netmodel import collective_seconds, round_seconds
@@ -49,7 +49,7 @@ def _tilted(overlap: str, workers: int = 2) -> DiLoCo:
         batch_size=1,
         loss_fn=_tilt_loss,
         outer=Outer.nesterov(0.5, 0.5),  # powers of two: every value below is exact in float32
-        wire=Wire(overlap=overlap),
+        sync=Sync(overlap=overlap),
         clip=0.0,
     )
 
@@ -99,7 +99,7 @@ def test_eager_localsgd_starts_each_worker_from_theta_plus_its_own_progress() ->
 
     data = Data()
     ms = models(2)
-    algo = LocalSGD(ms, sgd(ms), inner_steps=3, batch_size=2, loss_fn=loss_fn, wire=Wire(overlap="eager"))
+    algo = LocalSGD(ms, sgd(ms), inner_steps=3, batch_size=2, loss_fn=loss_fn, sync=Sync(overlap="eager"))
     for _ in range(3):
         r = algo.round
         began = {w: algo.replicas[w].flat.param.clone() for w in (0, 1)}
@@ -132,7 +132,7 @@ def _diloco(overlap: str, comm: Any = None, ms: list[nn.Module] | None = None) -
         batch_size=2,
         loss_fn=loss_fn,
         outer=Outer.nesterov(0.7, 0.9),
-        wire=Wire(overlap=overlap),
+        sync=Sync(overlap=overlap),
         comm=comm,
         clip=0.0,  # the hooked form's loop does not clip: the driven one must not either
         sync_initial=False,
@@ -242,7 +242,7 @@ def test_a_merge_waits_for_what_is_in_flight() -> None:
         outer=Outer.nesterov(),
         batch=AdaptiveBatch(eta=0.3, initial=2),
         merge=Merging(every=2),
-        wire=Wire(overlap="delayed"),
+        sync=Sync(overlap="delayed"),
     )
     run_round(algo, data)
     assert len(algo._flights) == 2
@@ -281,10 +281,10 @@ def test_overlap_is_refused_where_nothing_can_overlap() -> None:
     from adloco import DDP
 
     ms = models(2)
-    with pytest.raises(ValueError, match="comm.overlap"):
-        DDP(ms, sgd(ms), loss_fn=loss_fn, batch_size=2, wire=Wire(overlap="delayed"))
-    with pytest.raises(ValueError, match="comm.overlap"):
-        Wire(overlap="later")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="sync.overlap"):
+        DDP(ms, sgd(ms), loss_fn=loss_fn, batch_size=2, sync=Sync(overlap="delayed"))
+    with pytest.raises(ValueError, match="sync.overlap"):
+        Sync(overlap="later")  # type: ignore[arg-type]
 
 
 # -- the outer step under delayed -----------------------------------------------------------------
@@ -311,7 +311,7 @@ def _bowl(overlap: str, outer: Outer | None = None) -> DiLoCo:
         batch_size=1,
         loss_fn=_tilt_loss,
         outer=outer,
-        wire=Wire(overlap=overlap),
+        sync=Sync(overlap=overlap),
         clip=0.0,
     )
 
@@ -341,7 +341,7 @@ def test_diloco_under_delayed_keeps_its_sgd_and_converges_where_a_momentum_diver
     assert stale.outer_spec == Outer.nesterov(0.7, 0.9)
     (record,) = caplog.records
     assert record.getMessage().startswith(
-        "outer.optimizer nesterov with outer.momentum 0.9 under comm.overlap delayed: a momentum fed Δ one "
+        "outer.optimizer nesterov with outer.momentum 0.9 under sync.overlap delayed: a momentum fed Δ one "
         "round stale oscillates and may diverge (ALGORITHM.md §13); outer.optimizer sgd"
     )
     assert _bowl_distance(stale) > 10  # 1 at the start, growing
@@ -363,14 +363,14 @@ def test_the_config_keeps_diloco_s_sgd_under_any_overlap_and_a_step_the_user_set
 
     diloco = ["algorithm.method=diloco"]
     for overlap in ("none", "delayed", "eager"):
-        cfg = resolve(None, [*diloco, f"comm.overlap={overlap}"])
+        cfg = resolve(None, [*diloco, f"sync.overlap={overlap}"])
         assert (cfg.outer.optimizer, cfg.outer.lr) == ("sgd", 0.5)
         assert outer_note("diloco", cfg.outer, cfg.comm) is None  # the preset: nothing to say
-    told = resolve(None, [*diloco, "comm.overlap=delayed", "outer.optimizer=nesterov", "outer.lr=0.7"])
+    told = resolve(None, [*diloco, "sync.overlap=delayed", "outer.optimizer=nesterov", "outer.lr=0.7"])
     assert (told.outer.optimizer, told.outer.lr, told.outer.momentum) == ("nesterov", 0.7, 0.9)
     assert told.outer.stale_momentum("delayed") is not None
-    assert resolve(None, ["algorithm.method=localsgd", "comm.overlap=delayed"]).outer.optimizer == "average"
-    assert resolve(None, ["comm.overlap=delayed"]).outer.optimizer == "average"  # adloco's own
+    assert resolve(None, ["algorithm.method=localsgd", "sync.overlap=delayed"]).outer.optimizer == "average"
+    assert resolve(None, ["sync.overlap=delayed"]).outer.optimizer == "average"  # adloco's own
     # a momentum the user set is never dropped: without Nesterov it is refused, naming the key to set
     with pytest.raises(UserError, match=r"outer.momentum = 0.5: applies to outer.optimizer nesterov only"):
         resolve(None, [*diloco, "outer.momentum=0.5"])
@@ -378,7 +378,7 @@ def test_the_config_keeps_diloco_s_sgd_under_any_overlap_and_a_step_the_user_set
     assert (kept.outer.optimizer, kept.outer.lr, kept.outer.momentum) == ("nesterov", 0.5, 0.5)
     assert outer_note("diloco", kept.outer, kept.comm) is None
     # the line that says which step a run took, and why
-    topk = resolve(None, [*diloco, "comm.dtype=topk", "comm.overlap=delayed"])
+    topk = resolve(None, [*diloco, "comm.dtype=topk", "sync.overlap=delayed"])
     assert (topk.outer.optimizer, topk.outer.lr) == ("sgd", 1.0)
     note = outer_note("diloco", topk.outer, topk.comm) or ""
     assert note.startswith("outer step: sgd at lr 1, no momentum, in place of diloco's sgd at lr 0.5: ")
@@ -413,7 +413,7 @@ def _streamed(
         batch_size=2,
         loss_fn=loss_fn,
         outer=Outer.nesterov(0.7, 0.9),
-        wire=Wire(fragments=fragments, fragment_delay=delay, fragment_alpha=alpha),
+        sync=Sync(fragments=fragments, fragment_delay=delay, fragment_alpha=alpha),
         comm=comm,
         clip=0.0,
         sync_initial=False,
@@ -510,3 +510,22 @@ def test_a_fragment_collective_is_priced_behind_its_own_delay() -> None:
     row = ["delta", "all_reduce", 2, 400, 3, 0.25]  # 3 fragments, each behind a quarter of the compute
     assert round_seconds({0: t}, [], 1e4, 0.0, behind=[row]) == pytest.approx(t + 3 * 0.75 * t)
     assert round_seconds({0: 4 * t}, [], 1e4, 0.0, behind=[row]) == pytest.approx(4 * t)
+
+
+def test_a_run_directory_from_before_the_sync_section_resumes_as_it_ran(tmp_path: Any) -> None:
+    """A run's config.yaml written when overlap and fragments were comm's keys resumes with them moved to
+    sync; the same keys written by a user (a file, --set) are refused in one line naming where they went."""
+    import yaml
+
+    from adloco.config import dump_yaml, resolve
+    from adloco.errors import UserError
+
+    sets = ["algorithm.method=diloco", "algorithm.inner_steps=4", "sync.fragments=2", "sync.fragment_delay=1"]
+    now = resolve(None, sets)
+    old = yaml.safe_load(dump_yaml(now))
+    old["comm"].update(old.pop("sync"))  # how the run directory was written before
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(old))
+    assert resolve(path, resuming=True) == now
+    with pytest.raises(UserError, match=r"^config: comm\.(\w+): moved to sync\.\1 \("):
+        resolve(path)

@@ -120,8 +120,8 @@ def test_resume_may_extend_a_finished_run(tmp_path: Path, reference: Path) -> No
 @pytest.mark.parametrize(
     "sets",
     [
-        {"comm__overlap": "eager"},
-        {"algorithm__inner_steps": "4", "comm__fragments": "2", "comm__fragment_delay": "1"},
+        {"sync__overlap": "eager"},
+        {"algorithm__inner_steps": "4", "sync__fragments": "2", "sync__fragment_delay": "1"},
         {"comm__dtype": "topk", "comm__topk_block": "64", "algorithm__trainers": "2"},  # 2 workers a trainer
     ],
     ids=["eager", "streaming", "topk"],
@@ -137,7 +137,7 @@ def test_a_run_with_delta_in_flight_resumes_bit_for_bit(
     assert train(out, text_corpus, merge__every="5", **sets) == 0
     ref = only_run(out)
     meta = json.loads((ref / "checkpoints" / "round-000004" / "state.json").read_text())
-    if "comm__overlap" in sets:
+    if "sync__overlap" in sets:
         assert [f["round"] for f in meta["algorithm"]["in_flight"]] == [4] * len(
             meta["algorithm"]["requests"]
         )

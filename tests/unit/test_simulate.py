@@ -24,8 +24,8 @@ ENGINE_CASES = [
     ("diloco", ["algorithm.method=diloco", "algorithm.trainers=1"], 1),
     ("diloco-int4", ["algorithm.method=diloco", "algorithm.trainers=1", "comm.dtype=int4"], 1),
     ("diloco-topk", ["algorithm.method=diloco", "algorithm.trainers=1", "comm.dtype=topk"], 1),
-    ("streaming", ["algorithm.method=diloco", "algorithm.trainers=1", "comm.fragments=2"], 1),
-    ("delayed", ["algorithm.method=diloco", "algorithm.trainers=1", "comm.overlap=delayed"], 2),
+    ("streaming", ["algorithm.method=diloco", "algorithm.trainers=1", "sync.fragments=2"], 1),
+    ("delayed", ["algorithm.method=diloco", "algorithm.trainers=1", "sync.overlap=delayed"], 2),
     ("ddp-int8", ["algorithm.method=ddp", "algorithm.trainers=1", "comm.dtype=int8"], 1),
     ("adloco-int4", ["comm.dtype=int4", "algorithm.trainers=2", "merge.policy=none"], 1),
 ]
@@ -50,6 +50,7 @@ def test_the_simulated_round_is_the_engines(case: str, sets: list[str], rounds: 
         a.trainers if a.method == "adloco" else 1,
         cfg.comm,
         cfg.batch,
+        sync=cfg.sync,
     )
     r = price(s, range(a.workers))
     assert r.rows == logged["collectives"]

@@ -31,7 +31,7 @@ PRESETS = ("average", "sgd", "nesterov")
 
 class OuterParams(list[torch.Tensor]):
     """What an outer optimizer's callable is given: a list holding one tensor, the trainer's flat
-    parameters θ (P float32 values in the flat layout of ALGORITHM.md §0; with ``comm.fragments`` > 1, one
+    parameters θ (P float32 values in the flat layout of ALGORITHM.md §0; with ``sync.fragments`` > 1, one
     fragment's values). Pass it to any element-wise optimizer as it is (``torch.optim.SGD(params, ...)``).
 
     An optimizer that needs the model's shapes (a Muon-style orthogonalized step) takes :meth:`shaped`
@@ -230,7 +230,7 @@ class OuterOptimizer:
                 shapes = shapes_within(self._shapes, slice(start, stop))
                 why = (
                     f"the streaming fragment θ[{start}:{stop}] begins or ends inside a tensor (the model has "
-                    "too few tensors for every one of comm.fragments to end between them)"
+                    "too few tensors for every one of sync.fragments to end between them)"
                 )
             params = OuterParams(theta[start:stop], shapes, why)
             made = self.make(params)
@@ -341,7 +341,7 @@ class OuterOptimizer:
         if self.kind in ("average", "sgd") and state:
             raise ValueError(
                 f"outer state: holds {', '.join(sorted(state))}, but outer.optimizer is {self.kind!r}, which "
-                "keeps none (DiLoCo's preset is 'sgd' under comm.overlap delayed); load it with the outer "
+                "keeps none (DiLoCo's preset is 'sgd' under sync.overlap delayed); load it with the outer "
                 "step it was saved with (for example outer.optimizer='nesterov')"
             )
         if self._theta is None:

@@ -10,7 +10,7 @@ payload is one message when n > 1, and moves, summed over all workers,
 ``all_reduce``: 2(n−1)·B (ring), ``broadcast``: (n−1)·B, ``all_gather`` of B bytes each: n(n−1)·B.
 What only serves logging or evaluation (losses, timings, validation results) is not counted.
 
-Behind compute (``comm.overlap``, ALGORITHM.md §13): :meth:`Comm.reduce_async` adds the parts at once
+Behind compute (``sync.overlap``, ALGORITHM.md §13): :meth:`Comm.reduce_async` adds the parts at once
 and runs the collective on the communicator's one background lane, a thread with collectives of its
 own (its own process groups under torch.distributed, its own meeting point for threads), so that it
 never interleaves with what the caller issues meanwhile; reductions land in the order launched.
@@ -54,7 +54,7 @@ class CommRecord:
     payload: int  # B: bytes each participant contributes (in the wire dtype)
     wire: int  # bytes moved over the network, summed over participants
     seconds: float = 0.0  # wall time this process spent in the collective (an emulated link's hold included)
-    behind: float = 0.0  # the share of a round's compute it ran behind (comm.overlap: 1; 0: in the way)
+    behind: float = 0.0  # the share of a round's compute it ran behind (sync.overlap: 1; 0: in the way)
     group: tuple[int, ...] = ()  # the workers taking part (empty: records from before they were named)
 
     def to_dict(self) -> dict[str, object]:

@@ -31,7 +31,7 @@ class Hub:
         self.world = world
         self.slots: list[Any] = [None] * world
         self.barrier = threading.Barrier(world, timeout=timeout)
-        # where the threads' background lanes meet (comm.overlap): apart from the main exchanges
+        # where the threads' background lanes meet (sync.overlap): apart from the main exchanges
         self.lane = Hub(world, timeout, _lane=False) if _lane else None
 
     def abort(self) -> None:

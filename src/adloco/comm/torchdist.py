@@ -104,7 +104,7 @@ class TorchDistComm(Comm):
         self.device = torch.device(device)
         self.one_device = world == 1
         self._groups: dict[tuple[int, ...], Any] = {}
-        self._lane_groups: dict[tuple[int, ...], Any] = {}  # the background lane's (comm.overlap)
+        self._lane_groups: dict[tuple[int, ...], Any] = {}  # the background lane's (sync.overlap)
         # the ranks of this shard index, one per worker, and their group (the world's when unsharded)
         self._everyone = tuple(sorted({self.owner(w) for w in range(self.n_workers)}))
         self._world_group = None if mesh is None else mesh.get_group("worker")

@@ -35,7 +35,7 @@ def check_plan(cfg: Config) -> None:
     )
     check_sites(cfg.network.sites, a.workers)
     try:
-        cfg.comm.check_streaming(a.inner_steps, a.method == "ddp")
+        cfg.sync.check_round(a.inner_steps, a.method == "ddp", cfg.comm)
         cfg.comm.check_codec(cfg.batch, a.method == "ddp")
     except ValueError as exc:
         raise UserError(f"config: {exc}") from None
@@ -89,7 +89,7 @@ def check(cfg: Config, resuming: bool = False) -> None:
     check_wd_scaling(cfg)
     outer = outer_state(cfg)
     try:
-        cfg.comm.check_streaming(a.inner_steps, a.method == "ddp")
+        cfg.sync.check_round(a.inner_steps, a.method == "ddp", cfg.comm)
         cfg.comm.check_codec(cfg.batch, a.method == "ddp")
         check_speeds(rt.emulate_speed, a.workers)
     except ValueError as exc:

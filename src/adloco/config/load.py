@@ -86,6 +86,22 @@ REPLACED = {
     "runtime.worker_speeds": "replaced by runtime.emulate_speed (workers really run slower; simulated time "
     "then prices their measured compute)",
 }
+# comm's synchronization schedule moved to its own section (comm is what Δ travels as, sync when it travels)
+MOVED_TO_SYNC = ("overlap", "fragments", "fragment_delay", "fragment_alpha")
+REPLACED.update(
+    {
+        f"comm.{key}": f"moved to sync.{key} (comm says what Δ travels as, sync when it travels)"
+        for key in MOVED_TO_SYNC
+    }
+)
+
+
+def _moved_sync_keys(sections: dict[str, dict[str, Any]]) -> None:
+    """A run directory's own config.yaml written before ``sync`` had its section names its keys under
+    ``comm``: moved where they now live, in place, so the run resumes as it ran."""
+    comm = sections.get("comm") or {}
+    for key in [k for k in MOVED_TO_SYNC if k in comm]:
+        sections.setdefault("sync", {}).setdefault(key, comm.pop(key))
 
 
 def unknown(kind: str, name: str, known: list[str]) -> UserError:
@@ -246,7 +262,10 @@ def resolve(
         (load_yaml(file) if file is not None else None, f"config file {str(file)!r}"),
     ):
         if raw is not None:
-            for section, keys in _sections(raw, origin).items():
+            sections = _sections(raw, origin)
+            if resuming and raw is not base:
+                _moved_sync_keys(sections)
+            for section, keys in sections.items():
                 user.setdefault(section, {}).update(keys)
     for text in overrides or []:
         section, key, value = parse_override(text)

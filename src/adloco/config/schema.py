@@ -1,6 +1,6 @@
 """The config tree of ``adloco train``: one frozen dataclass per section, every field declared once.
 
-The algorithm's sections (``outer``, ``batch``, ``merge``, ``switch``, ``comm``) ARE the library's dials
+The algorithm's sections (``outer``, ``batch``, ``merge``, ``switch``, ``comm``, ``sync``) ARE the library's dials
 (:mod:`adloco.settings`); the rest belong to the application (model, data, runtime, logging ...) and are
 declared here with the same :func:`~adloco.fields.setting`, so every field has one type, default, range
 and doc, checked when its section is built. Rules across sections live in :mod:`adloco.config.checks`.
@@ -26,6 +26,7 @@ from adloco.settings import (
     Outer,
     Precision,
     Switch,
+    Sync,
     Wire,
 )
 from adloco.settings import PRESETS as DIAL_PRESETS
@@ -498,6 +499,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     comm: Wire = field(default_factory=Wire)
+    sync: Sync = field(default_factory=Sync)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)

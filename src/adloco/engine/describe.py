@@ -51,7 +51,7 @@ def wire_text(dtype: Any, cfg: Config) -> str:
 
 
 def overlap_text(cfg: Config) -> str:
-    c = cfg.comm
+    c = cfg.sync
     if c.fragments > 1:
         return f"streaming in {c.fragments} fragments, {c.fragment_delay} step(s) behind compute"
     return {"none": "none (each round waits for its Δ)", "delayed": "delayed (Δ lands a round late)"}.get(

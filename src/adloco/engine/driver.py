@@ -240,7 +240,7 @@ class Driver:
         report = algo.last_report
         assert report is not None and report.round == r + 1
         final = algo.round == a.rounds or (a.budget is not None and self.examples >= a.budget)
-        if final:  # comm.overlap: the last Δ lands now, behind nothing
+        if final:  # sync.overlap: the last Δ lands now, behind nothing
             report = _with(report, algo.settle())
         train_s = time.perf_counter() - t_start
         net = cfg.network

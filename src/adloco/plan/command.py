@@ -280,6 +280,7 @@ def setup(cfg: Any, sim: SimulateConfig) -> Any:
         failures,
         a.seed,
         cfg.outer.optimizer == "nesterov",
+        cfg.sync,
     )
 
 
@@ -411,8 +412,8 @@ def table(result: Any, cfg: Any) -> str:
     s, r, t = result.setup, result.round, result.timeline
     idle = r.idle()
     worst = max(idle, key=lambda w: (idle[w], -w))
-    wire = s.wire.dtype + (f", {s.wire.fragments} fragments" if s.wire.fragments > 1 else "")
-    wire += f", overlap {s.wire.overlap}" if s.wire.overlap != "none" else ""
+    wire = s.wire.dtype + (f", {s.sync.fragments} fragments" if s.sync.fragments > 1 else "")
+    wire += f", overlap {s.sync.overlap}" if s.sync.overlap != "none" else ""
     trainers = f", {s.trainers} trainers" if s.method == "adloco" else ""
     rows = [
         (

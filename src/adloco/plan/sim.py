@@ -4,7 +4,7 @@ Nothing here is a second model of what the engine does. A round's collectives ar
 (``[kind, op, n, payload, count, workers]``, ALGORITHM.md §7): Δ per trainer through the wire's codec,
 whose collective and exact bytes are :func:`adloco.comm.compressed.collective`'s (ALGORITHM.md §9.4);
 DDP's gradients every step; AdLoCo's batch statistics among every worker; streaming fragments cut by
-:func:`adloco.streaming.fragments` and behind their τ steps, ``comm.overlap`` behind the next round's
+:func:`adloco.streaming.fragments` and behind their τ steps, ``sync.overlap`` behind the next round's
 compute (ALGORITHM.md §13). They are priced by :mod:`adloco.netmodel` (the links, the sites, the schedule
 in issue order: :func:`adloco.netmodel.round_clocks`), compute by a :class:`adloco.profile.StepProfile`
 (ALGORITHM.md §11), a trainer's rows shared by speed by :func:`adloco.algorithms.allocation.split`
@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from adloco import netmodel
 from adloco.profile import StepProfile
-from adloco.settings import FLOAT32, AdaptiveBatch, Method, Wire
+from adloco.settings import FLOAT32, AdaptiveBatch, Method, Sync, Wire
 
 Recovery = Literal["restart", "live"]
 RESTART_S = 10.5  # the measured restart (benchmarks/RESULTS.md, "Runs that survive failures")
@@ -77,8 +77,8 @@ class Failures:
 @dataclass(frozen=True)
 class Setup:
     """A run to price: ``method`` on ``workers`` workers of a ``parameters``-value model, ``trainers``
-    trainers (AdLoCo; the baselines have one), H = ``inner_steps``, the ``wire`` (codec, overlap,
-    fragments), AdLoCo's ``batch`` dial (whether its statistics travel), the ``device``, the links
+    trainers (AdLoCo; the baselines have one), H = ``inner_steps``, the ``wire`` (the codec), ``sync``
+    (overlap, fragments), AdLoCo's ``batch`` dial (whether its statistics travel), the ``device``, the links
     ``net``, relative compute ``speeds`` (worker w's is ``speeds[w mod len]``; empty: all 1) and whether
     rows follow them (``balance``), ``ddp_overlap`` (the share of a step DDP's all-reduce hides behind: 0
     for the engine's DDP, which reduces after the backward pass; 2/3 for one that reduces behind it),
@@ -101,6 +101,7 @@ class Setup:
     failures: Failures = field(default_factory=Failures)
     seed: int = 0
     momentum: bool | None = None  # the outer step keeps a momentum (moved with θ); None: the method's preset
+    sync: Sync = field(default_factory=Sync)  # when Δ travels: overlap, streaming fragments
 
     def speed(self, w: int) -> float:
         """Worker ``w``'s relative compute speed."""
@@ -244,7 +245,7 @@ def round_rows(s: Setup, workers: Sequence[int]) -> tuple[list[list[Any]], list[
     ws = sorted(workers)
     rows: list[list[Any]] = []
     behind: list[list[Any]] = []
-    P, H, w = s.parameters, s.inner_steps, s.wire
+    P, H, w, sync = s.parameters, s.inner_steps, s.wire, s.sync
     trainers = groups(ws, 1 if s.method != "adloco" else s.trainers)
     if s.method == "adloco" and s.batch.probing and len(ws) > 1:
         counted = WorkerRound.STATS + (s.batch.formula == "reference")
@@ -261,11 +262,11 @@ def round_rows(s: Setup, workers: Sequence[int]) -> tuple[list[list[Any]], list[
             else:
                 rows.append(row)
             continue
-        parts = [_reduce("delta", sl.stop - sl.start, g, w, 1) for sl in fragments(P, w.fragments)]
-        if w.overlap != "none":  # launched at the round's end, landed behind the next round's compute
+        parts = [_reduce("delta", sl.stop - sl.start, g, w, 1) for sl in fragments(P, sync.fragments)]
+        if sync.overlap != "none":  # launched at the round's end, landed behind the next round's compute
             behind += [[*r[:5], 1.0] for r in parts]
-        elif w.fragments > 1 and w.fragment_delay > 0:  # each behind its own τ steps
-            behind += [[*r[:5], w.fragment_delay / H] for r in parts]
+        elif sync.fragments > 1 and sync.fragment_delay > 0:  # each behind its own τ steps
+            behind += [[*r[:5], sync.fragment_delay / H] for r in parts]
         else:
             rows += parts
     return _merge(rows), _merge(behind)

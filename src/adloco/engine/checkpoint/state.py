@@ -90,7 +90,7 @@ class RunState:
 
     def capture(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """This rank's tensors (flat keys) and the run-level state it knows (its workers' scalars); every
-        process calls it between rounds (with ``comm.overlap`` it waits for what is in flight)."""
+        process calls it between rounds (with ``sync.overlap`` it waits for what is in flight)."""
         algo = self.driver.algo.state_dict()
         tensors: dict[str, Any] = {}
         for t, parts in sorted(algo.pop("trainers").items()):

@@ -112,7 +112,7 @@ class DistContext:
 
     def close(self) -> None:
         self.heartbeat.stop()
-        self.comm.close()  # the background lane (comm.overlap) before the groups it uses
+        self.comm.close()  # the background lane (sync.overlap) before the groups it uses
         if dist.is_initialized():
             dist.destroy_process_group()
 
