@@ -43,15 +43,15 @@ import numpy as np
 import torch
 
 from adloco import models
-from adloco.algorithms.switch import plan as switch_plan
-from adloco.baselines import DiLoCo
-from adloco.comm.inprocess import InProcessComm
 from adloco.config import resolve
 from adloco.data.sampling import ShardStream, trainer_subset
 from adloco.data.tokens import prepare
 from adloco.engine.driver import Driver
 from adloco.engine.inner import lr_at
-from adloco.settings import Switch
+from adloco.library.algorithms.switch import plan as switch_plan
+from adloco.library.baselines import DiLoCo
+from adloco.library.comm.inprocess import InProcessComm
+from adloco.library.settings import Switch
 
 VARIANTS = ("plain", "library", "engine", "engine4", "probed")
 BOOTSTRAP = 10_000

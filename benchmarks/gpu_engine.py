@@ -42,8 +42,8 @@ def _model(preset: str, seq: int, vocab: int, seed: int, dev: torch.device) -> t
 def build(preset: str, seq: int, rows: int, k: int, graphs: bool, dev: torch.device, H: int) -> Any:
     """DiLoCo with k workers in this process, bf16 on CUDA, AdamW (capturable and fused with graphs)."""
     from adloco import DiLoCo
-    from adloco.comm.inprocess import InProcessComm
-    from adloco.flat import flatten
+    from adloco.library.comm.inprocess import InProcessComm
+    from adloco.library.flat import flatten
 
     vocab = VOCAB if preset != "llama-micro" else 128
     models = [_model(preset, seq, vocab, 0, dev) for _ in range(k)]

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from adloco.comm.compressed import decode, encode, piece_bytes
+from adloco.library.comm.compressed import decode, encode, piece_bytes
 
 
 def timed(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:

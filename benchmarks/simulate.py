@@ -21,9 +21,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from adloco import netmodel  # noqa: E402
+from adloco.library.settings import Sync, Wire  # noqa: E402
 from adloco.plan import calibration  # noqa: E402
 from adloco.plan.sim import Device, Failures, Setup, price  # noqa: E402
-from adloco.settings import Sync, Wire  # noqa: E402
 
 MBIT = 1e6 / 8
 

@@ -71,7 +71,7 @@ def wire(run: results.Run) -> str:
     dtype = str(comm.get("dtype", "float32"))
     if dtype == "float32":
         return "float32"
-    from adloco.settings import Wire
+    from adloco.library.settings import Wire
 
     keys = {k: v for k, v in comm.items() if k in {f for f in Wire.__dataclass_fields__} and v is not None}
     try:

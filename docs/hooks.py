@@ -171,7 +171,7 @@ def config_reference() -> str:
         out += [f"## `{section}`", ""]
         if section in dials:
             out += [
-                f"The library's dial [`{dials[section]}`](api.md#adloco.settings.{dials[section]}) takes "
+                f"The library's dial [`{dials[section]}`](api.md#adloco.library.settings.{dials[section]}) takes "
                 "these fields" + (" (all but the b_max search's)" if section == "switch" else "") + ".",
                 "",
             ]
@@ -180,9 +180,10 @@ def config_reference() -> str:
 
 
 def dial_sections() -> dict[str, str]:
-    """The library's dials (``adloco.settings``) by class name -> the config section that is the same
+    """The library's dials (``adloco.library.settings``) by class name -> the config section that is the same
     dataclass, or extends it (``switch``: the b_max search of ``adloco train``)."""
-    from adloco import config, settings
+    from adloco import config
+    from adloco.library import settings
 
     out: dict[str, str] = {}
     for section, cls in config.SECTION_TYPES.items():

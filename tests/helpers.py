@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from adloco import models
-from adloco.comm.inprocess import InProcessComm
 from adloco.config import Config, resolve
 from adloco.data.tokens import LMData
 from adloco.engine.driver import Driver
+from adloco.library.comm.inprocess import InProcessComm
 
 VOCAB = 64
 
@@ -116,7 +116,7 @@ def tiny_checkpoint(folder: Path, corpus: Path, hidden: int = 16, cache_dir: Pat
 
 
 def on_threads(hub: Any, work: Callable[[int], None]) -> None:
-    """``work(rank)`` in a thread of its own for every rank of ``hub`` (an :class:`adloco.comm.threads.Hub`);
+    """``work(rank)`` in a thread of its own for every rank of ``hub`` (an :class:`adloco.library.comm.threads.Hub`);
     the first error of any thread aborts the hub, so that no thread waits for the one that failed, and is
     raised here once every thread has ended."""
     import threading
@@ -140,11 +140,11 @@ def on_threads(hub: Any, work: Callable[[int], None]) -> None:
 
 
 def run_threaded(make: Any, owner: dict[int, int], rounds: int) -> list[Any]:
-    """Build one driver per rank (``make(comm)``) on a :class:`adloco.comm.ThreadComm` and run ``rounds``
+    """Build one driver per rank (``make(comm)``) on a :class:`adloco.library.comm.ThreadComm` and run ``rounds``
     rounds in threads; returns the drivers in rank order and re-raises the first error of any thread."""
     import threading
 
-    from adloco.comm.threads import Hub, ThreadComm
+    from adloco.library.comm.threads import Hub, ThreadComm
 
     world = max(owner.values()) + 1
     hub = Hub(world, timeout=60)
@@ -272,7 +272,7 @@ def run_main(*args: str) -> Ran:
 def poison(monkeypatch: Any, worker: int, rounds: tuple[int, int]) -> None:
     """Worker ``worker``'s parameters become non-finite at the end of every round in ``rounds`` (first and
     last, 1-based), before the round synchronizes."""
-    from adloco.method import AdLoCo
+    from adloco.library.method import AdLoCo
 
     sync = AdLoCo.sync
 
@@ -286,8 +286,8 @@ def poison(monkeypatch: Any, worker: int, rounds: tuple[int, int]) -> None:
 
 def out_of_memory(monkeypatch: Any, worker: int, rows: int) -> None:
     """Worker ``worker`` runs out of memory on any micro-batch of more than ``rows`` rows."""
-    from adloco import replica
-    from adloco.method import AdLoCo
+    from adloco.library import replica
+    from adloco.library.method import AdLoCo
 
     init, fb = AdLoCo.__init__, replica.Replica.forward_backward
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from adloco import DiLoCo, Outer
-from adloco.method import AdLoCo
+from adloco.library.method import AdLoCo
 
 H, ROUNDS, BATCH, SEQ = 2, 3, 4, 16
 STEPS = H * ROUNDS

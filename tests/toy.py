@@ -64,10 +64,10 @@ def rounds_in_threads(
     make: Callable[[Any, list[nn.Linear]], Any], n: int, rounds: int, data: Data
 ) -> list[Any]:
     """``make(comm, [model])`` for each of ``n`` workers, one a thread (a
-    :class:`adloco.comm.threads.ThreadComm` each), run for ``rounds`` rounds of ``data``'s batches; the
+    :class:`adloco.library.comm.threads.ThreadComm` each), run for ``rounds`` rounds of ``data``'s batches; the
     algorithms in rank order. The models are built here, before the threads, which share torch's
     generator."""
-    from adloco.comm.threads import Hub, ThreadComm
+    from adloco.library.comm.threads import Hub, ThreadComm
     from tests.helpers import on_threads
 
     hub, ms = Hub(n, timeout=60), models(n)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from adloco import AdLoCo, DiLoCo
-from adloco.optim import muon_adamw
+from adloco.library.optim import muon_adamw
 
 VOCAB, WIDTH, T = 16, 8, 6
 

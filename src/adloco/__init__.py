@@ -4,7 +4,7 @@
 
 Build an algorithm object from your model and inner optimizer, then either let it run each inner step
 (``algo.step(batch)``, which AdLoCo's batch test needs) or hook your optimizer (``with algo:``). See
-:mod:`adloco.method`. Names load on first use, so ``adloco --help`` does not wait for torch.
+:mod:`adloco.library.method`. Names load on first use, so ``adloco --help`` does not wait for torch.
 """
 
 from __future__ import annotations
@@ -15,25 +15,25 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "AdLoCo": "adloco.method",
-    "DiLoCo": "adloco.baselines",
-    "LocalSGD": "adloco.baselines",
-    "DDP": "adloco.baselines",
-    "RoundAborted": "adloco.method",
-    "RoundOptions": "adloco.options",
-    "RoundReport": "adloco.round",
-    "WorkerPlan": "adloco.round",
-    "AdaptiveBatch": "adloco.settings",
-    "Merging": "adloco.settings",
-    "Outer": "adloco.settings",
-    "OuterParams": "adloco.algorithms.outer",
-    "Switch": "adloco.settings",
-    "Wire": "adloco.settings",
-    "Sync": "adloco.settings",
-    "InProcessComm": "adloco.comm",
-    "ThreadComm": "adloco.comm",
-    "TorchDistComm": "adloco.comm",
-    "Hub": "adloco.comm",
+    "AdLoCo": "adloco.library.method",
+    "DiLoCo": "adloco.library.baselines",
+    "LocalSGD": "adloco.library.baselines",
+    "DDP": "adloco.library.baselines",
+    "RoundAborted": "adloco.library.method",
+    "RoundOptions": "adloco.library.options",
+    "RoundReport": "adloco.library.round",
+    "WorkerPlan": "adloco.library.round",
+    "AdaptiveBatch": "adloco.library.settings",
+    "Merging": "adloco.library.settings",
+    "Outer": "adloco.library.settings",
+    "OuterParams": "adloco.library.algorithms.outer",
+    "Switch": "adloco.library.settings",
+    "Wire": "adloco.library.settings",
+    "Sync": "adloco.library.settings",
+    "InProcessComm": "adloco.library.comm",
+    "ThreadComm": "adloco.library.comm",
+    "TorchDistComm": "adloco.library.comm",
+    "Hub": "adloco.library.comm",
     "simulate": "adloco.plan.sim",
     "Setup": "adloco.plan.sim",
     "Simulation": "adloco.plan.sim",

@@ -99,9 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench.add_parser(sub)
     analysis.add_parser(sub)
-    from adloco.engine import profile
+    from adloco.engine import profiling
 
-    profile.add_parser(sub)
+    profiling.add_parser(sub)
     from adloco.engine.dist import cluster
 
     cluster.add_parser(sub)
@@ -311,9 +311,9 @@ def _analyze(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from adloco.engine import profile
+    from adloco.engine import profiling
 
-    return profile.command(args)
+    return profiling.command(args)
 
 
 def _cluster(args: argparse.Namespace, argv: Sequence[str]) -> int:

@@ -15,7 +15,7 @@ after another. A collective run behind the round's compute (``sync.overlap``) co
 that compute) (ALGORITHM.md §13).
 
 A :class:`Link` is the same model handed to a communicator: with ``network.emulate`` every counted
-collective is held back until its wall time is what the model says (:attr:`adloco.comm.Comm.link`).
+collective is held back until its wall time is what the model says (:attr:`adloco.library.comm.Comm.link`).
 
 A :class:`Network` is the model with links of their own: an upload slower than the download, a link per
 worker (a factor on its bandwidth), and sites, each with fast links inside and one slower link to the

@@ -9,7 +9,7 @@ bench --profile``, ``runtime.profile``), where a bigger batch can then be cheape
 device with a fixed cost per step; the fixed-cost share φ = α/(α + β·b₀) at the first request says how much.
 
 Pure arithmetic and a JSON file: config checks, the driver and the reports read it; the ``adloco profile``
-command that measures one on a device is :mod:`adloco.engine.profile`.
+command that measures one on a device is :mod:`adloco.engine.profiling`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ gloo's worker threads drop a finished collective's tensors after the caller has 
 ``torch._dynamo`` is imported (an optimizer's first step does it) the process group outlives
 ``destroy_process_group()``: a thread that takes the GIL while the interpreter finalizes aborts the
 process ("terminate called without an active exception") after a run that succeeded. The README's
-hooked DiLoCo program did so in about one run in three under torchrun before ``adloco.comm.torchdist``
+hooked DiLoCo program did so in about one run in three under torchrun before ``adloco.library.comm.torchdist``
 gave those threads a moment at exit. The race is one of timing, so the program runs several times:
 six runs miss a regression of that rate one time in eleven. Each run is also the README's program as a
 user launches it (its other program: tests/e2e/test_readme_under_torchrun.py)."""

@@ -34,7 +34,7 @@ def _faults(kind: str) -> list[list[str]]:
 def _install() -> None:
     import signal
 
-    from adloco import method
+    from adloco.library import method
 
     def rank() -> int:
         # a process fault strikes the first attempt only: the processes an elastic agent restarts are spared

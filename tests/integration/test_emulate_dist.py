@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from adloco.comm.inprocess import InProcessComm
+from adloco.library.comm.inprocess import InProcessComm
 from adloco.netmodel import Link, collective_seconds, comm_seconds
 from tests.helpers import TINY_DIST, adloco_process, set_args, slow_link_rounds
 

@@ -27,13 +27,13 @@ def worker(rank: int, world: int, store: str, out: str) -> None:
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    from adloco.comm.compressed import (
+    from adloco.library.comm.compressed import (
         TorchDistGroup,
         TorchDistParticipants,
         all_reduce_inprocess,
         compressed_all_reduce,
     )
-    from adloco.comm.quantize import ErrorFeedback
+    from adloco.library.comm.quantize import ErrorFeedback
 
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     checked: list[str] = []

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from adloco.algorithms.allocation import allocate, members, shares
+from adloco.library.algorithms.allocation import allocate, members, shares
 
 # ---------------------------------------------------------------------------------------------------
 # shares
@@ -190,7 +190,7 @@ def test_members() -> None:
 
 
 def test_split_follows_speed_by_largest_remainder() -> None:
-    from adloco.algorithms.allocation import split
+    from adloco.library.algorithms.allocation import split
 
     assert split(16, {0: 1, 1: 1, 2: 0.5, 3: 0.25}) == {0: 6, 1: 6, 2: 3, 3: 1}  # quotas 5.8, 5.8, 2.9, 1.5
     assert split(12, {0: 1.0, 1: 0.5}) == {0: 8, 1: 4}
@@ -201,7 +201,7 @@ def test_split_follows_speed_by_largest_remainder() -> None:
 
 
 def test_by_capacity_shares_total_speed_by_request() -> None:
-    from adloco.algorithms.allocation import by_capacity
+    from adloco.library.algorithms.allocation import by_capacity
 
     # trainers asking equally get equal capacity: the two fast workers apart, a slow one with each
     got = by_capacity({0: 4, 1: 4}, {0: 1, 1: 1, 2: 0.5, 3: 0.5})
@@ -225,7 +225,7 @@ def test_split_with_a_fixed_cost_per_step_equalises_step_times() -> None:
     """With a step's fixed cost c (rows), (c + m_w)/s_w is equal: rows move from slow workers to fast
     ones (hand-computed: scale (16 + 4·2)/2.75 gives 6.73, 6.73, 2.36, 0.18; worker 3 held at one row,
     the others share 15 rows at scale (15 + 3·2)/2.5 = 8.4: 6.4, 6.4, 2.2)."""
-    from adloco.algorithms.allocation import split
+    from adloco.library.algorithms.allocation import split
 
     speeds = {0: 1, 1: 1, 2: 0.5, 3: 0.25}
     assert split(16, speeds, fixed=2) == {0: 7, 1: 6, 2: 2, 3: 1}
@@ -241,7 +241,7 @@ def test_a_speed_net_of_the_fixed_cost_does_not_depend_on_the_share() -> None:
     """The flaw RESULTS' heterogeneous section measured: a step costing α + β·m makes a worker given
     fewer rows look slower per row, and so get fewer still. Counted net of α (fixed = α/β rows a pass),
     one device measures one speed whatever its share."""
-    from adloco.round import WorkerRound, measured_speed
+    from adloco.library.round import WorkerRound, measured_speed
 
     alpha, beta = 0.02, 0.01  # fixed = 2 rows
 
@@ -258,8 +258,8 @@ def test_a_speed_net_of_the_fixed_cost_does_not_depend_on_the_share() -> None:
 
 
 def test_a_round_plan_shares_rows_by_the_fixed_cost_it_is_given() -> None:
-    from adloco.round import plan_round
-    from adloco.settings import AdaptiveBatch, Switch
+    from adloco.library.round import plan_round
+    from adloco.library.settings import AdaptiveBatch, Switch
 
     def rows(fixed: float) -> dict[int, int]:
         plans = plan_round(

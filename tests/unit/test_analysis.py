@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from adloco.algorithms import batching
 from adloco.engine.evaluation import evaluate, spread
 from adloco.errors import UserError
-from adloco.flat import FlatModule
+from adloco.library.algorithms import batching
+from adloco.library.flat import FlatModule
+from adloco.library.settings import AdaptiveBatch as BatchConfig
 from adloco.report import analysis
-from adloco.settings import AdaptiveBatch as BatchConfig
 from tests.helpers import build_fn, synthetic_data, tiny_config, train_once
 
 TRAIN = {

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging
-from adloco.algorithms.batch_schedule import request
+from adloco.library.algorithms.batch_schedule import request
 from tests.toy import Data, loss_fn, models, run_round
 
 

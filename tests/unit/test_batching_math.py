@@ -1,6 +1,6 @@
 """Adaptive batch statistics (ALGORITHM.md §2) against brute force from explicit gradient-sample vectors.
 
-Every statistic that :func:`adloco.algorithms.batching.pool` computes from per-worker scalars is checked
+Every statistic that :func:`adloco.library.algorithms.batching.pool` computes from per-worker scalars is checked
 against the same quantity written out from the P-vectors g_j, and the targets T against ALGORITHM.md's
 formulas. A Monte Carlo test on a problem with known per-example variance checks that the pooled
 estimators are unbiased.
@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from adloco.algorithms import batching
-from adloco.algorithms.batching import (
+from adloco.library.algorithms import batching
+from adloco.library.algorithms.batching import (
     TrainerStats,
     WorkerStats,
     decide,

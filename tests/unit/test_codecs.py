@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from adloco.comm import codecs
-from adloco.comm.base import wire_bytes
-from adloco.comm.codecs import Codec
-from adloco.comm.compressed import collective, compressed_all_reduce, payload_bytes
-from adloco.comm.quantize import ErrorFeedback
+from adloco.library.comm import codecs, compressed
+from adloco.library.comm.base import wire_bytes
+from adloco.library.comm.codecs import Codec
+from adloco.library.comm.compressed import collective, compressed_all_reduce, payload_bytes
+from adloco.library.comm.quantize import ErrorFeedback
 from tests.helpers import assert_copies_agree, reference_and_threaded, tiny_config
 
 
@@ -47,16 +47,16 @@ class GatheredHalf(Codec):
 
 @pytest.mark.parametrize("name", ["bfloat16", "float16", "int8", "int4"])
 def test_every_registered_codec_encodes_to_the_bytes_it_counts(name: str) -> None:
-    c = codecs.codec(name, 64)
+    c = compressed.codec(name, 64)
     assert c is not None and c.name == name and c.sums
     for n in (0, 1, 63, 64, 65, 1001):
         x = torch.randn(n)
         buf = c.encode(x)
         assert buf.dtype == torch.uint8 and buf.numel() == c.nbytes(n)
         assert torch.equal(c.decode(buf, n), c.roundtrip(x))
-    assert codecs.codec("float32") is None
+    assert compressed.codec("float32") is None
     with pytest.raises(ValueError, match="wire dtype must be one of"):
-        codecs.codec("int2")
+        compressed.codec("int2")
 
 
 def test_a_gathered_codec_sums_every_participants_decoded_vector_in_order() -> None:
@@ -127,7 +127,7 @@ def test_topk_encodes_a_hand_computed_block() -> None:
     sent = torch.zeros(11, dtype=torch.bool)
     c.decode(buf, 11, support=sent)
     assert sent.nonzero().flatten().tolist() == [1, 2, 4, 7, 9, 10]
-    assert not c.sums and codecs.codec("topk", 8).nbytes(11) == codecs.TopK(1 / 64, 8, 2).nbytes(11)
+    assert not c.sums and compressed.codec("topk", 8).nbytes(11) == codecs.TopK(1 / 64, 8, 2).nbytes(11)
 
 
 def test_topk_ties_zeros_and_faults() -> None:
@@ -455,8 +455,8 @@ class RuledHalf(GatheredHalf):
 
 
 def test_the_codecs_rules_not_its_name_drive_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
-    from adloco.settings import AdaptiveBatch, Wire, outer_note, preset, preset_values
-    from adloco.settings import Outer as OuterDial
+    from adloco.library.settings import AdaptiveBatch, Wire, outer_note, preset, preset_values
+    from adloco.library.settings import Outer as OuterDial
 
     monkeypatch.setitem(codecs.CODECS, "bfloat16", RuledHalf)
     w = Wire("bfloat16")

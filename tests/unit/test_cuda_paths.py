@@ -158,7 +158,7 @@ def test_cuda_run_checkpoints_and_resumes(tmp_path: Path, text_corpus: Path) -> 
 def test_cuda_topk_round_trips_as_on_the_cpu(numel: int) -> None:
     """comm.dtype topk through the codec's public face on CUDA: exactly nbytes bytes, the CPU's bytes (a
     codec's encoding is a function of the values alone, on any device), and the CPU's decoding bit for bit."""
-    from adloco.comm.codecs import codec
+    from adloco.library.comm.compressed import codec
 
     c = codec("topk")
     assert c is not None

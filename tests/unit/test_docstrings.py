@@ -57,7 +57,7 @@ def test_every_public_object_has_a_docstring() -> None:
 
 
 def test_the_check_finds_a_missing_docstring(monkeypatch: Any) -> None:
-    from adloco.settings import Wire
+    from adloco.library.settings import Wire
 
     monkeypatch.setattr(Wire, "__doc__", None)
-    assert "adloco.settings.Wire" in undocumented()
+    assert "adloco.library.settings.Wire" in undocumented()

@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from adloco.comm import base
-from adloco.comm.inprocess import InProcessComm
-from adloco.comm.threads import Hub, ThreadComm
+from adloco.library.comm import base
+from adloco.library.comm.inprocess import InProcessComm
+from adloco.library.comm.threads import Hub, ThreadComm
 from adloco.netmodel import Link, Network, collective_seconds, comm_seconds
 from tests.helpers import driver, on_threads, run_main, slow_link_rounds, tiny_config
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from adloco.algorithms import allocation
-from adloco.comm.base import wire_bytes
+from adloco.library.algorithms import allocation
+from adloco.library.comm.base import wire_bytes
 from tests.helpers import driver, run_round, synthetic_data, tiny_config
 
 
@@ -321,7 +321,7 @@ def test_your_own_loop_gives_adloco_trains_parameters_bit_for_bit() -> None:
     from adloco import AdaptiveBatch, AdLoCo, Merging, Outer, Switch
     from adloco.data.sampling import ShardStream, trainer_subset
     from adloco.engine.inner import lr_at, make_optimizer
-    from adloco.flat import flatten
+    from adloco.library.flat import flatten
     from tests.helpers import build_fn
 
     cfg = tiny_config(

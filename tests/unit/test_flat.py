@@ -1,4 +1,4 @@
-"""The flat buffers a module's parameters live in (adloco.flat): freed with their module, and a copy of
+"""The flat buffers a module's parameters live in (adloco.library.flat): freed with their module, and a copy of
 the module gets buffers of its own."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import weakref
 
 from torch import nn
 
-from adloco.flat import flatten
+from adloco.library.flat import flatten
 
 
 def test_a_flattened_module_is_freed_and_a_copy_gets_its_own_buffer() -> None:

@@ -18,11 +18,11 @@ import torch
 from torch import nn
 
 from adloco import DiLoCo, RoundAborted
-from adloco.comm.inprocess import InProcessComm
 from adloco.engine.evaluation import evaluate
-from adloco.graphs import GraphedStep, capturable
-from adloco.replica import Replica
-from adloco.snapshot import InnerSnapshot
+from adloco.library.comm.inprocess import InProcessComm
+from adloco.library.graphs import GraphedStep, capturable
+from adloco.library.replica import Replica
+from adloco.library.snapshot import InnerSnapshot
 from tests.helpers import synthetic_data, train_once, train_with_output
 
 CUDA = torch.cuda.is_available()

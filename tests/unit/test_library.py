@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from adloco import DDP, AdaptiveBatch, AdLoCo, DiLoCo, LocalSGD, Merging, Outer, Switch, Wire
-from adloco.comm.base import Comm, wire_bytes
-from adloco.comm.inprocess import InProcessComm
+from adloco.library.comm.base import Comm, wire_bytes
+from adloco.library.comm.inprocess import InProcessComm
 from tests.toy import D, Data, flat_like, loss_fn, models, run_round, sgd
 
 P = D + 1  # parameters of nn.Linear(D, 1)
@@ -448,8 +448,8 @@ def test_the_presets_show_every_argument_with_its_default(cls: type[AdLoCo]) -> 
     import inspect
     import pydoc
 
-    from adloco.options import RoundOptions
-    from adloco.settings import PRESETS
+    from adloco.library.options import RoundOptions
+    from adloco.library.settings import PRESETS
 
     dials = {f.name for f in dataclasses.fields(RoundOptions)}
 
@@ -533,7 +533,7 @@ def test_state_dict_round_trips_and_resumes_the_same_trajectory() -> None:
 @pytest.mark.parametrize(("dtype", "bits"), [("int8", 8), ("int4", 4)])
 def test_a_quantized_delta_is_counted_at_its_size_on_the_wire(dtype: str, bits: int) -> None:
     """Block-wise int8/int4 Δ: each of n = 3 workers' chunks, codes and a 4-byte scale per block."""
-    from adloco.comm.compressed import chunk_sizes
+    from adloco.library.comm.compressed import chunk_sizes
 
     torch.manual_seed(0)
     ms = [nn.Linear(40, 1) for _ in range(3)]  # P = 41: chunks of 14, 14, 13 values
@@ -604,11 +604,11 @@ def test_work_follows_measured_speed_so_nobody_waits(balance: str, monkeypatch: 
     """Two workers of one trainer, the second emulated at half speed: shared by speed, the fast one gets
     twice the examples per step and nobody waits; shared equally, the idle share is
     1 − (1 + 2)/2 / 2 = 25% (the definition's value for speeds 1 and 1/2)."""
-    import adloco.round
-    from adloco.replica import Replica, n_rows
+    import adloco.library.round
+    from adloco.library.replica import Replica, n_rows
 
     clock = VirtualTime()
-    monkeypatch.setattr(adloco.round, "time", clock)
+    monkeypatch.setattr(adloco.library.round, "time", clock)
     gradient = Replica.gradient
 
     def timed(self, batch, *args, **kw):  # type: ignore[no-untyped-def]
@@ -648,7 +648,7 @@ def test_emulated_speed_really_sleeps(monkeypatch: pytest.MonkeyPatch) -> None:
     1/4), and its reported compute time holds the sleeps; the full-speed worker never sleeps."""
     import time as real_time
 
-    import adloco.round
+    import adloco.library.round
 
     slept: list[float] = []
 
@@ -660,7 +660,7 @@ def test_emulated_speed_really_sleeps(monkeypatch: pytest.MonkeyPatch) -> None:
             slept.append(seconds)
             real_time.sleep(seconds)
 
-    monkeypatch.setattr(adloco.round, "time", Recording)
+    monkeypatch.setattr(adloco.library.round, "time", Recording)
     ms = models(2)
     algo = AdLoCo(
         ms,

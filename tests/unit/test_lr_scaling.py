@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from adloco import AdaptiveBatch, AdLoCo, Merging, Switch
-from adloco.algorithms import lr_scaling
 from adloco.config import InnerConfig
 from adloco.engine.driver import Driver
 from adloco.engine.inner import lr_at
+from adloco.library.algorithms import lr_scaling
 from tests.toy import Data, loss_fn, models, run_round
 
 

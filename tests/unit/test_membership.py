@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from adloco import AdaptiveBatch, AdLoCo, Merging, Outer
-from adloco.algorithms import allocation, membership
+from adloco.library.algorithms import allocation, membership
 from tests.toy import Data, loss_fn, models, run_round
 
 

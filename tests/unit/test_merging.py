@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adloco.algorithms.merging import merged_request, select, survivor, weighted_merge, weights
-from adloco.algorithms.outer import OuterOptimizer
+from adloco.library.algorithms.merging import merged_request, select, survivor, weighted_merge, weights
+from adloco.library.algorithms.outer import OuterOptimizer
 
 
 def test_select_smallest() -> None:

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from adloco.comm.inprocess import InProcessComm
 from adloco.engine.build import build_replicas
+from adloco.library.comm.inprocess import InProcessComm
 from adloco.models import ModelFactory
 from adloco.models.meta import InitPlan, NotReplayable
 from tests.helpers import synthetic_data, tiny_config

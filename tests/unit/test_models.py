@@ -14,8 +14,8 @@ from adloco import models
 from adloco.config import InnerConfig, ModelConfig
 from adloco.engine.inner import make_optimizer
 from adloco.errors import UserError
-from adloco.flat import flatten
-from adloco.replica import Probe, Replica
+from adloco.library.flat import flatten
+from adloco.library.replica import Probe, Replica
 from tests.helpers import TINY_RUN, driver, run_main, set_args, synthetic_data, tiny_checkpoint, tiny_config
 
 # TINY_RUN for 2 rounds on the model and tokenizer each test names (a checkpoint's own tokenizer when unset)

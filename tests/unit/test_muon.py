@@ -1,5 +1,5 @@
 """Muon as the inner optimizer (ALGORITHM.md §1, step 2): ``torch.optim.Muon`` on a model's hidden matrices
-and AdamW on the rest, as one optimizer (:class:`adloco.optim.CombinedOptimizer`), through everything a
+and AdamW on the rest, as one optimizer (:class:`adloco.library.optim.CombinedOptimizer`), through everything a
 worker's optimizer goes through: the split, its steps, torch's state dict, the flat inner state of
 checkpoints and resume (bit for bit), the round's snapshot and undo, a reset, the lr multiplier, the hooked
 form, a user's own pair passed as a list, the gradient probe (which reads gradients, not the optimizer),
@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging
-from adloco.graphs import capturable
-from adloco.optim import CombinedOptimizer, is_muon, muon_adamw, muon_split
+from adloco.library.graphs import capturable
+from adloco.library.optim import CombinedOptimizer, is_muon, muon_adamw, muon_split
 from tests.toy_lm import TinyLM, diloco, lm_loss, muon_diloco, run, tiny, tokens
 
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from adloco.comm.base import CommRecord, wire_bytes
+from adloco.library.comm.base import CommRecord, wire_bytes
+from adloco.library.round import Totals, Traffic
 from adloco.netmodel import bad_row, collective_seconds, comm_seconds, name_workers, round_seconds
 from adloco.report import results
-from adloco.round import Totals, Traffic
 from tests.helpers import run_main
 
 BW, LAT = 100e6, 2e-3  # 100 MB/s, 2 ms

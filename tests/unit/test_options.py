@@ -1,4 +1,4 @@
-"""The round's dials as one object (:class:`adloco.options.RoundOptions`): the algorithm objects take it or
+"""The round's dials as one object (:class:`adloco.library.options.RoundOptions`): the algorithm objects take it or
 its fields as keywords, the same either way; ``adloco train`` builds it from the config keys its fields
 name, so a new dial is a field there and its config field."""
 
@@ -14,7 +14,7 @@ from torch import nn
 from adloco import AdaptiveBatch, AdLoCo, DiLoCo, LocalSGD, Outer, RoundOptions, Wire
 from adloco.config import Config, resolve
 from adloco.engine.build import round_options
-from adloco.options import config_key
+from adloco.library.options import config_key
 
 
 def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

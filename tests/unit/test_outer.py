@@ -7,7 +7,7 @@ import io
 import pytest
 import torch
 
-from adloco.algorithms.outer import OuterOptimizer
+from adloco.library.algorithms.outer import OuterOptimizer
 
 
 def _workers(theta: torch.Tensor, seed: int, m: int = 3) -> torch.Tensor:

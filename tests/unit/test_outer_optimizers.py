@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging, Outer, Sync
-from adloco.algorithms.outer import OuterParams
+from adloco.library.algorithms.outer import OuterParams
 from tests.toy import Data, loss_fn, models, rounds_in_threads, run_round, sgd
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -268,7 +268,7 @@ def test_a_factorys_fragments_end_between_tensors_so_shaped_views_serve_them() -
 
 
 def test_tensor_fragments_cut_at_the_tensor_ends_nearest_the_even_split() -> None:
-    from adloco.streaming import tensor_fragments
+    from adloco.library.streaming import tensor_fragments
 
     assert tensor_fragments([6, 1], 2) == [slice(0, 6), slice(6, 7)]
     assert tensor_fragments([10, 1, 1, 1], 2) == [slice(0, 10), slice(10, 13)]
@@ -322,10 +322,10 @@ def test_a_factory_named_module_function_in_a_config_is_the_outer_step(my_outer:
 def test_the_memory_estimate_counts_the_outer_state(my_outer: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each trainer's outer state is in the estimate: a preset's as known (nesterov's momentum, one float32
     P-vector), a factory's as a probe of it reports (Adam: two), or 0 with the refusal saying why."""
-    from adloco.algorithms.outer import OuterOptimizer, state_bytes
     from adloco.config import resolve
     from adloco.config.checks import outer_state
     from adloco.errors import UserError
+    from adloco.library.algorithms.outer import OuterOptimizer, state_bytes
     from adloco.models import sizing
 
     def state(*overrides: str) -> tuple[float, str]:

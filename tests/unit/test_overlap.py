@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging, Outer, Sync
-from adloco.comm import base
-from adloco.comm.inprocess import InProcessComm
+from adloco.library.comm import base
+from adloco.library.comm.inprocess import InProcessComm
 from adloco.netmodel import collective_seconds, round_seconds
 from tests.toy import Data, flat_like, loss_fn, models, rounds_in_threads, run_round, sgd
 
@@ -359,7 +359,7 @@ def test_the_config_keeps_diloco_s_sgd_under_any_overlap_and_a_step_the_user_set
     took where the codec chose it."""
     from adloco.config.load import resolve
     from adloco.errors import UserError
-    from adloco.settings import outer_note
+    from adloco.library.settings import outer_note
 
     diloco = ["algorithm.method=diloco"]
     for overlap in ("none", "delayed", "eager"):
@@ -392,7 +392,7 @@ def test_the_config_keeps_diloco_s_sgd_under_any_overlap_and_a_step_the_user_set
 
 
 def test_fragments_cover_every_parameter_once() -> None:
-    from adloco.streaming import fragments
+    from adloco.library.streaming import fragments
 
     for n, count in ((7, 1), (7, 2), (7, 7), (10, 3), (1000, 8)):
         parts = fragments(n, count)

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from adloco import models
-from adloco.algorithms.switch import Plan
 from adloco.config import InnerConfig, ModelConfig
 from adloco.engine.inner import make_optimizer
-from adloco.flat import FlatModule, flatten
-from adloco.replica import Probe, Replica
+from adloco.library.algorithms.switch import Plan
+from adloco.library.flat import FlatModule, flatten
+from adloco.library.replica import Probe, Replica
 
 VOCAB, T = 32, 6
 

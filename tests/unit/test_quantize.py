@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from adloco.comm.compressed import (
+from adloco.library.comm.compressed import (
     WIRE_DTYPES,
     InProcessGroup,
     all_reduce_inprocess,
@@ -25,7 +25,7 @@ from adloco.comm.compressed import (
     sent_bytes,
     wire_bytes_all_reduce,
 )
-from adloco.comm.quantize import (
+from adloco.library.comm.quantize import (
     ErrorFeedback,
     Quantized,
     dequantize,

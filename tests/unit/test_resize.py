@@ -53,7 +53,7 @@ def test_resume_on_fewer_workers(tmp_path: Path, four: Path, batch: str) -> None
     alloc, requests, member = allocation_after_resume(run)
     assert member["workers_before"] == 4 and member["workers"] == 2 and len(member["merged"]) == 2
     assert sorted(alloc) == ["0", "1"] and len(set(alloc.values())) == 2
-    from adloco.algorithms import membership
+    from adloco.library.algorithms import membership
 
     plan = membership.resize(
         {int(t): b for t, b in before.items()},

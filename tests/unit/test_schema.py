@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from adloco import AdaptiveBatch, Merging, Outer, Switch, Wire
-from adloco.baselines import METHOD_CLASSES
 from adloco.config import SECTION_TYPES, Config, resolve
-from adloco.fields import Dial
-from adloco.settings import METHODS
+from adloco.library.baselines import METHOD_CLASSES
+from adloco.library.fields import Dial
+from adloco.library.settings import METHODS
 
 
 def _algo(method: str, workers: int):  # type: ignore[no-untyped-def]

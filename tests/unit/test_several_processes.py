@@ -1,6 +1,6 @@
 """The round, written once, gives the same run when several processes each host some workers.
 
-Processes are threads with :class:`adloco.comm.ThreadComm`; real torch.distributed processes are tested
+Processes are threads with :class:`adloco.library.comm.ThreadComm`; real torch.distributed processes are tested
 with the distributed backend. Among them: a process whose only worker of a trainer is left out (its
 update not finite) still takes the outer step, and a thread hosting no worker of a trainer still takes
 part in its compressed all-reduce.
@@ -75,7 +75,7 @@ def test_merges_and_moves_across_processes() -> None:
 
 
 def test_processes_that_disagree_stop_the_run() -> None:
-    from adloco.method import DecisionMismatch
+    from adloco.library.method import DecisionMismatch
 
     cfg = tiny_config(
         **{"algorithm": {"workers": 2, "trainers": 2, "rounds": 2}, "merge": {"policy": "none"}}

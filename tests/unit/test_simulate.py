@@ -13,9 +13,9 @@ import pytest
 
 from adloco import netmodel
 from adloco.cli import main
+from adloco.library.settings import Wire
 from adloco.plan import calibration
 from adloco.plan.sim import Device, Failures, Setup, bandwidth_for, price, simulate
-from adloco.settings import Wire
 from tests.helpers import build_fn, driver, synthetic_data, tiny_config
 
 # -- one source of truth: the simulator's round is the round the engine logs -----------------------
@@ -59,7 +59,7 @@ def test_the_simulated_round_is_the_engines(case: str, sets: list[str], rounds: 
 
 
 def test_a_rejoining_worker_is_sent_theta_as_the_engine_moves_it() -> None:
-    from adloco.comm.codecs import of
+    from adloco.library.comm.codecs import of
 
     size = of(Wire("int4")).nbytes(10**9)
     # DiLoCo's preset (SGD, no momentum): θ alone, int4-encoded once, broadcast from worker 0 to worker 3

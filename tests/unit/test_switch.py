@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from adloco.algorithms.switch import Plan, mode_for, plan
+from adloco.library.algorithms.switch import Plan, mode_for, plan
 
 
 @pytest.mark.parametrize(

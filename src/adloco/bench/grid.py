@@ -16,7 +16,7 @@ import yaml
 
 from adloco.config import load_yaml, parse_override, resolve
 from adloco.errors import UserError
-from adloco.settings import METHODS
+from adloco.library.settings import METHODS
 
 ABLATIONS: dict[str, list[str]] = {
     "no-adaptive": ["batch.test=none", "batch.statistics=false"],

@@ -12,10 +12,10 @@ from typing import Any
 
 from adloco.config.schema import Config
 from adloco.errors import UserError
-from adloco.fields import check_speeds
+from adloco.library.fields import check_speeds
+from adloco.library.settings import OUTER_PRESETS
 from adloco.models import sizing
 from adloco.profile import StepProfile
-from adloco.settings import OUTER_PRESETS
 
 
 def _need(ok: bool, name: str, value: Any, allowed: str) -> None:
@@ -103,7 +103,7 @@ def outer_state(cfg: Config) -> tuple[float, str]:
     """Bytes of outer state each trainer keeps per value of θ, for the memory estimate, and "" or why it is
     not counted. A preset's is known (:func:`adloco.models.sizing.outer_buffers`); a factory named as
     ``outer.optimizer`` (``module:function``, imported when its section was built) is tried once over a
-    small θ (:func:`adloco.algorithms.outer.state_bytes`): what it returns if not a ``torch.optim.Optimizer``
+    small θ (:func:`adloco.library.algorithms.outer.state_bytes`): what it returns if not a ``torch.optim.Optimizer``
     is refused now rather than at the first outer step, and where it cannot take a θ not its model's, its
     state is not counted (said with a refusal of the estimate). DDP takes no outer step."""
     name = str(cfg.outer.optimizer)
@@ -111,7 +111,7 @@ def outer_state(cfg: Config) -> tuple[float, str]:
         return 0.0, ""
     if name in OUTER_PRESETS:
         return float(sizing.outer_buffers(name) * sizing.FLOAT), ""
-    from adloco.algorithms.outer import NotAnOptimizer, state_bytes
+    from adloco.library.algorithms.outer import NotAnOptimizer, state_bytes
 
     try:
         return state_bytes(cfg.outer.factory), ""  # type: ignore[arg-type]

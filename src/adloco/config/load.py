@@ -21,7 +21,7 @@ import yaml
 from adloco.config import checks
 from adloco.config.schema import BENCH, SECTION_TYPES, SECTIONS, SIMULATE, Config, preset_values
 from adloco.errors import UserError
-from adloco.fields import conform, describe
+from adloco.library.fields import conform, describe
 from adloco.models.sizing import SHAPES
 
 
@@ -37,7 +37,7 @@ class RawText:
 
 
 def read_value(value: Any, tp: Any) -> Any:
-    """A YAML or ``--set`` value as type ``tp`` (leniently, :func:`adloco.fields.conform`), or ValueError.
+    """A YAML or ``--set`` value as type ``tp`` (leniently, :func:`adloco.library.fields.conform`), or ValueError.
     A ``--set`` value is its text for a string field (or a choice of strings), else its YAML reading."""
     if isinstance(value, RawText):
         origin = typing.get_origin(tp)

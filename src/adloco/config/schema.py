@@ -1,8 +1,8 @@
 """The config tree of ``adloco train``: one frozen dataclass per section, every field declared once.
 
 The algorithm's sections (``outer``, ``batch``, ``merge``, ``switch``, ``comm``, ``sync``) ARE the library's dials
-(:mod:`adloco.settings`); the rest belong to the application (model, data, runtime, logging ...) and are
-declared here with the same :func:`~adloco.fields.setting`, so every field has one type, default, range
+(:mod:`adloco.library.settings`); the rest belong to the application (model, data, runtime, logging ...) and are
+declared here with the same :func:`~adloco.library.fields.setting`, so every field has one type, default, range
 and doc, checked when its section is built. Rules across sections live in :mod:`adloco.config.checks`.
 """
 
@@ -13,9 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from adloco.fields import Dial, setting
-from adloco.models.sizing import SHAPES
-from adloco.settings import (
+from adloco.library.fields import Dial, setting
+from adloco.library.settings import (
     METHODS,
     AdaptiveBatch,
     Balance,
@@ -29,8 +28,9 @@ from adloco.settings import (
     Sync,
     Wire,
 )
-from adloco.settings import PRESETS as DIAL_PRESETS
-from adloco.settings import preset_values as dial_preset_values
+from adloco.library.settings import PRESETS as DIAL_PRESETS
+from adloco.library.settings import preset_values as dial_preset_values
+from adloco.models.sizing import SHAPES
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ class InnerConfig(Dial):
 
 @dataclass(frozen=True)
 class SwitchConfig(Switch):
-    """The ``switch`` section: the library's :class:`~adloco.settings.Switch` and the CUDA b_max search."""
+    """The ``switch`` section: the library's :class:`~adloco.library.settings.Switch` and the CUDA b_max search."""
 
     memory_fraction: float = setting(
         0.85,
@@ -524,7 +524,7 @@ assert all(name == cls.SECTION for name, cls in SECTION_TYPES.items())
 BENCH = "bench"  # `adloco bench`'s own section of a config file; every other command ignores it
 SIMULATE = "simulate"  # `adloco simulate`'s own section (adloco.plan.command.SimulateConfig); likewise
 
-# Method presets (ALGORITHM.md §6): the library's (:data:`adloco.settings.PRESETS`), and LocalSGD's inner
+# Method presets (ALGORITHM.md §6): the library's (:data:`adloco.library.settings.PRESETS`), and LocalSGD's inner
 # plain SGD (Stich 2019), which only the application builds. They fill only the keys a user leaves unset.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     m: {**DIAL_PRESETS[m], **extra}
@@ -540,7 +540,7 @@ assert tuple(PRESETS) == METHODS
 
 def preset_values(method: str, section: str, dtype: str = "float32") -> dict[str, Any]:
     """What ``method`` fixes in ``section`` under ``comm.dtype`` = ``dtype``: :data:`PRESETS`, with the
-    library's rule for the outer step a codec brings (:func:`adloco.settings.preset_values`)."""
+    library's rule for the outer step a codec brings (:func:`adloco.library.settings.preset_values`)."""
     return dial_preset_values(method, section, PRESETS, dtype)
 
 

@@ -13,16 +13,16 @@ from typing import Any
 
 import torch
 
-from adloco.baselines import METHOD_CLASSES
-from adloco.comm.base import Comm
 from adloco.config import Config
 from adloco.config.checks import cuda_graphs_choice
 from adloco.engine import compiling
 from adloco.engine.inner import make_optimizer
-from adloco.flat import flatten
-from adloco.method import AdLoCo
+from adloco.library.baselines import METHOD_CLASSES
+from adloco.library.comm.base import Comm
+from adloco.library.flat import flatten
+from adloco.library.method import AdLoCo
+from adloco.library.options import RoundOptions, config_key
 from adloco.models import ModelFactory, shard
-from adloco.options import RoundOptions, config_key
 from adloco.profile import AUTO, StepProfile
 
 
@@ -40,7 +40,7 @@ def build_replicas(
     (``ModelFactory.build_sharded``); a model whose initialization cannot be replayed (a checkpoint) is
     built whole, then sharded, said once through ``log``."""
     a, b, m = cfg.algorithm, cfg.batch, cfg.merge
-    from adloco.algorithms import allocation
+    from adloco.library.algorithms import allocation
 
     trainers = min(a.trainers, a.workers)  # a run continuing on fewer workers merges down to them
     start = allocation.allocate(dict.fromkeys(range(trainers), b.initial), a.workers, mode=m.allocation)
@@ -125,8 +125,8 @@ def build_algorithm(
 
 
 def round_options(cfg: Config, **derived: Any) -> RoundOptions:
-    """The config's :class:`~adloco.options.RoundOptions`: each field read from the config key it names
-    (:func:`adloco.options.config_key`), the others from ``derived`` (what the run works out: trainers
+    """The config's :class:`~adloco.library.options.RoundOptions`: each field read from the config key it names
+    (:func:`adloco.library.options.config_key`), the others from ``derived`` (what the run works out: trainers
     that have workers, b_max, the profile's fixed rows...). A field with no key that is not given is a bug,
     said as one."""
     values: dict[str, Any] = {}

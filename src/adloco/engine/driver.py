@@ -1,4 +1,4 @@
-"""``adloco train``'s driver: the public algorithm objects (:mod:`adloco.method`) fed from a Config.
+"""``adloco train``'s driver: the public algorithm objects (:mod:`adloco.library.method`) fed from a Config.
 
 It builds what the library leaves to its user (data shards, the replicas and their inner optimizers,
 the learning-rate schedule, b_max on CUDA), runs the rounds step by step, evaluates, turns each round's
@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from adloco import events, netmodel
-from adloco.comm.base import Comm
 from adloco.config import Config
 from adloco.data.sampling import ShardStream, trainer_subset
 from adloco.data.tokens import Data
@@ -29,11 +28,12 @@ from adloco.engine.build import build_algorithm, fixed_rows
 from adloco.engine.evaluation import evaluate, perplexity, spread
 from adloco.engine.inner import lr_at
 from adloco.errors import UserError
-from adloco.method import RoundAborted
+from adloco.library.comm.base import Comm
+from adloco.library.method import RoundAborted
+from adloco.library.replica import Replica
+from adloco.library.round import RoundReport, Traffic
 from adloco.models import ModelFactory
 from adloco.profile import AUTO, RoundSums, StepProfile
-from adloco.replica import Replica
-from adloco.round import RoundReport, Traffic
 from adloco.telemetry import trace
 from adloco.telemetry.metrics import MetricsSink
 from adloco.telemetry.progress import Progress, Work
@@ -124,7 +124,7 @@ class Driver:
         k chunk gradients: k·P float32 values per worker, 7.4 GiB for a 300M model with k = 8) and the
         error feedback of a compressed Δ (P float32 values per worker, ALGORITHM.md §9.4)."""
         from adloco.engine import memory
-        from adloco.replica import rows, to_device
+        from adloco.library.replica import rows, to_device
 
         algo, cfg = self.algo, self.cfg
         w0 = algo.local_workers[0]
@@ -537,7 +537,7 @@ class Driver:
 
 
 def _with(report: RoundReport, more: Traffic) -> RoundReport:
-    """The round's report with what :meth:`~adloco.method.AdLoCo.settle` communicated after it."""
+    """The round's report with what :meth:`~adloco.library.method.AdLoCo.settle` communicated after it."""
     if not more.messages and not more.bytes:
         return report
     return dataclasses.replace(

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from adloco.graphs import to_device
+from adloco.library.graphs import to_device
 
 
 @dataclass(frozen=True)

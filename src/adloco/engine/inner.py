@@ -7,8 +7,8 @@ import math
 import torch
 
 from adloco.config import InnerConfig
-from adloco.flat import FlatModule
-from adloco.optim import muon_adamw
+from adloco.library.flat import FlatModule
+from adloco.library.optim import muon_adamw
 
 
 def make_optimizer(flat: FlatModule, cfg: InnerConfig, capturable: bool = False) -> torch.optim.Optimizer:
@@ -17,7 +17,7 @@ def make_optimizer(flat: FlatModule, cfg: InnerConfig, capturable: bool = False)
     counts on the device and the fused kernel, SGD fused (both take their lr as a device tensor).
 
     ``muon`` needs matrices: Muon on the model's own hidden matrices (views of the flat buffer, shaped) and
-    AdamW on the rest, as one optimizer (:func:`adloco.optim.muon_adamw`); neither captured nor sharded."""
+    AdamW on the rest, as one optimizer (:func:`adloco.library.optim.muon_adamw`); neither captured nor sharded."""
     if cfg.optimizer == "muon":
         if capturable or not flat.aliased:
             raise ValueError(

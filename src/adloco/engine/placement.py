@@ -11,13 +11,13 @@ from typing import Any
 
 import torch
 
-from adloco.comm.base import Comm
 from adloco.config import Config
 from adloco.config.checks import uses_cuda
 from adloco.engine.checkpoint.files import Folder
 from adloco.engine.dist import env, join
 from adloco.engine.threads import AutoThreads
 from adloco.errors import UserError
+from adloco.library.comm.base import Comm
 
 
 def resolve_device(name: str) -> torch.device:
@@ -62,8 +62,8 @@ class Placement:
 def place(cfg: Config, resume: tuple[Path, Folder | Path] | None) -> Placement:
     """Join the process group the launch asks for (or none), pick the device; under torchrun the rank whose
     disk holds the run (a restart may have given it any rank) is elected to write it."""
-    from adloco.comm.inprocess import InProcessComm
     from adloco.engine import rundir
+    from adloco.library.comm.inprocess import InProcessComm
 
     elastic = env.elastic_launch()
     rt = cfg.runtime

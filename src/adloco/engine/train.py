@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from adloco import events, models
-from adloco.comm.base import CommFailure
 from adloco.config import Config
 from adloco.config.checks import check_placement, cuda_graphs_choice
 from adloco.data.tokens import Data, prepare
@@ -33,8 +32,9 @@ from adloco.engine.driver import Driver, TooManyBadRounds
 from adloco.engine.placement import Placement, place
 from adloco.engine.signals import Signals
 from adloco.events import Summary
-from adloco.method import DecisionMismatch, RoundAborted
-from adloco.settings import outer_note
+from adloco.library.comm.base import CommFailure
+from adloco.library.method import DecisionMismatch, RoundAborted
+from adloco.library.settings import outer_note
 from adloco.telemetry.metrics import MetricsSink
 from adloco.telemetry.progress import Progress, library_log_to, make_progress
 

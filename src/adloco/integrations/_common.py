@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from adloco.method import AdLoCo
+from adloco.library.method import AdLoCo
 
 Build = Callable[[nn.Module, torch.optim.Optimizer], AdLoCo]
 STATE_FILE = "adloco-state-{rank}.pt"  # one per process, beside the trainer's own checkpoint files
@@ -44,7 +44,7 @@ def build(make: Build, model: nn.Module, optimizer: torch.optim.Optimizer, where
 
 
 def round_boundary(algo: AdLoCo, step: int, where: str) -> None:
-    """An algorithm's state is taken between rounds only (:meth:`adloco.state.AlgorithmState.state_dict`).
+    """An algorithm's state is taken between rounds only (:meth:`adloco.library.state.AlgorithmState.state_dict`).
     ``step``: the trainer's optimizer steps, which began on a round's boundary (a start, or a resume of
     a checkpoint taken on one); the hooked form synchronizes every H of them."""
     if step % algo.H:

@@ -12,7 +12,7 @@ How it plugs in (written against transformers 5.x and accelerate 1.x):
 * At ``on_train_begin`` (after the Trainer has built its optimizer, prepared it with accelerate and, on a
   resume, loaded its checkpoint) the callback builds the algorithm with your ``build(model, optimizer)``
   over the Trainer's model and the torch optimizer inside accelerate's ``AcceleratedOptimizer``, and
-  enters its hooked form (``with algo:``, :mod:`adloco.hooked`): the hooks fire inside the Trainer's
+  enters its hooked form (``with algo:``, :mod:`adloco.library.hooked`): the hooks fire inside the Trainer's
   ``optimizer.step()``, once per optimizer step (after the last micro-batch of gradient accumulation,
   after clipping, before the scheduler step), so H counts the Trainer's optimizer steps. ``on_train_end``
   leaves it.
@@ -24,7 +24,7 @@ How it plugs in (written against transformers 5.x and accelerate 1.x):
   (the Trainer would otherwise all-gather token counts at every step and weight each worker's loss by
   the others').
 * Checkpoints are the Trainer's own: at ``on_save`` every process writes the algorithm's state
-  (:meth:`~adloco.state.AlgorithmState.state_dict`: outer optimizer, θ, its worker's inner optimizer and
+  (:meth:`~adloco.library.state.AlgorithmState.state_dict`: outer optimizer, θ, its worker's inner optimizer and
   counters) as ``adloco-state-<rank>.pt`` into the checkpoint folder the Trainer just wrote, and
   ``train(resume_from_checkpoint=...)`` loads it back at ``on_train_begin``, after the Trainer restored
   its own state, so the run continues bit for bit. Checkpoints must fall between rounds: ``save_steps``
@@ -42,7 +42,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from adloco.integrations._common import STATE_FILE, Build, build, no_gradient_sync, round_boundary
-from adloco.method import AdLoCo
+from adloco.library.method import AdLoCo
 
 __all__ = ["AdLoCoCallback"]
 

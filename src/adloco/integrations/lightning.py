@@ -13,7 +13,7 @@ and ``pytorch_lightning``, whichever is installed, or both):
 * At ``on_train_start`` (after the strategy set up the optimizer and wrapped the module and, on a
   resume, restored the checkpoint) the callback builds the algorithm with your ``build(module,
   optimizer)`` over the LightningModule and its one optimizer, and enters the hooked form (``with algo:``,
-  :mod:`adloco.hooked`): the hooks fire inside the optimizer's ``step`` that Lightning calls once per
+  :mod:`adloco.library.hooked`): the hooks fire inside the optimizer's ``step`` that Lightning calls once per
   optimizer step (after gradient accumulation and clipping), so H counts Lightning's optimizer steps.
   ``on_train_end`` leaves it.
 * Under torchrun with ``strategy="ddp"``, Lightning joins the process group (the algorithm's default
@@ -21,7 +21,7 @@ and ``pytorch_lightning``, whichever is installed, or both):
   the module in DistributedDataParallel; the callback switches that wrapper's gradient all-reduce off
   (``require_backward_grad_sync``, what ``no_sync()`` sets), so the algorithm alone communicates.
 * Checkpoints are Lightning's own: the callback's :meth:`state_dict` is every process's algorithm state
-  (:meth:`~adloco.state.AlgorithmState.state_dict`: outer optimizer, θ, its worker's inner optimizer and
+  (:meth:`~adloco.library.state.AlgorithmState.state_dict`: outer optimizer, θ, its worker's inner optimizer and
   counters), gathered to process 0, which writes the checkpoint; ``fit(ckpt_path=...)`` hands each
   process its own part back, applied at ``on_train_start`` after Lightning restored the module and
   optimizer, so the run continues bit for bit. A checkpoint holds one part per process (process 0 holds
@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from adloco.integrations._common import Build, build, round_boundary
-from adloco.method import AdLoCo
+from adloco.library.method import AdLoCo
 
 _BASES: list[type] = []
 try:

@@ -107,7 +107,7 @@ def optimizer_buffers(optimizer: str, momentum: float = 0.0) -> int:
 def outer_buffers(optimizer: str) -> int:
     """Per-parameter state buffers of a preset outer step, each trainer's (ALGORITHM.md §1): ``nesterov`` its
     float32 momentum, one; ``sgd`` and ``average`` none. (A factory's is measured by a probe of it:
-    :func:`adloco.algorithms.outer.state_bytes`.)"""
+    :func:`adloco.library.algorithms.outer.state_bytes`.)"""
     return 1 if optimizer == "nesterov" else 0
 
 

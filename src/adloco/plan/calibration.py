@@ -11,8 +11,8 @@ from dataclasses import replace
 from typing import Any
 
 from adloco import netmodel
+from adloco.library.settings import Wire
 from adloco.plan.sim import Device, Failures, Setup, bandwidth_for, price, simulate
-from adloco.settings import Wire
 
 GBIT = 1e9 / 8  # bytes per second in a Gbit/s
 
@@ -56,7 +56,7 @@ def covenant(peers: int = 20) -> dict[str, Any]:
     once and fetch the others'), which of the peers' encodings each fetches and how much of it overlaps
     compute: one encoding alone takes longer to upload at 110 Mbit/s (``upload_s``) than the 70 s
     published."""
-    from adloco.comm.codecs import of
+    from adloco.library.comm.codecs import of
 
     P = 72_000_000_000
     wire = Wire("topk")

@@ -18,12 +18,12 @@ import re
 import sys
 import tempfile
 import typing
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from adloco.errors import UserError
-from adloco.fields import Dial, setting
+from adloco.library.fields import Dial, setting
 
 WORKERS_SWEEP = [8, 16, 32, 64, 128, 256, 512, 1024]
 MBITS_SWEEP = [10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0, 10000.0]
@@ -139,7 +139,7 @@ def read_section(raw: Any, overrides: list[tuple[str, Any]], origin: str) -> Sim
     """The ``simulate`` section from a file's mapping and ``--set simulate.*``, each key read as its field's
     type; every mistake one line naming the key."""
     from adloco.config.load import read_value, unknown
-    from adloco.fields import describe
+    from adloco.library.fields import describe
 
     values: dict[str, Any] = {}
     if raw is not None and not isinstance(raw, dict):
@@ -450,26 +450,3 @@ def table(result: Any, cfg: Any) -> str:
         )
     width = max(len(k) for k, _ in rows)
     return "".join(f"{k:<{width}}  {v}\n" for k, v in rows)
-
-
-def sweep(
-    s: Any, workers: list[int] | None = None, mbits: list[float] | None = None
-) -> list[dict[str, float]]:
-    """The failure-free round at each number of workers (the network's sites dropped where they no longer
-    sum to N) or each link bandwidth (every bandwidth scaled)."""
-    from adloco import netmodel
-    from adloco.plan.sim import price, scaled
-
-    out = []
-    for n in workers or []:
-        net = s.net
-        if isinstance(net, netmodel.Network) and len(net.sites) > 1 and sum(net.sites) != n:
-            net = replace(net, sites=())
-        one = replace(s, workers=n, net=net)
-        r = price(one, range(n))
-        out.append({"workers": n, "utilization": r.utilization, "round_s": r.seconds, "bytes": r.bytes})
-    for mb in mbits or []:
-        one = replace(s, net=scaled(s.net, mb * 1e6 / 8 / s.net.bandwidth))
-        r = price(one, range(s.workers))
-        out.append({"mbits": mb, "utilization": r.utilization, "round_s": r.seconds, "bytes": r.bytes})
-    return out

@@ -20,8 +20,7 @@ def draw(s: Any, sim: Any, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from adloco.plan.command import sweep
-    from adloco.plan.sim import simulate
+    from adloco.plan.sim import simulate, sweep
 
     try:
         out.mkdir(exist_ok=True)

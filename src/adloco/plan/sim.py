@@ -2,12 +2,12 @@
 
 Nothing here is a second model of what the engine does. A round's collectives are the rows the engine logs
 (``[kind, op, n, payload, count, workers]``, ALGORITHM.md §7): Δ per trainer through the wire's codec,
-whose collective and exact bytes are :func:`adloco.comm.compressed.collective`'s (ALGORITHM.md §9.4);
+whose collective and exact bytes are :func:`adloco.library.comm.compressed.collective`'s (ALGORITHM.md §9.4);
 DDP's gradients every step; AdLoCo's batch statistics among every worker; streaming fragments cut by
-:func:`adloco.streaming.fragments` and behind their τ steps, ``sync.overlap`` behind the next round's
+:func:`adloco.library.streaming.fragments` and behind their τ steps, ``sync.overlap`` behind the next round's
 compute (ALGORITHM.md §13). They are priced by :mod:`adloco.netmodel` (the links, the sites, the schedule
 in issue order: :func:`adloco.netmodel.round_clocks`), compute by a :class:`adloco.profile.StepProfile`
-(ALGORITHM.md §11), a trainer's rows shared by speed by :func:`adloco.algorithms.allocation.split`
+(ALGORITHM.md §11), a trainer's rows shared by speed by :func:`adloco.library.algorithms.allocation.split`
 (ALGORITHM.md §9.3), and a worker that rejoins is sent θ as the engine moves it (a ``move`` broadcast of
 θ and the outer momentum on ``comm.theta_dtype``'s wire). A failure under the elastic policy restarts every
 process and resumes from the newest checkpoint, losing the rounds since (ALGORITHM.md §9.2; the engine's
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from adloco import netmodel
+from adloco.library.settings import FLOAT32, AdaptiveBatch, Method, Sync, Wire
 from adloco.profile import StepProfile
-from adloco.settings import FLOAT32, AdaptiveBatch, Method, Sync, Wire
 
 Recovery = Literal["restart", "live"]
 RESTART_S = 10.5  # the measured restart (benchmarks/RESULTS.md, "Runs that survive failures")
@@ -208,7 +208,7 @@ class Simulation:
 
 def groups(workers: Sequence[int], trainers: int) -> list[list[int]]:
     """The trainers' workers: contiguous, near-equal (the engine's first allocation)."""
-    from adloco.streaming import fragments
+    from adloco.library.streaming import fragments
 
     ws = list(workers)
     return [ws[sl] for sl in fragments(len(ws), min(trainers, len(ws)))]
@@ -217,8 +217,8 @@ def groups(workers: Sequence[int], trainers: int) -> list[list[int]]:
 def _reduce(kind: str, numel: int, group: list[int], wire: Wire, count: int) -> list[Any]:
     """The row of one reduction of ``numel`` values among ``group`` through ``wire`` (the engine's
     ``Comm.reduce``: float32's plain all-reduce, or the codec's collective of its exact bytes)."""
-    from adloco.comm.codecs import of
-    from adloco.comm.compressed import collective
+    from adloco.library.comm.codecs import of
+    from adloco.library.comm.compressed import collective
 
     codec = of(wire)
     op, payload = ("all_reduce", 4 * numel) if codec is None else collective(numel, len(group), codec)
@@ -238,9 +238,9 @@ def _merge(rows: list[list[Any]]) -> list[list[Any]]:
 
 def round_rows(s: Setup, workers: Sequence[int]) -> tuple[list[list[Any]], list[list[Any]]]:
     """The collectives of one round among ``workers``, as the engine logs them: (in the way, behind)."""
-    from adloco.algorithms.batching import needs_shared_mean
-    from adloco.round import WorkerRound
-    from adloco.streaming import fragments
+    from adloco.library.algorithms.batching import needs_shared_mean
+    from adloco.library.round import WorkerRound
+    from adloco.library.streaming import fragments
 
     ws = sorted(workers)
     rows: list[list[Any]] = []
@@ -274,8 +274,8 @@ def round_rows(s: Setup, workers: Sequence[int]) -> tuple[list[list[Any]], list[
 
 def price(s: Setup, workers: Sequence[int], joiners: Sequence[int] = ()) -> Round:
     """One round of ``workers`` (``joiners`` among them sent θ at its start), failure-free."""
-    from adloco.algorithms.allocation import split
-    from adloco.comm.base import wire_bytes
+    from adloco.library.algorithms.allocation import split
+    from adloco.library.comm.base import wire_bytes
 
     ws = sorted(workers)
     rows, behind = round_rows(s, ws)
@@ -301,8 +301,8 @@ def price(s: Setup, workers: Sequence[int], joiners: Sequence[int] = ()) -> Roun
 def _move(s: Setup, src: int, to: int) -> list[Any]:
     """θ (and the outer momentum, where the outer step keeps one) to a worker that (re)joins: one broadcast
     of θ's wire (``comm.theta_dtype``) from a worker that holds it (the engine's ``move``)."""
-    from adloco.comm.codecs import of
-    from adloco.settings import preset_values
+    from adloco.library.comm.codecs import of
+    from adloco.library.settings import preset_values
 
     codec = of(s.wire.theta)
     payload = 4 * s.parameters if codec is None else codec.nbytes(s.parameters)
@@ -482,3 +482,23 @@ def bandwidth_for(s: Setup, utilization: float, of: Callable[[netmodel.Model], f
         if hi / lo < 1 + 1e-6:
             break
     return hi
+
+
+def sweep(
+    s: Any, workers: list[int] | None = None, mbits: list[float] | None = None
+) -> list[dict[str, float]]:
+    """The failure-free round at each number of workers (the network's sites dropped where they no longer
+    sum to N) or each link bandwidth (every bandwidth scaled)."""
+    out = []
+    for n in workers or []:
+        net = s.net
+        if isinstance(net, netmodel.Network) and len(net.sites) > 1 and sum(net.sites) != n:
+            net = replace(net, sites=())
+        one = replace(s, workers=n, net=net)
+        r = price(one, range(n))
+        out.append({"workers": n, "utilization": r.utilization, "round_s": r.seconds, "bytes": r.bytes})
+    for mb in mbits or []:
+        one = replace(s, net=scaled(s.net, mb * 1e6 / 8 / s.net.bandwidth))
+        r = price(one, range(s.workers))
+        out.append({"mbits": mb, "utilization": r.utilization, "round_s": r.seconds, "bytes": r.bytes})
+    return out

@@ -26,18 +26,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from adloco.algorithms import batching
 from adloco.config import Config, resolve
 from adloco.data.sampling import trainer_subset
 from adloco.errors import UserError
-from adloco.settings import AdaptiveBatch
+from adloco.library.algorithms import batching
+from adloco.library.settings import AdaptiveBatch
 
 if TYPE_CHECKING:  # torch and the model stack load only when the command runs
     import torch
 
     from adloco.data.tokens import Data
     from adloco.engine.checkpoint import Checkpoint
-    from adloco.flat import FlatModule
+    from adloco.library.flat import FlatModule
 
     Batch = dict[str, torch.Tensor]
 
@@ -131,7 +131,7 @@ def load_model(
 ) -> tuple[Config, Data, FlatModule]:
     """The checkpoint's config and data, and its trainer's θ in a model rebuilt from that config."""
     from adloco.data.tokens import prepare
-    from adloco.flat import FlatModule
+    from adloco.library.flat import FlatModule
     from adloco.models import factory_for
 
     saved = ck.meta.get("config")

@@ -26,9 +26,9 @@ from adloco.engine.driver import rng_state, set_rng_state
 from adloco.errors import UserError
 
 if TYPE_CHECKING:
-    from adloco.comm.base import Comm
     from adloco.engine.driver import Driver
-    from adloco.flat import ShardedFlat
+    from adloco.library.comm.base import Comm
+    from adloco.library.flat import ShardedFlat
 
 _GROUPS: dict[int, Any] = {}
 

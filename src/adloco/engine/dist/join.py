@@ -1,7 +1,7 @@
 """``adloco train`` under torch.distributed: joining the process group, liveness, start-up order.
 
 Launched by ``torchrun`` (one machine or many; c10d rendezvous) or by ``adloco train --nproc N``; the
-collectives themselves are :class:`adloco.comm.torchdist.TorchDistComm`.
+collectives themselves are :class:`adloco.library.comm.torchdist.TorchDistComm`.
 
 Failure: collectives time out after ``runtime.timeout``. A heartbeat thread bumps a counter in the
 rendezvous store every second; when a collective fails, the survivors read the counters twice and name
@@ -24,8 +24,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from adloco.comm.base import CommFailure
-from adloco.comm.torchdist import TorchDistComm, first_sentence
+from adloco.library.comm.base import CommFailure
+from adloco.library.comm.torchdist import TorchDistComm, first_sentence
 from adloco.engine.dist.env import LOOPBACK_ENV, STORE_ENV
 from adloco.config.checks import uses_cuda
 from adloco.errors import UserError

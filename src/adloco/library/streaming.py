@@ -5,8 +5,8 @@ F = 1: all of θ at once); with an outer step that asks for the model's shapes (
 fragments that end between whole tensors, as near to those as the tensors allow (:func:`tensor_fragments`).
 The :class:`Schedule` says, after each inner step h of a round (h = H: the
 round's end, phase 2 of ALGORITHM.md §6), which fragments launch their Δ and which land, and how the
-landing is counted; the algorithm then calls each trainer's :meth:`~adloco.trainer.Trainer.prepare_sync`
-and :meth:`~adloco.trainer.Trainer.perform_sync` from one place (:meth:`adloco.method.AdLoCo._synchronize`).
+landing is counted; the algorithm then calls each trainer's :meth:`~adloco.library.trainer.Trainer.prepare_sync`
+and :meth:`~adloco.library.trainer.Trainer.perform_sync` from one place (:meth:`adloco.library.method.AdLoCo._synchronize`).
 
 - ``sync.overlap: none`` (F = 1): Δ launched and landed at the round's end, on the critical path.
 - ``delayed`` / ``eager``: Δ launched at the round's end on the background lane, landed at the end of the
@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from adloco.comm.quantize import ErrorFeedback
-from adloco.settings import Sync
-from adloco.trainer import Flight, Trainer
+from adloco.library.comm.quantize import ErrorFeedback
+from adloco.library.settings import Sync
+from adloco.library.trainer import Flight, Trainer
 
 log = logging.getLogger("adloco")
 
@@ -51,7 +51,7 @@ def tensor_fragments(sizes: Sequence[int], count: int) -> list[slice] | None:
     """``count`` contiguous slices of a flat layout of tensors of ``sizes`` (in its order) that end between
     whole tensors, each boundary the tensor end nearest to :func:`fragments`' even one; None where the
     tensors are too few for ``count`` non-empty fragments. What a matrix-aware outer step needs: whole
-    tensors in each fragment (:meth:`adloco.algorithms.outer.OuterParams.shaped`)."""
+    tensors in each fragment (:meth:`adloco.library.algorithms.outer.OuterParams.shaped`)."""
     ends = list(itertools.accumulate(sizes))
     if count > len(ends):
         return None

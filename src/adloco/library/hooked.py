@@ -3,7 +3,7 @@
 DiLoCo does. There is no gradient probe in this form, so it suits DiLoCo, LocalSGD, DDP and AdLoCo
 without a batch test.
 
-:class:`Hooks` makes the hooks from what the algorithm hands it (:meth:`adloco.method.AdLoCo.__enter__`):
+:class:`Hooks` makes the hooks from what the algorithm hands it (:meth:`adloco.library.method.AdLoCo.__enter__`):
 how a round begins, how many rows a step counts, what to do once every local worker has taken a number of
 steps (the schedule's launches and landings, the round's end), and, for DDP, how a worker's gradients are
 averaged before the user's optimizer steps on them.
@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from adloco.replica import Replica
-from adloco.round import WorkerProgress
-from adloco.settings import AdaptiveBatch
+from adloco.library.replica import Replica
+from adloco.library.round import WorkerProgress
+from adloco.library.settings import AdaptiveBatch
 
 
 def check(batch: AdaptiveBatch, ddp: bool, local_workers: int, cuda_graphs: bool = False) -> None:

@@ -7,7 +7,7 @@ optimizer stepped. At the first step of a round the gradient may also be cut int
 (ALGORITHM.md §2.5), from which the worker keeps a few scalars and, when the batch test needs them, the chunk
 gradients themselves.
 
-Nothing here knows about other workers, trainers or the network: :mod:`adloco.method` drives it.
+Nothing here knows about other workers, trainers or the network: :mod:`adloco.library.method` drives it.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from adloco import inner_state
-from adloco.algorithms.batching import WorkerStats
-from adloco.comm.base import Shards
-from adloco.fields import check_clip, choice
-from adloco.flat import FlatModule, flatten, like
-from adloco.graphs import GraphedStep, capturable, state_pointers, to_device
-from adloco.optim import CombinedOptimizer, is_muon
-from adloco.settings import Precision
-from adloco.snapshot import InnerSnapshot
+from adloco.library import inner_state
+from adloco.library.algorithms.batching import WorkerStats
+from adloco.library.comm.base import Shards
+from adloco.library.fields import check_clip, choice
+from adloco.library.flat import FlatModule, flatten, like
+from adloco.library.graphs import GraphedStep, capturable, state_pointers, to_device
+from adloco.library.optim import CombinedOptimizer, is_muon
+from adloco.library.settings import Precision
+from adloco.library.snapshot import InnerSnapshot
 
 Batch = Any  # a tensor, or a dict / list / tuple of tensors, rows along dimension 0
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
@@ -90,7 +90,7 @@ class Replica:
 
     ``optimizer`` must optimize the model's parameters (or the engine's flat groups of them); its state
     persists across rounds. Several optimizers of one model (Muon for its matrices, AdamW for the rest) are
-    one :class:`adloco.optim.CombinedOptimizer` (a list of them is combined). ``loss_fn(model, batch)`` returns the mean loss over the batch's rows.
+    one :class:`adloco.library.optim.CombinedOptimizer` (a list of them is combined). ``loss_fn(model, batch)`` returns the mean loss over the batch's rows.
     """
 
     def __init__(
@@ -153,7 +153,7 @@ class Replica:
         self.sgd = isinstance(optimizer, torch.optim.SGD)  # the linear rule instead of the square root
         self._saved_lrs: list[Any] | None = None
         self._saved_wds: list[Any] | None = None
-        # cuda_graphs (adloco.graphs): the step as a CUDA graph on the worker's own stream, its learning
+        # cuda_graphs (adloco.library.graphs): the step as a CUDA graph on the worker's own stream, its learning
         # rates as device tensors (filled before each step, so a replay reads the current values)
         self.graphed: GraphedStep | None = None
         self.stream: Any = None
@@ -192,7 +192,7 @@ class Replica:
         self.optimizer.state.clear()
 
     def inner_state(self) -> dict[str, torch.Tensor]:
-        """The inner optimizer's state as flat tensors (:func:`adloco.inner_state.flat_state`)."""
+        """The inner optimizer's state as flat tensors (:func:`adloco.library.inner_state.flat_state`)."""
         return inner_state.flat_state(self.optimizer, self._offsets, self.flat.numel, self.device)
 
     def load_inner_state(self, state: Mapping[str, torch.Tensor]) -> None:
@@ -267,7 +267,7 @@ class Replica:
     ) -> tuple[torch.Tensor, WorkerStats | None]:
         """One whole inner step: :meth:`gradient`, then :meth:`optimizer_step` (``before_write()`` runs
         just before the optimizer writes its state: a round's snapshot orders itself there). With
-        ``cuda_graphs``, a step without the probe is replayed as a CUDA graph (:mod:`adloco.graphs`), on
+        ``cuda_graphs``, a step without the probe is replayed as a CUDA graph (:mod:`adloco.library.graphs`), on
         this worker's stream: run it inside :meth:`on_stream`."""
         if self.graphed is None or probe is not None:
             with self.device_lrs() if self.graphed is not None else contextlib.nullcontext():

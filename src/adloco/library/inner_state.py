@@ -1,9 +1,9 @@
 """A worker's inner optimizer state in the flat layout (ALGORITHM.md §6: what a state holds).
 
-The engine keeps a replica's parameters as one flat buffer (:mod:`adloco.flat`); the inner optimizer keeps
+The engine keeps a replica's parameters as one flat buffer (:mod:`adloco.library.flat`); the inner optimizer keeps
 its state per tensor it updates. These functions map one to the other: where each optimized tensor lies in
 the buffer (:func:`offsets`), the whole state as flat tensors for checkpoints, merges and moves
-(:func:`flat_state`), and back (:func:`load_flat_state`). :class:`adloco.replica.Replica` calls them.
+(:func:`flat_state`), and back (:func:`load_flat_state`). :class:`adloco.library.replica.Replica` calls them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import torch
 
-from adloco.flat import FlatModule, ShardedFlat, like
+from adloco.library.flat import FlatModule, ShardedFlat, like
 
 HELD = ".held"  # an entry's companion: which optimized tensors hold it (flat_state)
 Offsets = list[tuple[torch.Tensor, int, int]]  # (optimized tensor, offset in the flat buffer, values)
@@ -59,7 +59,7 @@ def flat_state(
     """The optimizer's state as flat tensors: every per-parameter buffer as one (P,) tensor in the flat
     layout, scalar entries (``step``) as one value per optimized tensor; empty before the first step or
     after a reset. An entry that only some optimized tensors hold (Muon's momentum beside AdamW's moments,
-    :mod:`adloco.optim`) is zero where the others lie, and ``<entry>.held`` (one 0/1 value per optimized
+    :mod:`adloco.library.optim`) is zero where the others lie, and ``<entry>.held`` (one 0/1 value per optimized
     tensor) says which hold it."""
     states = [optimizer.state.get(p, {}) for p, _, _ in where]
     if not all(states):

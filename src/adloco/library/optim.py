@@ -1,7 +1,7 @@
 """Several torch optimizers as one, and Muon for a model's hidden matrices with AdamW for the rest
 (ALGORITHM.md §1, step 2).
 
-A worker takes one ``torch.optim.Optimizer`` (:class:`adloco.replica.Replica`). Muon (``torch.optim.Muon``,
+A worker takes one ``torch.optim.Optimizer`` (:class:`adloco.library.replica.Replica`). Muon (``torch.optim.Muon``,
 Jordan et al. 2024; "Muon is Scalable for LLM Training", arXiv 2502.16982) orthogonalizes the update of a
 2-D weight matrix and is meant for the hidden layers only: embeddings, the output head, norms and biases
 step with AdamW, as Keller Jordan's reference, Moonlight and torch's own documentation split them. The

@@ -1,5 +1,5 @@
 """Declaring a config field once, and checking a value against it: the machinery under
-:mod:`adloco.settings`' dials and :mod:`adloco.config`'s application sections.
+:mod:`adloco.library.settings`' dials and :mod:`adloco.config`'s application sections.
 
 :func:`setting` declares a field (default, allowed range, one-line doc); :func:`conform` checks and
 converts a value to its type, naming ``section.key``, the value and what is allowed; :class:`Dial` is a

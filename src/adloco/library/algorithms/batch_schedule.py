@@ -21,7 +21,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from adloco.settings import AdaptiveBatch
+    from adloco.library.settings import AdaptiveBatch
 
 RULES = ("none", "power", "ramp")
 

@@ -1,8 +1,8 @@
 """Phase 4 of a round (ALGORITHM.md §6): trainers merge and workers move (ALGORITHM.md §3–4).
 
-Which trainers merge and where workers go is decided from gathered scalars (:mod:`adloco.algorithms.merging`,
-:mod:`adloco.algorithms.allocation`), the same on every process. What travels is θ and the outer state:
-merged through the one reducer, sent to newcomers by :meth:`adloco.comm.Comm.send`, on the wire of θ
+Which trainers merge and where workers go is decided from gathered scalars (:mod:`adloco.library.algorithms.merging`,
+:mod:`adloco.library.algorithms.allocation`), the same on every process. What travels is θ and the outer state:
+merged through the one reducer, sent to newcomers by :meth:`adloco.library.comm.Comm.send`, on the wire of θ
 (``comm.theta_dtype``, ALGORITHM.md §9.4).
 """
 
@@ -14,12 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from adloco import events
-from adloco.algorithms import allocation, merging
-from adloco.algorithms.outer import OuterOptimizer
-from adloco.comm.base import Comm, Part
-from adloco.settings import FLOAT32, Merging, Wire
-from adloco.trainer import Trainer, outer_layouts
-from adloco.workers import Workers
+from adloco.library.algorithms import allocation, merging
+from adloco.library.algorithms.outer import OuterOptimizer
+from adloco.library.comm.base import Comm, Part
+from adloco.library.settings import FLOAT32, Merging, Wire
+from adloco.library.trainer import Trainer, outer_layouts
+from adloco.library.workers import Workers
 
 
 class Regroup:
@@ -152,7 +152,7 @@ class Regroup:
         new: Mapping[int, int],
     ) -> None:
         """θ and the outer state of every trainer that gains workers (``moved``, to ``new[x]``), from its
-        first holder to each newcomer (:meth:`adloco.comm.Comm.send`: through a compressed wire every copy
+        first holder to each newcomer (:meth:`adloco.library.comm.Comm.send`: through a compressed wire every copy
         keeps the same decoded values). A process that receives a trainer it did not host makes room for
         it first. Every process calls it."""
         local, numel = self.workers.replicas, self.like.numel()

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from adloco.comm.base import Comm
+from adloco.library.comm.base import Comm
 from adloco.netmodel import Link
 
 
@@ -44,7 +44,7 @@ class Hub:
 class ThreadComm(Comm):
     """Thread ``rank`` of ``hub``. ``owner`` maps every worker to the thread hosting it (default: worker
     w in thread w, one worker each). ``link``: hold every counted collective back to its time on this
-    modelled link, ``(bandwidth, latency)`` (:attr:`adloco.comm.Comm.link`): each thread hosting one of
+    modelled link, ``(bandwidth, latency)`` (:attr:`adloco.library.comm.Comm.link`): each thread hosting one of
     its workers sleeps once, however many of them it hosts."""
 
     def __init__(
@@ -113,7 +113,7 @@ class ThreadComm(Comm):
 
 
 class ThreadParticipants:
-    """The compressed all-reduce's collectives among threads (:class:`adloco.comm.compressed.GroupOps`):
+    """The compressed all-reduce's collectives among threads (:class:`adloco.library.comm.compressed.GroupOps`):
     every thread meets at every exchange, hosting a participant or not, deposits what its own
     participants send, and takes what was sent to them; each thread encodes, sums and decodes for its own
     participants only (and keeps their error feedback), as processes do."""

@@ -6,9 +6,9 @@ gloo or NCCL), ``ThreadComm`` (workers in threads of one process, for loops adlo
 
 import os
 
-from adloco.comm.base import Comm, CommFailure, CommRecord, wire_bytes
-from adloco.comm.inprocess import InProcessComm
-from adloco.comm.threads import Hub, ThreadComm
+from adloco.library.comm.base import Comm, CommFailure, CommRecord, wire_bytes
+from adloco.library.comm.inprocess import InProcessComm
+from adloco.library.comm.threads import Hub, ThreadComm
 
 __all__ = [
     "Comm",
@@ -25,7 +25,7 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     if name == "TorchDistComm":  # imports torch.distributed only when asked
-        from adloco.comm.torchdist import TorchDistComm
+        from adloco.library.comm.torchdist import TorchDistComm
 
         return TorchDistComm
     raise AttributeError(name)
@@ -38,7 +38,7 @@ def default_comm(n_local: int) -> Comm:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        from adloco.comm.torchdist import TorchDistComm
+        from adloco.library.comm.torchdist import TorchDistComm
 
         return TorchDistComm(n_local)
     world = os.environ.get("WORLD_SIZE", "1")
@@ -49,6 +49,6 @@ def default_comm(n_local: int) -> Comm:
             "torch.distributed.init_process_group() before building the algorithm, or pass comm= "
             "(adloco.InProcessComm(n) for workers in this process only)"
         )
-    from adloco.comm.inprocess import InProcessComm
+    from adloco.library.comm.inprocess import InProcessComm
 
     return InProcessComm(n_local)

@@ -1,7 +1,7 @@
 """Every worker in this process (the paper's simulated cluster on one device): the one-process case.
 
 Each collective's partial already is the result, so data movement is free; accounting is done by
-:class:`adloco.comm.base.Comm` exactly as for several processes.
+:class:`adloco.library.comm.base.Comm` exactly as for several processes.
 """
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from adloco.comm.base import Comm
+from adloco.library.comm.base import Comm
 from adloco.netmodel import Link
 
 if TYPE_CHECKING:
-    from adloco.comm.compressed import GroupOps
+    from adloco.library.comm.compressed import GroupOps
 
 
 class InProcessComm(Comm):
     """All ``n_workers`` workers live in this process. ``link``: hold every counted collective back to
-    its time on this modelled link, ``(bandwidth, latency)`` (:attr:`adloco.comm.Comm.link`)."""
+    its time on this modelled link, ``(bandwidth, latency)`` (:attr:`adloco.library.comm.Comm.link`)."""
 
     def __init__(self, n_workers: int, *, link: Link | tuple[float, float] | None = None) -> None:
         super().__init__(n_workers, range(n_workers), link=link)
@@ -38,6 +38,6 @@ class InProcessComm(Comm):
         return {w: [float(v) for v in rows[w]] for w in sorted(rows)}
 
     def _participants(self, workers: list[int]) -> GroupOps:
-        from adloco.comm.compressed import InProcessGroup
+        from adloco.library.comm.compressed import InProcessGroup
 
         return InProcessGroup(len(workers))  # every participant is here: nothing moves

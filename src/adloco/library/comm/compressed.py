@@ -1,7 +1,7 @@
 """The compressed all-reduce: one arithmetic for every codec, whichever backend moves the bytes.
 
 ALGORITHM.md §9.4, for n participants each holding a float32 vector of P values, through a codec that sums
-(:attr:`adloco.comm.codecs.Codec.sums`: the casts and the block-wise quantizations):
+(:attr:`adloco.library.comm.codecs.Codec.sums`: the casts and the block-wise quantizations):
 
 1. split the vector into n chunks; participant m encodes chunk r and sends it to participant r
    (all-to-all; the piece it "sends" itself is encoded too);
@@ -32,7 +32,7 @@ partial sums (the encoding is not linear: encoding a sum differs from summing en
 then belongs to the participant too.
 
 Bytes: participant m sends Σ_{r≠m} b(c_r) in the exchange and (n − 1)·b(c_m) in the all-gather, where
-b(c) is a chunk's encoded size (:meth:`Codec.nbytes <adloco.comm.codecs.Codec.nbytes>`: c·2 for bfloat16 /
+b(c) is a chunk's encoded size (:meth:`Codec.nbytes <adloco.library.comm.codecs.Codec.nbytes>`: c·2 for bfloat16 /
 float16, c + 4⌈c/S⌉ for int8, ⌈c/2⌉ + 4⌈c/S⌉ for int4). Summed over the participants that is 2(n − 1)·B
 with B = Σ_r b(c_r), the same form as the comm accounting's ring all-reduce of a B-byte payload
 (``wire_bytes("all_reduce", n, B)``), so a caller can record ``payload = B`` (:func:`payload_bytes`).
@@ -48,9 +48,26 @@ from typing import Any, Protocol
 
 import torch
 
-from adloco.comm.codecs import Codec, codec
-from adloco.comm.quantize import DEFAULT_BLOCK, ErrorFeedback
-from adloco.settings import WIRE_DTYPES, WireDtype
+from adloco.library.comm.codecs import CODECS, Codec
+from adloco.library.comm.quantize import DEFAULT_BLOCK, ErrorFeedback
+from adloco.library.settings import WIRE_DTYPES, Wire, WireDtype
+
+
+def codec(dtype: str | torch.dtype, block: int = DEFAULT_BLOCK) -> Codec | None:
+    """The codec of a wire dtype (its name, or torch's bfloat16 / float16), in blocks of ``block`` values
+    where it has blocks (the values per scale of int8 / int4, per top-k block of topk, whose other keys are
+    then :class:`~adloco.library.settings.Wire`'s defaults); None for float32 (the backend's plain all-reduce)."""
+    if isinstance(dtype, torch.dtype):
+        names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+        if dtype not in names:
+            raise ValueError(f"unsupported wire dtype {dtype}")
+        dtype = names[dtype]
+    if dtype == "float32":
+        return None
+    if dtype not in CODECS:
+        raise ValueError(f"wire dtype must be one of {', '.join(WIRE_DTYPES)}, not {dtype!r}")
+    wire = Wire(dtype, block=block, topk_block=block) if dtype == "topk" else Wire(dtype, block=block)  # type: ignore[arg-type]
+    return CODECS[dtype].build(wire)
 
 
 def wire_dtype(dtype: str | torch.dtype) -> str:
@@ -355,9 +372,9 @@ def compressed_all_reduce(
     weights: Sequence[float] | None = None,
 ) -> torch.Tensor | None:
     """Σ over the n participants of their float32 vectors, through a codec on the wire (``dtype``: a
-    :class:`~adloco.comm.codecs.Codec`, or a wire name with ``block``).
+    :class:`~adloco.library.comm.codecs.Codec`, or a wire name with ``block``).
 
-    A codec that :attr:`~adloco.comm.codecs.Codec.averages_senders` (topk) combines the n decoded vectors
+    A codec that :attr:`~adloco.library.comm.codecs.Codec.averages_senders` (topk) combines the n decoded vectors
     per value over the participants that sent it: value i is Σ_{m∈S_i} x_{m,i} · W / Σ_{m∈S_i} w_m, S_i the
     participants whose encoding holds i, ``weights`` w_m every participant's weight in the sum (each x_m
     already weighted by it; None: all 1) and W = Σ_m w_m; a value every participant sent is their plain
@@ -436,7 +453,7 @@ def _gathered(
 ) -> torch.Tensor | None:
     """A codec whose encodings do not sum (``sums`` False): every participant's whole encoding is
     all-gathered, and everyone decodes the n of them and sums them in float32, in participant order; where
-    the codec :attr:`~adloco.comm.codecs.Codec.averages_senders`, each value is then scaled by W over the
+    the codec :attr:`~adloco.library.comm.codecs.Codec.averages_senders`, each value is then scaled by W over the
     weight of the participants that sent it (:func:`compressed_all_reduce`)."""
     mine = []
     for i, v in enumerate(flat):

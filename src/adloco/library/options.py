@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from adloco.fields import check_clip, check_round, choice, dial
-from adloco.settings import (
+from adloco.library.fields import check_clip, check_round, choice, dial
+from adloco.library.settings import (
     PRESETS,
     AdaptiveBatch,
     Balance,
@@ -48,7 +48,7 @@ def config_key(name: str) -> str | None:
 @dataclass(frozen=True)
 class RoundOptions:
     """The dials of an algorithm object's rounds, checked at construction (``ValueError`` naming the field
-    and what is allowed). A dial left None is the method's: its preset (:data:`adloco.settings.PRESETS`),
+    and what is allowed). A dial left None is the method's: its preset (:data:`adloco.library.settings.PRESETS`),
     which :meth:`for_method` fills in.
 
     Args:
@@ -56,11 +56,11 @@ class RoundOptions:
             every step).
         trainers: K0, model instances at start, each with at least one worker (None: the method's, 4 for
             AdLoCo and 1 for DiLoCo, LocalSGD and DDP).
-        outer: the outer step (:class:`~adloco.settings.Outer`; None: the method's, averaging for AdLoCo,
+        outer: the outer step (:class:`~adloco.library.settings.Outer`; None: the method's, averaging for AdLoCo,
             LocalSGD and DDP, DiLoCo's SGD at lr 0.5 without momentum (measured best at these sizes; the
             paper's Nesterov 0.7/0.9 is ``Outer.nesterov()``); with a codec that brings its own step, that
             one (topk: SparseLoCo's SGD at lr 1, no momentum), said in one log line).
-        batch, merge, switch, wire, sync: the dials (:mod:`adloco.settings`), each the config section of
+        batch, merge, switch, wire, sync: the dials (:mod:`adloco.library.settings`), each the config section of
             the same name (``wire`` is ``comm``); None: the method's (AdLoCo: the sections' defaults; the
             presets: a constant batch, no merging, ``accumulate`` so a constant batch is never capped to
             b_max). ``switch.b_max`` is every local worker's largest micro-batch (``set_b_max`` sets one per
@@ -141,8 +141,8 @@ class RoundOptions:
 
     def for_method(self, method: str) -> RoundOptions:
         """These options as ``method`` runs them: every dial left None takes the method's preset
-        (:func:`adloco.settings.preset`); the outer step the preset gives way to (a codec's own:
-        :func:`adloco.settings.preset_values`) is said in one log line. A dial
+        (:func:`adloco.library.settings.preset`); the outer step the preset gives way to (a codec's own:
+        :func:`adloco.library.settings.preset_values`) is said in one log line. A dial
         that is set is never replaced."""
         wire = self.wire if self.wire is not None else Wire()
         outer = self.outer

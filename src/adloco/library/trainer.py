@@ -10,7 +10,7 @@ Its synchronization is written as torchft writes a streaming fragment's: :meth:`
 launches the reduction of one fragment's Δ (all of θ unless ``sync.fragments`` > 1), now or on the
 communicator's background lane; :meth:`Trainer.perform_sync` waits for it and takes the outer step on
 that fragment. *When* each happens is the schedule's, which calls both from one place
-(:meth:`adloco.streaming.Schedule.run`).
+(:meth:`adloco.library.streaming.Schedule.run`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from adloco.algorithms.outer import OuterOptimizer
-from adloco.comm.base import Comm, CommRecord, Part, Pending
-from adloco.comm.quantize import ErrorFeedback
-from adloco.settings import Wire
+from adloco.library.algorithms.outer import OuterOptimizer
+from adloco.library.comm.base import Comm, CommRecord, Part, Pending
+from adloco.library.comm.quantize import ErrorFeedback
+from adloco.library.settings import Wire
 
 
 @dataclass
@@ -272,7 +272,7 @@ Layout = dict[str, tuple[list[int], torch.dtype]]  # a flat outer state's entrie
 def outer_layouts(
     trainers: Mapping[int, Trainer], ids: Sequence[int], comm: Comm, numel: int
 ) -> dict[int, Layout]:
-    """The entries of the outer state of trainers ``ids`` (:meth:`adloco.algorithms.outer.OuterOptimizer.
+    """The entries of the outer state of trainers ``ids`` (:meth:`adloco.library.algorithms.outer.OuterOptimizer.
     state_dict`), the same on every process: a preset's are known; any other optimizer's are what the
     processes hosting each trainer hold, gathered (a JSON gather, not counted; sharded workers: from the
     ranks of this shard index). Every process calls it, with the same ``ids``."""

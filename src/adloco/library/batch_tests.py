@@ -3,7 +3,7 @@
 The tests read the round's gradient statistics, gathered in phase 1, never θ, so they do not wait for
 what is in flight (ALGORITHM.md §13); their own mean-gradient reduction (ALGORITHM.md §2.5,
 :meth:`BatchTests.shared_mean`) stays on the critical path. The decisions are pure functions of gathered
-scalars (:mod:`adloco.algorithms.batching`), the same on every process.
+scalars (:mod:`adloco.library.algorithms.batching`), the same on every process.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping
 import torch
 
 from adloco import events
-from adloco.algorithms import batch_schedule, batching, lr_scaling
-from adloco.comm.base import Comm
-from adloco.replica import Replica
-from adloco.round import Gathered
-from adloco.settings import AdaptiveBatch
-from adloco.trainer import Trainer
+from adloco.library.algorithms import batch_schedule, batching, lr_scaling
+from adloco.library.comm.base import Comm
+from adloco.library.replica import Replica
+from adloco.library.round import Gathered
+from adloco.library.settings import AdaptiveBatch
+from adloco.library.trainer import Trainer
 
 log = logging.getLogger("adloco")
 

@@ -1,5 +1,5 @@
 """What a round is made of: each worker's plan (and how it is made), what it reports, the totals, what
-was communicated, and the report a round returns. Plain data and pure functions; :mod:`adloco.method`
+was communicated, and the report a round returns. Plain data and pure functions; :mod:`adloco.library.method`
 runs the round."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from adloco import events
-from adloco.algorithms import allocation, batching, switch
-from adloco.comm.base import Comm, CommRecord
-from adloco.replica import Probe
-from adloco.settings import AdaptiveBatch, Switch
+from adloco.library.algorithms import allocation, batching, switch
+from adloco.library.comm.base import Comm, CommRecord
+from adloco.library.replica import Probe
+from adloco.library.settings import AdaptiveBatch, Switch
 
 
 class RoundAborted(Exception):

@@ -1,7 +1,7 @@
 """The dials of the algorithm: small frozen dataclasses, each one section of ``adloco train``'s config.
 
 A field is declared once, here: its type (a ``Literal`` for a choice), default, allowed range and one-line
-doc (:func:`adloco.fields.setting`). The library objects take these dataclasses; ``adloco train`` builds the very same classes from YAML
+doc (:func:`adloco.library.fields.setting`). The library objects take these dataclasses; ``adloco train`` builds the very same classes from YAML
 and ``--set`` (:mod:`adloco.config` adds the sections that only the application has, with the same
 :func:`setting`); ``adloco config`` prints their docs. A bad value raises ``ValueError`` naming
 ``section.key``, the value and what is allowed, whichever way the dataclass was built.
@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
-from adloco.fields import NAMED, D, Dial, load_named, setting
+from adloco.library.fields import NAMED, D, Dial, load_named, setting
 
 # Choices used outside one dial are named once here.
 WireDtype = Literal["float32", "bfloat16", "float16", "int8", "int4", "topk"]
@@ -42,9 +42,11 @@ METHODS: tuple[str, ...] = typing.get_args(Method)
 
 OuterPreset = Literal["average", "sgd", "nesterov"]
 OUTER_PRESETS: tuple[str, ...] = typing.get_args(OuterPreset)
-# a factory of the outer optimizer: (params: adloco.algorithms.outer.OuterParams) -> torch.optim.Optimizer
+# a factory of the outer optimizer: (params: adloco.library.algorithms.outer.OuterParams) -> torch.optim.Optimizer
 OuterFactory = Callable[[Any], Any]
-FactoryName = str  # a factory's name, module:function (adloco.fields.NAMED), imported when the dial is built
+FactoryName = (
+    str  # a factory's name, module:function (adloco.library.fields.NAMED), imported when the dial is built
+)
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class Outer(Dial):
     step with a momentum is warned of (:meth:`stale_momentum`; ALGORITHM.md §13).
 
     ``optimizer`` may also be a factory: a callable that takes a trainer's parameters
-    (:class:`adloco.algorithms.outer.OuterParams`: the flat θ, or ``params.shaped()`` for the model's
+    (:class:`adloco.library.algorithms.outer.OuterParams`: the flat θ, or ``params.shaped()`` for the model's
     shapes) and returns a ``torch.optim.Optimizer``, given itself (in the library) or by name as
     ``module:function`` (in a config file too), imported when the dial is built; each outer step sets its
     parameters' ``.grad`` to the averaged Δ and steps it (``lr`` and ``momentum`` are then its business)."""
@@ -255,7 +257,7 @@ class Switch(Dial):
 @dataclass(frozen=True)
 class Wire(Dial):
     """What the round's all-reduces (Δ, the probe's mean gradient, DDP's gradients) travel as (ALGORITHM.md
-    §9.4): float32 as it is, or through a codec (:mod:`adloco.comm.codecs`): bfloat16, float16, int8 / int4
+    §9.4): float32 as it is, or through a codec (:mod:`adloco.library.comm.codecs`): bfloat16, float16, int8 / int4
     block-wise absmax quantization in blocks of ``block`` values, or ``topk``, SparseLoCo's sparse codec (the
     largest ``topk_fraction`` of each block of ``topk_block`` values in ``topk_bits`` bits each, gathered and
     averaged over the workers that sent each value). θ and the outer state, sent when trainers merge and when
@@ -323,7 +325,7 @@ class Wire(Dial):
     def check(self) -> None:
         if all(getattr(self, f.name) == f.default for f in fields(self)):
             return  # nothing set: nothing to check (and the codecs need not be imported, FLOAT32 below)
-        from adloco.comm.codecs import CODECS, rules
+        from adloco.library.comm.codecs import CODECS, rules
 
         if self.theta_dtype is not None:
             carrier = rules(self.theta_dtype)
@@ -366,7 +368,7 @@ class Wire(Dial):
         """The rules across the codec and the round: a codec whose values are not summed (gathered, with its
         error feedback) cannot carry the probe's shared mean or DDP's gradients, which have no error
         feedback (ValueError naming the key)."""
-        from adloco.comm.codecs import CODECS, rules
+        from adloco.library.comm.codecs import CODECS, rules
 
         own = rules(self.dtype)
         if own is None or own.sums:
@@ -377,7 +379,7 @@ class Wire(Dial):
                 f"comm.dtype = {self.dtype!r}: must be {sums} with DDP (its gradients are averaged every step "
                 f"with no error feedback, which {self.dtype} needs)"
             )
-        from adloco.algorithms.batching import needs_shared_mean
+        from adloco.library.algorithms.batching import needs_shared_mean
 
         if batch.probing and needs_shared_mean(batch.test, batch.estimator, batch.exact_mean):
             raise ValueError(
@@ -390,9 +392,9 @@ class Wire(Dial):
     @property
     def feedback(self) -> bool:
         """Whether each worker keeps error feedback of its Δ: ``error_feedback``, or where it is null the
-        codec's default (:attr:`adloco.comm.codecs.Codec.feedback`: on for topk, whose Δ is mostly dropped
+        codec's default (:attr:`adloco.library.comm.codecs.Codec.feedback`: on for topk, whose Δ is mostly dropped
         each round; off for the others). Never for float32, where nothing is dropped."""
-        from adloco.comm.codecs import rules
+        from adloco.library.comm.codecs import rules
 
         own = rules(self.dtype)
         if own is None:
@@ -402,7 +404,7 @@ class Wire(Dial):
     @property
     def decay(self) -> float:
         """β of the error feedback (``error_decay``, or the codec's where it is null; 1 for float32)."""
-        from adloco.comm.codecs import rules
+        from adloco.library.comm.codecs import rules
 
         own = rules(self.dtype)
         if self.error_decay is not None:
@@ -417,8 +419,8 @@ class Wire(Dial):
     @property
     def theta_wire(self) -> str:
         """The dtype θ travels as: ``theta_dtype``, or where it is null Δ's where its codec carries θ, else
-        the codec's choice for θ (:attr:`adloco.comm.codecs.Codec.theta`; topk: int4)."""
-        from adloco.comm.codecs import rules
+        the codec's choice for θ (:attr:`adloco.library.comm.codecs.Codec.theta`; topk: int4)."""
+        from adloco.library.comm.codecs import rules
 
         if self.theta_dtype is not None:
             return self.theta_dtype
@@ -547,13 +549,13 @@ def preset_values(
 ) -> dict[str, Any]:
     """What ``method`` fixes in ``section`` (``table``: default :data:`PRESETS`) under ``comm.dtype`` =
     ``dtype``. A preset outer step that steps Δ (DiLoCo's ``sgd``) gives way to the outer step the codec
-    brings (:attr:`adloco.comm.codecs.Codec.outer`: topk, SparseLoCo's plain descent at lr 1, whose decaying
+    brings (:attr:`adloco.library.comm.codecs.Codec.outer`: topk, SparseLoCo's plain descent at lr 1, whose decaying
     error feedback plays the momentum's part). Whoever sets ``outer.optimizer`` or ``outer.momentum`` keeps
     the preset (:func:`outer_note` says which step a run took and why). No preset keeps a momentum, so none
     is unstable under ``sync.overlap`` delayed (:meth:`Outer.stale_momentum`)."""
     values = dict((PRESETS if table is None else table)[method].get(section, {}))
     if section == Outer.SECTION and values.get("optimizer") in ("sgd", "nesterov"):
-        from adloco.comm.codecs import rules
+        from adloco.library.comm.codecs import rules
 
         own = rules(dtype)
         if own is not None and own.outer:
@@ -576,7 +578,7 @@ def outer_note(method: str, outer: Outer, wire: Wire) -> str | None:
     preset = dict(PRESETS[method].get(Outer.SECTION, {}))
     if preset.get("optimizer") not in ("sgd", "nesterov") or outer.optimizer != "sgd":
         return None
-    from adloco.comm.codecs import rules
+    from adloco.library.comm.codecs import rules
 
     own = rules(wire.dtype)
     if own is None or own.outer.get("optimizer") != "sgd" or outer.lr != own.outer.get("lr", outer.lr):

@@ -1,6 +1,6 @@
-"""DiLoCo, LocalSGD and DDP: :class:`adloco.method.AdLoCo` with parts turned off, as named methods.
+"""DiLoCo, LocalSGD and DDP: :class:`adloco.library.method.AdLoCo` with parts turned off, as named methods.
 
-Each takes its defaults from the method presets of :data:`adloco.settings.PRESETS`, the table
+Each takes its defaults from the method presets of :data:`adloco.library.settings.PRESETS`, the table
 ``adloco train``'s ``algorithm.method`` reads: one trainer, a constant batch (never capped to b_max), no
 merging, and its outer step (DiLoCo: SGD at lr 0.5 without momentum, measured best at these sizes, where
 the paper's is Nesterov at lr 0.7, momentum 0.9, ``outer=Outer.nesterov()``; LocalSGD and DDP: averaging). As in a
@@ -16,11 +16,11 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from adloco.comm.base import Comm
-from adloco.method import AdLoCo, spell_out
-from adloco.options import RoundOptions
-from adloco.replica import LossFn
-from adloco.settings import PRESETS, AdaptiveBatch, preset
+from adloco.library.comm.base import Comm
+from adloco.library.method import AdLoCo, spell_out
+from adloco.library.options import RoundOptions
+from adloco.library.replica import LossFn
+from adloco.library.settings import PRESETS, AdaptiveBatch, preset
 
 
 class DiLoCo(AdLoCo):
@@ -29,19 +29,19 @@ class DiLoCo(AdLoCo):
     trainer (or K independent ones), no merging (ALGORITHM.md §6).
 
     Its arguments are ``AdLoCo``'s and ``batch_size``; the dials it leaves unset are its method's preset
-    (:meth:`adloco.options.RoundOptions.for_method`: ``trainers`` 1, a constant batch, no merging, its
+    (:meth:`adloco.library.options.RoundOptions.for_method`: ``trainers`` 1, a constant batch, no merging, its
     outer step). A dial passed explicitly wins over the preset.
 
     Args:
-        model: this process's worker replica(s), as :class:`~adloco.method.AdLoCo` takes them.
+        model: this process's worker replica(s), as :class:`~adloco.library.method.AdLoCo` takes them.
         inner_optimizer: the optimizer of each replica.
         batch_size: the rows of every worker's inner step (default: the ``batch`` section's initial
             request, 4; or give a whole ``batch=AdaptiveBatch(...)``, not both). In the hooked form
             (``with algo:``) your loader decides the rows: pass ``batch_size``, or ``totals.examples`` is
             None (unknown) rather than a number adloco never saw.
-        comm: the communicator, as :class:`~adloco.method.AdLoCo` takes it.
+        comm: the communicator, as :class:`~adloco.library.method.AdLoCo` takes it.
         loss_fn: ``loss_fn(model, batch)`` -> the mean loss over the batch's rows.
-        options: the round's dials as one :class:`~adloco.options.RoundOptions`; or give its fields as
+        options: the round's dials as one :class:`~adloco.library.options.RoundOptions`; or give its fields as
             keywords, as the signature lists them, not both.
     """
 

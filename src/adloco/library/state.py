@@ -2,8 +2,8 @@
 it is gathered from every process, and how it continues on another number of workers (ALGORITHM.md §9.2).
 
 Each part states its own: a trainer its θ, outer state and the average of a Δ in flight
-(:meth:`adloco.trainer.Trainer.state_dict`), a worker its inner optimizer and error feedback
-(:meth:`adloco.workers.Workers.state`) plus its own start, which its trainer keeps; the algorithm adds its
+(:meth:`adloco.library.trainer.Trainer.state_dict`), a worker its inner optimizer and error feedback
+(:meth:`adloco.library.workers.Workers.state`) plus its own start, which its trainer keeps; the algorithm adds its
 replicated decisions (:func:`meta`). The functions here put them together, for this process
 (:func:`local`) or gathered on the root rank (:func:`full`), and take them apart again (:func:`load`).
 """
@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from adloco.algorithms import allocation, merging
-from adloco.comm.base import Comm
-from adloco.round import Totals
-from adloco.settings import Merging
-from adloco.streaming import Schedule, in_flight
-from adloco.trainer import Trainer, outer_layouts
-from adloco.workers import Workers
+from adloco.library.algorithms import allocation, merging
+from adloco.library.comm.base import Comm
+from adloco.library.round import Totals
+from adloco.library.settings import Merging
+from adloco.library.streaming import Schedule, in_flight
+from adloco.library.trainer import Trainer, outer_layouts
+from adloco.library.workers import Workers
 
 if TYPE_CHECKING:
-    from adloco.flat import ShardedFlat
+    from adloco.library.flat import ShardedFlat
 
 
 @dataclass
@@ -86,7 +86,7 @@ def worker_state(w: int, workers: Workers, trainer: Trainer) -> dict[str, torch.
 def local(
     d: Decisions, trainers: Mapping[int, Trainer], workers: Workers, schedule: Schedule, comm: Comm
 ) -> dict[str, Any]:
-    """This process's state (:meth:`adloco.method.AdLoCo.state_dict`): with ``sync.overlap`` it first waits
+    """This process's state (:meth:`adloco.library.method.AdLoCo.state_dict`): with ``sync.overlap`` it first waits
     for what is in flight, whose average each trainer keeps as ``pending`` (ALGORITHM.md §13)."""
     workers.between_rounds("state_dict", schedule.H)
     schedule.receive(trainers)
@@ -260,7 +260,7 @@ def load(
 
 def this_shard(state: Mapping[str, Any], flat: ShardedFlat) -> dict[str, Any]:
     """A state in the whole model's flat layout with every vector cut to this rank's values (sharded
-    workers; a state this process wrote itself, :meth:`~adloco.method.AdLoCo.state_dict`, is already)."""
+    workers; a state this process wrote itself, :meth:`~adloco.library.method.AdLoCo.state_dict`, is already)."""
     full = flat.full_numel
 
     def cut(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -295,7 +295,7 @@ def resized(
     trainers than workers are alive (θ and the outer state weighted by requests), workers shared by
     requests, requests re-derived (``on_resize``, capped at ``cap``); a worker keeps its inner state only
     if it serves the same trainer. Returns the state and what changed (``membership``)."""
-    from adloco.algorithms import membership
+    from adloco.library.algorithms import membership
 
     n_old = int(state["workers"])
     requests = {int(t): int(b) for t, b in state["requests"].items()}

@@ -2,7 +2,7 @@
 round's end (ALGORITHM.md §6), what each reports, the undo of an aborted round, and each worker's own state
 (its inner optimizer, its error feedback).
 
-The replicas (:class:`adloco.replica.Replica`) run the inner steps; the algorithm drives them. Nothing here
+The replicas (:class:`adloco.library.replica.Replica`) run the inner steps; the algorithm drives them. Nothing here
 knows about trainers beyond the ids it is handed.
 """
 
@@ -19,12 +19,12 @@ import torch
 from torch import nn
 
 from adloco import events
-from adloco.algorithms import batching, lr_scaling, switch
-from adloco.comm.base import Comm, Shards
-from adloco.comm.quantize import ErrorFeedback
-from adloco.optim import CombinedOptimizer
-from adloco.replica import LossFn, Replica
-from adloco.round import (
+from adloco.library.algorithms import batching, lr_scaling, switch
+from adloco.library.comm.base import Comm, Shards
+from adloco.library.comm.quantize import ErrorFeedback
+from adloco.library.optim import CombinedOptimizer
+from adloco.library.replica import LossFn, Replica
+from adloco.library.round import (
     WIDTH,
     Clock,
     WorkerPlan,
@@ -33,9 +33,9 @@ from adloco.round import (
     measured_speed,
     plan_round,
 )
-from adloco.settings import AdaptiveBatch, Switch
-from adloco.snapshot import InnerSnapshot
-from adloco.trainer import Trainer
+from adloco.library.settings import AdaptiveBatch, Switch
+from adloco.library.snapshot import InnerSnapshot
+from adloco.library.trainer import Trainer
 
 log = logging.getLogger("adloco")
 
@@ -53,7 +53,7 @@ def build_replicas(
     """One replica per local worker of ``comm`` from the user's model(s) and inner optimizer(s) (one each,
     or lists of them), all of one size; a mismatch is a ValueError naming the argument. A worker's
     optimizer may be several (a list or tuple: Muon and AdamW), combined into one
-    (:class:`adloco.optim.CombinedOptimizer`); with one model, a list of several optimizers is that."""
+    (:class:`adloco.library.optim.CombinedOptimizer`); with one model, a list of several optimizers is that."""
     models, optimizers = as_list(model, "model"), as_list(inner_optimizer, "inner_optimizer")
     if len(models) == 1 and len(optimizers) > 1:
         optimizers = [optimizers]
@@ -105,7 +105,7 @@ def plan_workers(
     allocation: Mapping[int, int],
     replicas: Mapping[int, Replica],
 ) -> tuple[str, dict[int, WorkerPlan]]:
-    """The round's switch mode (ALGORITHM.md §5) and every worker's plan (:func:`adloco.round.plan_round`,
+    """The round's switch mode (ALGORITHM.md §5) and every worker's plan (:func:`adloco.library.round.plan_round`,
     computed alike everywhere: it needs the others'), and each trainer's inner lr multiplier (ALGORITHM.md
     §10: it follows the rows its steps use, b_t; b₀ its first) set on the trainers and this process's
     replicas. ``dials``: the switch and batch dials, and a pass's fixed cost in rows."""
@@ -178,7 +178,7 @@ class Workers:
             for w, rep in self.replicas.items():
                 if self.inner_state == "reset":
                     rep.reset_optimizer()
-                if self.keep_snapshot:  # host buffers reused from round to round (adloco.snapshot)
+                if self.keep_snapshot:  # host buffers reused from round to round (adloco.library.snapshot)
                     self._snap[w] = rep.snapshot(self._snap.get(w))
             self.progress = {
                 w: WorkerProgress(Clock(self.device), skipped_before=rep.skipped)
@@ -199,7 +199,7 @@ class Workers:
         round's progress; returns each worker's mean loss. DDP: the gradients only (the update follows
         their average, :meth:`ddp_step`). With ``cuda_graphs`` every worker steps on its own stream: all
         wait for what is queued, run side by side, and what follows waits for all of them
-        (:mod:`adloco.graphs`, ALGORITHM.md §14)."""
+        (:mod:`adloco.library.graphs`, ALGORITHM.md §14)."""
         progress, losses = self.begin(), {}
         for rep in self.replicas.values():
             rep.fork()

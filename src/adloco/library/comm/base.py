@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from adloco.library.settings import FLOAT32, Wire
 from adloco.netmodel import Link, Network
-from adloco.settings import FLOAT32, Wire
 
 if TYPE_CHECKING:
-    from adloco.comm.compressed import GroupOps
-    from adloco.comm.quantize import ErrorFeedback
+    from adloco.library.comm.compressed import GroupOps
+    from adloco.library.comm.quantize import ErrorFeedback
 
 T = TypeVar("T")
 
@@ -303,7 +303,7 @@ class Comm:
         counted. Returns whether this process hosts a worker of the group (only then is ``out`` the
         sum). Counted as one all-reduce of the body's bytes on the wire (ALGORITHM.md §7, ALGORITHM.md §9.4).
         ``weights``: every worker's weight in the sum (its part already weighted by it), which a codec that
-        averages each value over its senders needs (:func:`adloco.comm.compressed.compressed_all_reduce`);
+        averages each value over its senders needs (:func:`adloco.library.comm.compressed.compressed_all_reduce`);
         None: all 1."""
         self._summed(parts, workers, kind, out, wire, feedback, control, weights)()
         return any(w in self.local_workers for w in workers)
@@ -403,13 +403,13 @@ class Comm:
         feedback: Mapping[int, ErrorFeedback] | None,
         weights: Mapping[int, float] | None = None,
     ) -> torch.Tensor | None:
-        """The compressed all-reduce (:mod:`adloco.comm.compressed`) through the wire's codec, every worker
+        """The compressed all-reduce (:mod:`adloco.library.comm.compressed`) through the wire's codec, every worker
         of ``workers`` a participant, this process's with their vectors (``parts``); the sum where this
         process hosts one of ``workers``, else None. Counted as the codec's collective of its encoded
         bytes (a codec that sums: one all-reduce of B bytes, 2(n−1)·B on the wire, what the all-to-all and
         the all-gather move together, as much as a ring all-reduce)."""
-        from adloco.comm.codecs import of
-        from adloco.comm.compressed import collective, compressed_all_reduce
+        from adloco.library.comm.codecs import of
+        from adloco.library.comm.compressed import collective, compressed_all_reduce
 
         codec = of(wire)
         assert codec is not None
@@ -443,7 +443,7 @@ class Comm:
         encode the same bytes), the bytes are sent, and every process hosting a holder or a worker of ``to``
         keeps the decoded value: every copy ends equal, bit for bit, the value rounded once by the codec
         (ALGORITHM.md §9.4). Every process calls it."""
-        from adloco.comm.codecs import of
+        from adloco.library.comm.codecs import of
 
         src = holders[0]
         codec = of(wire)

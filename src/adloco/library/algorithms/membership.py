@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from adloco.algorithms import allocation, merging
+from adloco.library.algorithms import allocation, merging
 
 
 @dataclass(frozen=True)

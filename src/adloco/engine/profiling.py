@@ -56,9 +56,9 @@ def command(args: Any) -> int:
     from adloco.data.tokens import prepare
     from adloco.engine.inner import make_optimizer
     from adloco.engine.placement import resolve_device
-    from adloco.flat import flatten
+    from adloco.library.flat import flatten
+    from adloco.library.replica import Replica, rows, to_device
     from adloco.models import factory_for
-    from adloco.replica import Replica, rows, to_device
 
     sizes = parse_sizes(args.sizes)
     if args.repeats < 1:

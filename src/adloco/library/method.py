@@ -3,10 +3,10 @@
 An algorithm object owns the rounds of this process's worker replicas: the loop asks it how many rows the
 next step needs, hands it the batch, and it runs the step; after H steps it ends the round (``sync``),
 phase by phase, one method each. It assembles parts that own their state: this process's workers
-(:mod:`adloco.workers`), every trainer with its θ, outer optimizer, starts and Δ in flight
-(:mod:`adloco.trainer`), when Δ travels (:mod:`adloco.streaming`), the batch tests
-(:mod:`adloco.batch_tests`), merges and moves (:mod:`adloco.regroup`), the state dicts
-(:mod:`adloco.state`) and the hooks of ``with algo:`` (:mod:`adloco.hooked`).
+(:mod:`adloco.library.workers`), every trainer with its θ, outer optimizer, starts and Δ in flight
+(:mod:`adloco.library.trainer`), when Δ travels (:mod:`adloco.library.streaming`), the batch tests
+(:mod:`adloco.library.batch_tests`), merges and moves (:mod:`adloco.library.regroup`), the state dicts
+(:mod:`adloco.library.state`) and the hooks of ``with algo:`` (:mod:`adloco.library.hooked`).
 """
 
 from __future__ import annotations
@@ -21,18 +21,19 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from adloco import events, hooked, state
-from adloco.algorithms import allocation, lr_scaling
-from adloco.algorithms.outer import OuterOptimizer, asks_shapes, model_shapes
-from adloco.batch_tests import BatchTests
-from adloco.comm import codecs, default_comm
-from adloco.comm.base import Comm, reduce_local
-from adloco.comm.quantize import ErrorFeedback
-from adloco.fields import check_speeds, check_trainers
-from adloco.options import RoundOptions, signature
-from adloco.regroup import Regroup
-from adloco.replica import Batch, LossFn, n_rows
-from adloco.round import (
+from adloco import events
+from adloco.library import hooked, state
+from adloco.library.algorithms import allocation, lr_scaling
+from adloco.library.algorithms.outer import OuterOptimizer, asks_shapes, model_shapes
+from adloco.library.batch_tests import BatchTests
+from adloco.library.comm import codecs, default_comm
+from adloco.library.comm.base import Comm, reduce_local
+from adloco.library.comm.quantize import ErrorFeedback
+from adloco.library.fields import check_speeds, check_trainers
+from adloco.library.options import RoundOptions, signature
+from adloco.library.regroup import Regroup
+from adloco.library.replica import Batch, LossFn, n_rows
+from adloco.library.round import (
     DecisionMismatch,
     Gathered,
     Regrouped,
@@ -45,9 +46,9 @@ from adloco.round import (
     check_agreement,
     relative_speeds,
 )
-from adloco.streaming import Schedule, fragments, in_flight, tensor_fragments
-from adloco.trainer import Flight, Trainer, initial_thetas
-from adloco.workers import (
+from adloco.library.streaming import Schedule, fragments, in_flight, tensor_fragments
+from adloco.library.trainer import Flight, Trainer, initial_thetas
+from adloco.library.workers import (
     Workers,
     as_list,
     build_replicas,
@@ -68,7 +69,7 @@ Sizes = Mapping[int, int]  # worker -> examples or rows
 
 class AdLoCo:
     """AdLoCo (arXiv 2508.18182): multi-instance training with trainer merging, adaptive batch sizes and
-    switch mode, on DiLoCo rounds. DiLoCo, LocalSGD and DDP (:mod:`adloco.baselines`) are this class with
+    switch mode, on DiLoCo rounds. DiLoCo, LocalSGD and DDP (:mod:`adloco.library.baselines`) are this class with
     parts turned off.
 
     Args:
@@ -82,14 +83,14 @@ class AdLoCo:
             ``torch.distributed.init_process_group()`` or pass ``comm``.
         loss_fn: ``loss_fn(model, batch)`` -> the mean loss over the batch's rows; default
             ``model(**batch).loss``.
-        options: the round's dials as one :class:`~adloco.options.RoundOptions`; or give its fields as
+        options: the round's dials as one :class:`~adloco.library.options.RoundOptions`; or give its fields as
             keywords, as the signature lists them (``inner_steps=10, trainers=2, outer=Outer("nesterov")``,
             each documented there), not both. A dial left unset is the method's (:attr:`METHOD`'s preset); a
             keyword that is no dial is Python's ``TypeError``.
     """
 
     METHOD: ClassVar[str] = (
-        "adloco"  # the method's preset (adloco.settings.PRESETS) fills the dials left unset
+        "adloco"  # the method's preset (adloco.library.settings.PRESETS) fills the dials left unset
     )
     ddp = False  # DDP: gradients averaged every step instead of rounds of local steps
     stated_batch: int | None = None  # rows per step the user stated (DiLoCo's batch_size); None: unknown
@@ -297,7 +298,7 @@ class AdLoCo:
         self._plan()
 
     def _plan(self) -> None:
-        """This round's plan for every worker (:func:`adloco.workers.plan_workers`): switch mode, shares,
+        """This round's plan for every worker (:func:`adloco.library.workers.plan_workers`): switch mode, shares,
         probe layout and lr multipliers; the same everywhere (every worker's rows, ``_rows``, weight Δ)."""
         members = self.members()
         speeds = {t: self._relative_speeds(ws) for t, ws in members.items()}
@@ -310,7 +311,7 @@ class AdLoCo:
         self.step_rows = sum(self._rows.values())  # every worker's rows in one inner step
 
     def _relative_speeds(self, workers: Sequence[int]) -> dict[int, float] | None:
-        """Shares by measured speed (:func:`adloco.round.relative_speeds`), or None for equal shares: with
+        """Shares by measured speed (:func:`adloco.library.round.relative_speeds`), or None for equal shares: with
         balance equal; for DDP (gradients averaged with equal weights) and the paper estimator (samples are
         whole steps of one size); with every worker on one device and nothing emulated (speeds are noise)."""
         noise = self.emulate is None and self.comm.one_device
@@ -364,7 +365,7 @@ class AdLoCo:
 
     def _ddp_step(self, stop: bool) -> None:
         """Synchronous data parallel: every trainer's workers average their gradients and take the same
-        step (:meth:`adloco.workers.Workers.ddp_step`); a stop request anywhere aborts the round."""
+        step (:meth:`adloco.library.workers.Workers.ddp_step`); a stop request anywhere aborts the round."""
         if self._ddp_buf is None:
             self._ddp_buf = torch.empty(self.n_params + 1, device=self.device)
         if self.workers.ddp_step(self.members(), self._reduce, stop, self._ddp_buf):
@@ -392,7 +393,7 @@ class AdLoCo:
         return self._next_round(gathered, trainer_events, regrouped)  # 5.
 
     def _gather(self, abort: bool) -> Gathered:
-        """Phase 1 (:func:`adloco.workers.gather`): every worker's scalars on every process (a stop request
+        """Phase 1 (:func:`adloco.library.workers.gather`): every worker's scalars on every process (a stop request
         anywhere aborts the round everywhere), out-of-memory b_max changes, measured speeds, and non-finite
         workers (left out of the outer step and the batch test, their inner state reset, counted)."""
         r, members = self.round, self.members()
@@ -423,7 +424,7 @@ class AdLoCo:
 
     def _batch_tests(self, gathered: Gathered) -> list[events.Trainer]:
         """Phase 3: every trainer's batch test on its finite workers' statistics -> new requests
-        (:class:`adloco.batch_tests.BatchTests`); it reads no θ, so it does not wait for what is in flight."""
+        (:class:`adloco.library.batch_tests.BatchTests`); it reads no θ, so it does not wait for what is in flight."""
         seen = (self.totals.examples or 0) + sum(
             x.examples + x.probe_examples for x in gathered.results.values()
         )
@@ -431,7 +432,7 @@ class AdLoCo:
 
     def _maybe_merge(self, members: dict[int, list[int]]) -> Regrouped:
         """Phase 4: every f rounds while K > 1, merge the trainers the policy selects into the lowest id and
-        share the workers again (ALGORITHM.md §3–4, :class:`adloco.regroup.Regroup`), after landing
+        share the workers again (ALGORITHM.md §3–4, :class:`adloco.library.regroup.Regroup`), after landing
         everything in flight (a merge is a round boundary)."""
         merged = self.regroup.due(self.requests, self.round)
         if not merged:
@@ -446,7 +447,7 @@ class AdLoCo:
     def _next_round(
         self, gathered: Gathered, trainer_events: list[events.Trainer], regrouped: Regrouped
     ) -> RoundReport:
-        """Phase 5: workers load where they start the next round (:meth:`adloco.trainer.Trainer.start_next`);
+        """Phase 5: workers load where they start the next round (:meth:`adloco.library.trainer.Trainer.start_next`);
         the round counted, its decisions checked for agreement, the next round planned, the report made."""
         whole, alpha, results = regrouped[0] is not None, self.sync_spec.fragment_alpha, gathered.results
         for w, rep in self.replicas.items():
@@ -477,7 +478,7 @@ class AdLoCo:
         return Traffic.count(self.comm.drain(), waited, self.totals)
 
     def _synchronize(self, h: int, senders: Members | None = None, examples: Sizes | None = None) -> None:
-        """What the schedule has due after inner step h (:meth:`adloco.streaming.Schedule.run`, the one
+        """What the schedule has due after inner step h (:meth:`adloco.library.streaming.Schedule.run`, the one
         place Δ is launched and landed); h = H is phase 2, with the round's finite workers ``senders``
         weighted by their ``examples``. Within the round every member sends, weighted by its rows."""
         if not self.schedule.due(h):
@@ -504,7 +505,7 @@ class AdLoCo:
             rep.load(self.theta(self.allocation[w]))
         return self._collect()
 
-    # -- state (ALGORITHM.md §9.2, ALGORITHM.md §13): each part's, put together by adloco.state ---------
+    # -- state (ALGORITHM.md §9.2, ALGORITHM.md §13): each part's, put together by adloco.library.state ---------
     def state_dict(self) -> dict[str, Any]:
         """This process's state: the replicated decisions, θ and outer state of the trainers it hosts, the
         state of its workers. Between rounds only. With ``sync.overlap`` it first waits for what is in
@@ -513,7 +514,7 @@ class AdLoCo:
 
     def full_state_dict(self) -> dict[str, Any] | None:
         """Every trainer's and worker's state, gathered on the root rank (None elsewhere): what a checkpoint
-        holds, whatever the workers' processes (:func:`adloco.state.full`). Every process must call it; the
+        holds, whatever the workers' processes (:func:`adloco.library.state.full`). Every process must call it; the
         transfers are output, not training, and are not counted."""
         d = self._decisions()
         return state.full(d, self.trainers, self.workers, self.schedule, self.comm, self.scratch)
@@ -540,7 +541,7 @@ class AdLoCo:
         next round."""
         return state.gather_parameters(self.trainers[t], self.members()[t][0], self.comm, self.scratch)
 
-    # -- the hooked form (``with algo:``, adloco.hooked) -------------------------------------------------
+    # -- the hooked form (``with algo:``, adloco.library.hooked) -------------------------------------------------
     def __enter__(self) -> Any:
         """Hook every local replica's ``optimizer.step``: your loop runs forward, backward and step; every
         H steps the round synchronizes. Examples are counted only when the rows of a step were stated
@@ -579,7 +580,7 @@ class AdLoCo:
 
 def spell_out(cls: type[AdLoCo]) -> None:
     """``help(cls)`` and the API reference list every dial of ``cls`` (AdLoCo or a class of it) with the
-    default its method gives it (:func:`adloco.options.signature`), not ``**dials``."""
+    default its method gives it (:func:`adloco.library.options.signature`), not ``**dials``."""
     sig = signature(cls.__init__, cls.METHOD)
     cls.__signature__ = sig  # type: ignore[attr-defined]
     if "__init__" in vars(cls):

@@ -1,9 +1,9 @@
 """Codecs: what a float32 vector travels as on a compressed wire (ALGORITHM.md §9.4).
 
 A codec turns a chunk of float32 values into bytes and back, and says how many bytes that is, exactly.
-Whichever backend moves the bytes, the reducer (:meth:`adloco.comm.Comm.reduce`, through
-:func:`adloco.comm.compressed.compressed_all_reduce`) runs one arithmetic against this protocol, and so do
-merges and moves of θ (:meth:`adloco.comm.Comm.send`). How the pieces are combined is the codec's one
+Whichever backend moves the bytes, the reducer (:meth:`adloco.library.comm.Comm.reduce`, through
+:func:`adloco.library.comm.compressed.compressed_all_reduce`) runs one arithmetic against this protocol, and so do
+merges and moves of θ (:meth:`adloco.library.comm.Comm.send`). How the pieces are combined is the codec's one
 structural choice, :attr:`Codec.sums`:
 
 - ``sums = True``: a sum of decoded pieces can be encoded again. Every participant cuts its vector in n
@@ -15,14 +15,14 @@ structural choice, :attr:`Codec.sums`:
   them and combines them in participant order (counted as an all-gather of the encoded vector): summed, or,
   where :attr:`Codec.averages_senders`, each value averaged over the participants that sent it.
 
-A codec also owns the rules the configuration reads (:class:`adloco.settings.Wire` asks the class, never its
+A codec also owns the rules the configuration reads (:class:`adloco.library.settings.Wire` asks the class, never its
 name): whether its values are summed (:attr:`Codec.sums`), whether error feedback is on by default
 (:attr:`Codec.feedback`) and how it decays (:attr:`Codec.error_decay`), whether θ may travel as it and what θ
 travels as by default (:attr:`Codec.carries_theta`, :attr:`Codec.theta`), its own ``comm.*`` keys
 (:attr:`Codec.keys`), and the outer step it brings in place of a preset's momentum (:attr:`Codec.outer`).
 
 A codec is registered under its wire name (:data:`CODECS`); ``comm.dtype`` and ``comm.theta_dtype`` name
-it (the names are the ``WireDtype`` choices of :mod:`adloco.settings`, which a test holds to this registry).
+it (the names are the ``WireDtype`` choices of :mod:`adloco.library.settings`, which a test holds to this registry).
 Adding one is a class here, its registration, and its name among those choices: nothing in the round and
 nothing in the configuration's checks changes.
 """
@@ -31,14 +31,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 
-from adloco.comm.quantize import DEFAULT_BLOCK, Quantized, dequantize, encoded_bytes, quantize
+from adloco.library.comm.quantize import DEFAULT_BLOCK, Quantized, dequantize, encoded_bytes, quantize
 
-if TYPE_CHECKING:
-    from adloco.settings import Wire
+
+class Wire(Protocol):
+    """What a codec is built from: the ``comm`` keys it reads (:class:`adloco.library.settings.Wire` is one;
+    a protocol here, so that the dial, which asks the codecs for their rules, is not imported back)."""
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def block(self) -> int: ...
+
+    @property
+    def topk_fraction(self) -> float: ...
+
+    @property
+    def topk_block(self) -> int: ...
+
+    @property
+    def topk_bits(self) -> int: ...
+
+    @property
+    def topk_mean(self) -> str: ...
 
 
 class Codec:
@@ -50,7 +70,7 @@ class Codec:
     the same bits.
 
     The class attributes are the codec's rules, read by the configuration's checks
-    (:class:`adloco.settings.Wire`) and by the reducer."""
+    (:class:`adloco.library.settings.Wire`) and by the reducer."""
 
     name: str = ""  # the wire name it is registered under
     sums: ClassVar[bool] = True  # see the module docstring
@@ -127,7 +147,7 @@ class Cast(Codec):
 
 class Absmax(Codec):
     """int8 / int4: block-wise absmax quantization in blocks of ``block`` values, a float32 scale per block
-    (:mod:`adloco.comm.quantize`, which fixes the arithmetic bit for bit)."""
+    (:mod:`adloco.library.comm.quantize`, which fixes the arithmetic bit for bit)."""
 
     BITS: ClassVar[Mapping[str, int]] = {"int8": 8, "int4": 4}
 
@@ -183,7 +203,7 @@ class TopK(Codec):
     :meth:`nbytes`, whatever the values.
 
     It does not sum (``sums`` False): the sum of n top-k sets is not a top-k set, so every participant's
-    encoding is all-gathered and decoded by everyone (:mod:`adloco.comm.compressed`); with ``mean``
+    encoding is all-gathered and decoded by everyone (:mod:`adloco.library.comm.compressed`); with ``mean``
     ``senders`` (the reference's) each value is averaged over the participants that sent it, weighted as
     the round weighs them, not over all of them."""
 
@@ -325,7 +345,7 @@ class TopK(Codec):
 
 
 def _slab_rows(width: int, device: torch.device) -> int:
-    """Rows of a block-wise pass at once: about 2^18 values on CPU (as :mod:`adloco.comm.quantize`), all on
+    """Rows of a block-wise pass at once: about 2^18 values on CPU (as :mod:`adloco.library.comm.quantize`), all on
     CUDA. The work is per row, so the slab does not change a bit."""
     return max(1, (1 << 18) // width) if device.type == "cpu" else 1 << 62
 
@@ -399,28 +419,9 @@ def rules(dtype: str) -> type[Codec] | None:
     return None if dtype == "float32" else CODECS[dtype]
 
 
-def codec(dtype: str | torch.dtype, block: int = DEFAULT_BLOCK) -> Codec | None:
-    """The codec of a wire dtype (its name, or torch's bfloat16 / float16), in blocks of ``block`` values
-    where it has blocks (the values per scale of int8 / int4, per top-k block of topk, whose other keys are
-    then :class:`~adloco.settings.Wire`'s defaults); None for float32 (the backend's plain all-reduce)."""
-    from adloco.settings import WIRE_DTYPES, Wire
-
-    if isinstance(dtype, torch.dtype):
-        names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-        if dtype not in names:
-            raise ValueError(f"unsupported wire dtype {dtype}")
-        dtype = names[dtype]
-    if dtype == "float32":
-        return None
-    if dtype not in CODECS:
-        raise ValueError(f"wire dtype must be one of {', '.join(WIRE_DTYPES)}, not {dtype!r}")
-    wire = Wire(dtype, block=block, topk_block=block) if dtype == "topk" else Wire(dtype, block=block)  # type: ignore[arg-type]
-    return CODECS[dtype].build(wire)
-
-
 def of(wire: Wire) -> Codec | None:
-    """The codec a :class:`~adloco.settings.Wire` names (None: float32)."""
+    """The codec a :class:`~adloco.library.settings.Wire` names (None: float32)."""
     return None if wire.dtype == "float32" else CODECS[wire.dtype].build(wire)
 
 
-__all__ = ["CODECS", "Absmax", "Cast", "Codec", "TopK", "codec", "of", "rules"]
+__all__ = ["CODECS", "Absmax", "Cast", "Codec", "TopK", "of", "rules"]

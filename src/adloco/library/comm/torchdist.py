@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from adloco.comm.base import Comm, CommFailure, CommRecord, Shards
+from adloco.library.comm.base import Comm, CommFailure, CommRecord, Shards
 from adloco.netmodel import Link
 
 if TYPE_CHECKING:
-    from adloco.comm.compressed import GroupOps
+    from adloco.library.comm.compressed import GroupOps
 
 T = TypeVar("T")
 _EXIT_GUARD: list[bool] = []
@@ -63,7 +63,7 @@ class TorchDistComm(Comm):
 
     ``device``: where the tensors it moves live (default: this rank's CUDA device under NCCL, else CPU).
     ``link``: hold every counted collective back to its time on this modelled link, ``(bandwidth,
-    latency)`` (:attr:`adloco.comm.Comm.link`).
+    latency)`` (:attr:`adloco.library.comm.Comm.link`).
     """
 
     def __init__(
@@ -210,7 +210,7 @@ class TorchDistComm(Comm):
         return [bytes(p[: int(n)].cpu().tolist()) for p, n in zip(parts, size.tolist(), strict=True)]
 
     def _participants(self, workers: list[int]) -> GroupOps:
-        from adloco.comm.compressed import Bystander, InProcessGroup, TorchDistParticipants
+        from adloco.library.comm.compressed import Bystander, InProcessGroup, TorchDistParticipants
 
         ranks = self._ranks(workers)
         if len(ranks) < 2:  # every participant on one process: the same arithmetic, nothing moves

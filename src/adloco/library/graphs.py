@@ -14,7 +14,7 @@ What a graph needs, and how the step provides it:
   the batch: rows, micro-batches);
 - no host decision inside the step: fp16's loss scaling (a skipped step) is refused, so is DDP (its
   gradients are averaged between backward and step); the learning rate is a device tensor filled
-  before each replay (:meth:`adloco.replica.Replica.device_lrs`), the step counts of a capturable
+  before each replay (:meth:`adloco.library.replica.Replica.device_lrs`), the step counts of a capturable
   optimizer live on the device;
 - state that stays where it was captured: a graph is recaptured when the batch's layout, the
   micro-batch size or the optimizer's state tensors change (a reset after a move, a resume).
@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from adloco.optim import CombinedOptimizer
+from adloco.library.optim import CombinedOptimizer
 
 log = logging.getLogger("adloco")
 
