@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -13,6 +13,7 @@ from torch import nn
 from adloco import AdLoCo
 
 D = 6  # input features
+A = TypeVar("A", bound=AdLoCo)
 
 
 def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -28,6 +29,37 @@ def models(n: int, seed: int = 0) -> list[nn.Linear]:
 
 def sgd(ms: list[nn.Linear], lr: float = 0.05) -> list[torch.optim.Optimizer]:
     return [torch.optim.SGD(m.parameters(), lr=lr) for m in ms]
+
+
+def build(
+    cls: Callable[..., A],
+    workers: int = 2,
+    *,
+    optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW,
+    lr: float = 0.01,
+    seed: int = 0,
+    ms: list[nn.Linear] | None = None,
+    **dials: Any,
+) -> A:
+    """``cls`` (AdLoCo or a preset) over ``workers`` toy models (or ``ms``), each with its own ``optimizer``
+    at ``lr``, on the toy loss: the set-up the library's tests share; ``dials``: the round's, as keywords."""
+    ms = models(workers, seed) if ms is None else ms
+    return cls(ms, [optimizer(m.parameters(), lr=lr) for m in ms], loss_fn=loss_fn, **dials)
+
+
+def hooked_rounds(
+    hooked: AdLoCo, ms: list[nn.Module], rounds: int, loss: Callable[[nn.Module, int, int, int], torch.Tensor]
+) -> None:
+    """``rounds`` rounds of the hooked form (``with hooked:``), as a user's own loop runs them: each worker's
+    optimizer stepped on ``loss(model, worker, round, step)``."""
+    opts = [rep.optimizer for rep in hooked.replicas.values()]
+    with hooked:
+        for r in range(rounds):
+            for h in range(hooked.H):
+                for w, (m, o) in enumerate(zip(ms, opts, strict=True)):
+                    o.zero_grad()
+                    loss(m, w, r, h).backward()
+                    o.step()
 
 
 class Data:

@@ -11,7 +11,7 @@ import torch
 
 from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging
 from adloco.library.algorithms.batch_schedule import request
-from tests.toy import Data, loss_fn, models, run_round
+from tests.toy import Data, build, run_round
 
 
 @pytest.mark.parametrize(
@@ -40,12 +40,9 @@ def test_the_schedule_never_falls_and_stays_within_its_bounds() -> None:
 
 
 def _diloco(schedule: str, scale: int = 40, **kw: Any) -> DiLoCo:
-    ms = models(2)
-    return DiLoCo(
-        ms,
-        [torch.optim.AdamW(m.parameters(), lr=0.01) for m in ms],
+    return build(
+        DiLoCo,
         inner_steps=3,
-        loss_fn=loss_fn,
         batch=AdaptiveBatch(
             test="none", statistics=False, initial=2, max=8, schedule=schedule, schedule_examples=scale, **kw
         ),
@@ -83,13 +80,12 @@ def test_a_resumed_run_continues_the_same_schedule_bit_for_bit() -> None:
 
 
 def test_a_schedule_with_merging_trainers_gives_every_trainer_its_request() -> None:
-    ms = models(4)
-    algo = AdLoCo(
-        ms,
-        [torch.optim.SGD(m.parameters(), lr=0.01) for m in ms],
+    algo = build(
+        AdLoCo,
+        4,
+        optimizer=torch.optim.SGD,
         inner_steps=2,
         trainers=4,
-        loss_fn=loss_fn,
         batch=AdaptiveBatch(test="none", initial=2, max=6, schedule="ramp", schedule_examples=64),
         merge=Merging(every=2),
     )

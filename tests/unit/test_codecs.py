@@ -399,16 +399,14 @@ def test_topk_resumes_its_error_feedback_bit_for_bit(overlap: str) -> None:
     import copy
 
     from adloco import DiLoCo, Outer, Sync, Wire
-    from tests.toy import Data, loss_fn, models, run_round
+    from tests.toy import Data, build, run_round
 
-    def build() -> DiLoCo:
-        ms = models(2)
-        return DiLoCo(
-            ms,
-            [torch.optim.AdamW(m.parameters(), lr=0.02) for m in ms],
+    def make() -> DiLoCo:
+        return build(
+            DiLoCo,
+            lr=0.02,
             inner_steps=3,
             batch_size=2,
-            loss_fn=loss_fn,
             outer=Outer.sgd(0.7),
             wire=Wire("topk", topk_block=8, topk_fraction=0.25),
             sync=Sync(overlap=overlap),
@@ -416,14 +414,14 @@ def test_topk_resumes_its_error_feedback_bit_for_bit(overlap: str) -> None:
         )
 
     data = Data()
-    a = build()
+    a = make()
     for _ in range(2):
         run_round(a, data)
     state = copy.deepcopy(a.full_state_dict())
     assert state is not None
     errors = [r["inner"]["feedback_error"] for r in state["replicas"].values()]
     assert len(errors) == 2 and all(e.abs().sum() > 0 for e in errors)
-    b = build()
+    b = make()
     b.load_state_dict(state)
     for _ in range(3):
         run_round(a, data)

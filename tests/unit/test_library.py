@@ -17,7 +17,7 @@ from torch import nn
 from adloco import DDP, AdaptiveBatch, AdLoCo, DiLoCo, LocalSGD, Merging, Outer, Switch, Wire
 from adloco.library.comm.base import Comm, wire_bytes
 from adloco.library.comm.inprocess import InProcessComm
-from tests.toy import D, Data, flat_like, loss_fn, models, run_round, sgd
+from tests.toy import D, Data, build, flat_like, loss_fn, models, run_round, sgd
 
 P = D + 1  # parameters of nn.Linear(D, 1)
 
@@ -65,14 +65,13 @@ def test_a_round_issues_one_delta_all_reduce_per_trainer_and_counts_its_bytes() 
 
 def test_inner_product_tests_all_reduce_the_mean_probe_gradient_once() -> None:
     fake, _ = spied(2)
-    ms = models(2)
-    algo = AdLoCo(
-        ms,
-        sgd(ms),
+    algo = build(
+        AdLoCo,
+        optimizer=torch.optim.SGD,
+        lr=0.05,
         inner_steps=2,
         trainers=1,
         comm=fake,
-        loss_fn=loss_fn,
         batch=AdaptiveBatch("inner_product", initial=4),
         merge=Merging("none"),
     )
@@ -163,14 +162,13 @@ def test_merge_averages_theta_and_momentum_by_requests() -> None:
     """The same round with and without the merge: the merged θ and momentum are b-weighted means."""
     data = Data()
 
-    def build(policy: str) -> AdLoCo:
-        ms = models(2)
-        a = AdLoCo(
-            ms,
-            sgd(ms),
+    def make(policy: str) -> AdLoCo:
+        a = build(
+            AdLoCo,
+            optimizer=torch.optim.SGD,
+            lr=0.05,
             inner_steps=2,
             trainers=2,
-            loss_fn=loss_fn,
             outer=Outer.nesterov(0.5, 0.8),
             batch=AdaptiveBatch("none", initial=2, statistics=False),
             merge=Merging(policy, every=1),
@@ -179,7 +177,7 @@ def test_merge_averages_theta_and_momentum_by_requests() -> None:
         a._plan()
         return a
 
-    plain, merged = build("none"), build("smallest")
+    plain, merged = make("none"), make("smallest")
     run_round(plain, data)
     rep = run_round(merged, data)
     assert rep.merge is not None and rep.merge.merged == [0, 1] and rep.merge.weights == {0: 0.25, 1: 0.75}
@@ -237,13 +235,12 @@ def test_the_batch_test_matches_brute_force_at_the_common_point(test: str) -> No
     """Two workers, one trainer, chunks of the first step's batch: σ², ‖ḡ‖², Σp, Σp² and the target."""
     data = Data()
     eta, vartheta, nu = 0.5, 0.2, 0.3
-    ms = models(2)
-    algo = AdLoCo(
-        ms,
-        sgd(ms),
+    algo = build(
+        AdLoCo,
+        optimizer=torch.optim.SGD,
+        lr=0.05,
         inner_steps=2,
         trainers=1,
-        loss_fn=loss_fn,
         batch=AdaptiveBatch(
             test, initial=8, max=10**6, eta=eta, vartheta=vartheta, nu=nu, probe_chunks=4, exact_mean=True
         ),
@@ -502,24 +499,22 @@ def test_a_batch_of_the_wrong_size_is_refused() -> None:
 def test_state_dict_round_trips_and_resumes_the_same_trajectory() -> None:
     data = Data()
 
-    def build() -> AdLoCo:
-        ms = models(3)
-        return AdLoCo(
-            ms,
-            [torch.optim.AdamW(m.parameters(), lr=0.01) for m in ms],
+    def make() -> AdLoCo:
+        return build(
+            AdLoCo,
+            3,
             inner_steps=2,
             trainers=2,
-            loss_fn=loss_fn,
             outer=Outer.nesterov(),
             batch=AdaptiveBatch(eta=0.3, initial=2),
             merge=Merging(every=2),
         )
 
-    a = build()
+    a = make()
     for _ in range(3):
         run_round(a, data)
     state = a.full_state_dict()
-    b = build()
+    b = make()
     run_round(b, data)  # some other state, overwritten by the load
     b.load_state_dict(state)
     for _ in range(2):
@@ -558,13 +553,13 @@ def test_a_quantized_delta_is_counted_at_its_size_on_the_wire(dtype: str, bits: 
 
 
 def test_error_feedback_is_kept_per_worker_saved_and_reset_when_the_worker_moves() -> None:
-    ms = models(3)
-    algo = AdLoCo(
-        ms,
-        sgd(ms),
+    algo = build(
+        AdLoCo,
+        3,
+        optimizer=torch.optim.SGD,
+        lr=0.05,
         inner_steps=2,
         trainers=2,
-        loss_fn=loss_fn,
         batch=AdaptiveBatch("none", initial=2, statistics=False),
         merge=Merging("smallest", every=2),
         wire=Wire("int4", block=4, error_feedback=True),
@@ -616,13 +611,12 @@ def test_work_follows_measured_speed_so_nobody_waits(balance: str, monkeypatch: 
         return gradient(self, batch, *args, **kw)
 
     monkeypatch.setattr(Replica, "gradient", timed)
-    ms = models(2)
-    algo = AdLoCo(
-        ms,
-        sgd(ms),
+    algo = build(
+        AdLoCo,
+        optimizer=torch.optim.SGD,
+        lr=0.05,
         inner_steps=4,
         trainers=1,
-        loss_fn=loss_fn,
         batch=AdaptiveBatch("none", initial=12, max=12, statistics=False),
         merge=Merging("none"),
         switch=Switch(b_max=64),
@@ -661,13 +655,12 @@ def test_emulated_speed_really_sleeps(monkeypatch: pytest.MonkeyPatch) -> None:
             real_time.sleep(seconds)
 
     monkeypatch.setattr(adloco.library.round, "time", Recording)
-    ms = models(2)
-    algo = AdLoCo(
-        ms,
-        sgd(ms),
+    algo = build(
+        AdLoCo,
+        optimizer=torch.optim.SGD,
+        lr=0.05,
         inner_steps=4,
         trainers=1,
-        loss_fn=loss_fn,
         batch=AdaptiveBatch("none", initial=4, statistics=False),
         merge=Merging("none"),
         balance="equal",

@@ -17,7 +17,7 @@ from adloco.config import InnerConfig
 from adloco.engine.driver import Driver
 from adloco.engine.inner import lr_at
 from adloco.library.algorithms import lr_scaling
-from tests.toy import Data, loss_fn, models, run_round
+from tests.toy import Data, build, loss_fn, models, run_round
 
 
 def test_the_ratios_by_hand() -> None:
@@ -194,13 +194,10 @@ def test_the_hooked_form_scales_the_users_step_and_restores_it() -> None:
 
 def test_gain_follows_the_measured_noise_and_the_state_keeps_it() -> None:
     def make() -> AdLoCo:
-        ms = models(2)
-        return AdLoCo(
-            ms,
-            [torch.optim.AdamW(m.parameters(), lr=0.01) for m in ms],
+        return build(
+            AdLoCo,
             inner_steps=2,
             trainers=1,
-            loss_fn=loss_fn,
             batch=AdaptiveBatch("norm", initial=4, max=64, eta=0.2, lr_scaling="gain"),
             merge=Merging("none"),
             switch=Switch(b_max=64),

@@ -10,7 +10,8 @@ import torch
 
 from adloco import AdaptiveBatch, AdLoCo, Merging, Outer
 from adloco.library.algorithms import allocation, membership
-from tests.toy import Data, loss_fn, models, run_round
+from tests.toy import Data, run_round
+from tests.toy import build as toy_build
 
 
 def test_fewer_workers_than_trainers_merges_by_policy_first() -> None:
@@ -43,13 +44,11 @@ def test_more_workers_are_shared_by_requests_and_capped() -> None:
 
 
 def four_worker_state(rounds: int = 2) -> tuple[dict, AdLoCo]:
-    ms = models(4)
-    algo = AdLoCo(
-        ms,
-        [torch.optim.AdamW(m.parameters(), lr=0.01) for m in ms],
+    algo = toy_build(
+        AdLoCo,
+        4,
         inner_steps=2,
         trainers=4,
-        loss_fn=loss_fn,
         outer=Outer.nesterov(0.5, 0.8),
         batch=AdaptiveBatch(eta=0.3, initial=2, max=64),
         merge=Merging("smallest", every=3),
@@ -62,13 +61,12 @@ def four_worker_state(rounds: int = 2) -> tuple[dict, AdLoCo]:
 
 
 def build(n: int, batch: str = "per_trainer") -> AdLoCo:
-    ms = models(n, seed=5)  # other weights: everything must come from the state
-    return AdLoCo(
-        ms,
-        [torch.optim.AdamW(m.parameters(), lr=0.01) for m in ms],
+    return toy_build(
+        AdLoCo,
+        n,
+        seed=5,  # other weights: everything must come from the state
         inner_steps=2,
         trainers=min(4, n),
-        loss_fn=loss_fn,
         outer=Outer.nesterov(0.5, 0.8),
         batch=AdaptiveBatch(eta=0.3, initial=2, max=64),
         merge=Merging("smallest", every=3),

@@ -17,6 +17,7 @@ from torch import nn
 from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging
 from adloco.library.graphs import capturable
 from adloco.library.optim import CombinedOptimizer, is_muon, muon_adamw, muon_split
+from tests.toy import hooked_rounds
 from tests.toy_lm import TinyLM, diloco, lm_loss, muon_diloco, run, tiny, tokens
 
 
@@ -182,14 +183,7 @@ def test_the_hooked_form_with_muon_gives_the_driven_run() -> None:
     run(driven, 2)
     ms = tiny(2)
     hooked = muon_diloco(ms, clip=0.0)
-    opts = [rep.optimizer for rep in hooked.replicas.values()]
-    with hooked:
-        for r in range(2):
-            for h in range(hooked.H):
-                for w, (m, o) in enumerate(zip(ms, opts, strict=True)):
-                    o.zero_grad()
-                    lm_loss(m, tokens(w, r, h, 4)).backward()
-                    o.step()
+    hooked_rounds(hooked, ms, 2, lambda m, w, r, h: lm_loss(m, tokens(w, r, h, 4)))
     assert torch.equal(hooked.theta(0), driven.theta(0))
 
 

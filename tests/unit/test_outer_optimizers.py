@@ -18,7 +18,7 @@ from torch import nn
 
 from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging, Outer, Sync
 from adloco.library.algorithms.outer import OuterParams
-from tests.toy import Data, loss_fn, models, rounds_in_threads, run_round, sgd
+from tests.toy import Data, build, loss_fn, models, rounds_in_threads, run_round, sgd
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -34,13 +34,12 @@ def torch_nesterov(params: list[torch.Tensor]) -> torch.optim.Optimizer:
 def _adloco(
     outer: Outer, n: int = 4, comm: Any = None, ms: list[nn.Module] | None = None, **kw: Any
 ) -> AdLoCo:
-    ms = models(n) if ms is None else ms
-    return AdLoCo(
-        ms,
-        [torch.optim.AdamW(m.parameters(), lr=0.01) for m in ms],
+    return build(
+        AdLoCo,
+        n,
+        ms=ms,
         inner_steps=2,
         trainers=kw.pop("trainers", 2),
-        loss_fn=loss_fn,
         outer=outer,
         batch=AdaptiveBatch(eta=0.3, initial=2),
         merge=kw.pop("merge", Merging(every=2)),

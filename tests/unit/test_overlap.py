@@ -19,7 +19,17 @@ from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging, Outer, Sync
 from adloco.library.comm import base
 from adloco.library.comm.inprocess import InProcessComm
 from adloco.netmodel import collective_seconds, round_seconds
-from tests.toy import Data, flat_like, loss_fn, models, rounds_in_threads, run_round, sgd
+from tests.toy import (
+    Data,
+    build,
+    flat_like,
+    hooked_rounds,
+    loss_fn,
+    models,
+    rounds_in_threads,
+    run_round,
+    sgd,
+)
 
 MODES = ["delayed", "eager"]
 
@@ -124,13 +134,12 @@ def test_eager_localsgd_starts_each_worker_from_theta_plus_its_own_progress() ->
 
 
 def _diloco(overlap: str, comm: Any = None, ms: list[nn.Module] | None = None) -> DiLoCo:
-    ms = models(2) if ms is None else ms
-    return DiLoCo(
-        ms,
-        [torch.optim.AdamW(m.parameters(), lr=0.02) for m in ms],
+    return build(
+        DiLoCo,
+        ms=ms,
+        lr=0.02,
         inner_steps=3,
         batch_size=2,
-        loss_fn=loss_fn,
         outer=Outer.nesterov(0.7, 0.9),
         sync=Sync(overlap=overlap),
         comm=comm,
@@ -187,14 +196,7 @@ def test_the_hooked_form_gives_the_driven_run(overlap: str) -> None:
     driven.settle()
     ms = models(2)
     hooked = _diloco(overlap, ms=ms)
-    opts = [rep.optimizer for rep in hooked.replicas.values()]
-    with hooked:
-        for r in range(3):
-            for h in range(hooked.H):
-                for w, (m, o) in enumerate(zip(ms, opts, strict=True)):
-                    o.zero_grad()
-                    loss_fn(m, data.batch(w, r, h, 2)).backward()
-                    o.step()
+    hooked_rounds(hooked, ms, 3, lambda m, w, r, h: loss_fn(m, data.batch(w, r, h, 2)))
     assert hooked._flights
     hooked.settle()
     assert torch.equal(hooked.theta(0), driven.theta(0)) and not hooked._flights
@@ -232,13 +234,11 @@ def test_a_merge_waits_for_what_is_in_flight() -> None:
     """AdLoCo, delayed: a merge round lands every Δ first (θ and momentum whole), so nothing is in flight
     after it and the next round starts from the merged θ."""
     data = Data()
-    ms = models(4)
-    algo = AdLoCo(
-        ms,
-        [torch.optim.AdamW(m.parameters(), lr=0.01) for m in ms],
+    algo = build(
+        AdLoCo,
+        4,
         inner_steps=2,
         trainers=2,
-        loss_fn=loss_fn,
         outer=Outer.nesterov(),
         batch=AdaptiveBatch(eta=0.3, initial=2),
         merge=Merging(every=2),
@@ -405,13 +405,13 @@ def test_fragments_cover_every_parameter_once() -> None:
 def _streamed(
     fragments: int, delay: int, alpha: float, comm: Any = None, ms: list[nn.Module] | None = None
 ) -> DiLoCo:
-    ms = models(2) if ms is None else ms
-    return DiLoCo(
-        ms,
-        [torch.optim.SGD(m.parameters(), lr=0.05) for m in ms],
+    return build(
+        DiLoCo,
+        ms=ms,
+        optimizer=torch.optim.SGD,
+        lr=0.05,
         inner_steps=4,
         batch_size=2,
-        loss_fn=loss_fn,
         outer=Outer.nesterov(0.7, 0.9),
         sync=Sync(fragments=fragments, fragment_delay=delay, fragment_alpha=alpha),
         comm=comm,

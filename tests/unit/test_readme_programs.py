@@ -41,26 +41,24 @@ def test_a_readme_program_runs_as_written_in_one_process(
 def test_a_saved_state_continues_the_same_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's way to save (torch.save of state_dict, torch.load with weights_only) resumes bit for bit."""
     from adloco import AdaptiveBatch, AdLoCo, Merging
-    from tests.toy import Data, loss_fn, models, run_round
+    from tests.toy import Data, build, run_round
 
-    def build() -> AdLoCo:
-        ms = models(3)
-        return AdLoCo(
-            ms,
-            [torch.optim.AdamW(m.parameters(), lr=0.01) for m in ms],
+    def make() -> AdLoCo:
+        return build(
+            AdLoCo,
+            3,
             inner_steps=2,
             trainers=2,
-            loss_fn=loss_fn,
             batch=AdaptiveBatch(eta=0.3, initial=2),
             merge=Merging(every=2),
         )
 
     data = Data()
-    a = build()
+    a = make()
     for _ in range(3):
         run_round(a, data)
     torch.save(a.state_dict(), tmp_path / "state.pt")
-    b = build()
+    b = make()
     b.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
     for _ in range(2):
         run_round(a, data)

@@ -31,34 +31,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import torch
 
 from adloco.library.comm.quantize import DEFAULT_BLOCK, Quantized, dequantize, encoded_bytes, quantize
-
-
-class Wire(Protocol):
-    """What a codec is built from: the ``comm`` keys it reads (:class:`adloco.library.settings.Wire` is one;
-    a protocol here, so that the dial, which asks the codecs for their rules, is not imported back)."""
-
-    @property
-    def dtype(self) -> str: ...
-
-    @property
-    def block(self) -> int: ...
-
-    @property
-    def topk_fraction(self) -> float: ...
-
-    @property
-    def topk_block(self) -> int: ...
-
-    @property
-    def topk_bits(self) -> int: ...
-
-    @property
-    def topk_mean(self) -> str: ...
 
 
 class Codec:
@@ -86,8 +63,10 @@ class Codec:
     outer_why: ClassVar[str] = ""
 
     @classmethod
-    def build(cls, wire: Wire) -> Codec:
-        """The codec as ``wire`` configures it (its block, its own keys)."""
+    def build(cls, wire: Any) -> Codec:
+        """The codec as ``wire`` configures it (its block, its own keys): a
+        :class:`adloco.library.settings.Wire`, typed ``Any`` so that this module does not import back the
+        dial that asks it for its rules."""
         raise NotImplementedError
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
@@ -122,7 +101,7 @@ class Cast(Codec):
         self.name, self.dtype = name, dtype if dtype is not None else self.DTYPES[name]
 
     @classmethod
-    def build(cls, wire: Wire) -> Codec:
+    def build(cls, wire: Any) -> Codec:
         return cls(wire.dtype)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
@@ -155,7 +134,7 @@ class Absmax(Codec):
         self.name, self.bits, self.block = name, bits if bits is not None else self.BITS[name], block
 
     @classmethod
-    def build(cls, wire: Wire) -> Codec:
+    def build(cls, wire: Any) -> Codec:
         return cls(wire.dtype, block=wire.block)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
@@ -238,7 +217,7 @@ class TopK(Codec):
         self.width = self.index_bits + bits  # W: one entry
 
     @classmethod
-    def build(cls, wire: Wire) -> Codec:
+    def build(cls, wire: Any) -> Codec:
         return cls(wire.topk_fraction, wire.topk_block, wire.topk_bits, wire.topk_mean)
 
     def kept(self, length: int) -> int:
@@ -419,7 +398,7 @@ def rules(dtype: str) -> type[Codec] | None:
     return None if dtype == "float32" else CODECS[dtype]
 
 
-def of(wire: Wire) -> Codec | None:
+def of(wire: Any) -> Codec | None:
     """The codec a :class:`~adloco.library.settings.Wire` names (None: float32)."""
     return None if wire.dtype == "float32" else CODECS[wire.dtype].build(wire)
 
