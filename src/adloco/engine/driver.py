@@ -73,7 +73,7 @@ class Driver:
         if device.type == "cuda" and cfg.switch.b_max is None:
             self._search_b_max(min(smallest_shard, cfg.batch.max))
         # the whole model's parameters (sharded: the worker's, not this rank's P/k)
-        self.n_params = next(iter(self.algo.replicas.values())).flat.full_numel
+        self.n_params = self.algo.view.parameters
         self.last_eval: dict[int, float] = {}
         self.last_accuracy: dict[int, float] = {}
         self.initial_metrics: dict[str, Any] = {}
@@ -126,27 +126,27 @@ class Driver:
         from adloco.engine import memory
         from adloco.library.replica import rows, to_device
 
-        algo, cfg = self.algo, self.cfg
-        w0 = algo.local_workers[0]
-        rep = algo.replicas[w0]
+        algo, cfg, view = self.algo, self.cfg, self.algo.view
+        w0 = view.workers[0]
+        rep = view.replica(w0)
         free, _ = torch.cuda.mem_get_info(self.device)
-        i, b, P = cfg.inner, cfg.batch, self.algo.n_params
+        i, b, P = cfg.inner, cfg.batch, view.first.flat.numel
         buffers = 2 if i.optimizer == "adamw" else (1 if i.momentum > 0 else 0)
-        probe = algo.plans[w0].probe
+        probe = view.plans[w0].probe
         kept = (
             0
             if probe is None or probe.keep == "none"
             else 1 + (b.probe_chunks if probe.keep == "chunks" else 0)
         )
-        feedback = 1 if algo.feedback is not None else 0  # e_m (comm.error_feedback; topk's default)
+        feedback = 1 if view.keeps_feedback else 0  # e_m (comm.error_feedback; topk's default)
         state_bytes = (buffers + kept + feedback) * 4 * P
-        budget = cfg.switch.memory_fraction * free - (len(algo.replicas) - 1) * state_bytes
-        if algo.cuda_graphs:  # the workers step at once, each graph holding its activations: a share each
-            budget = state_bytes + (budget - state_bytes) / len(algo.replicas)
+        budget = cfg.switch.memory_fraction * free - (len(view.workers) - 1) * state_bytes
+        if view.cuda_graphs:  # the workers step at once, each graph holding its activations: a share each
+            budget = state_bytes + (budget - state_bytes) / len(view.workers)
         if budget - state_bytes <= 0:
             raise UserError(
-                f"model: {len(algo.replicas)} worker(s) of {P / 1e6:.1f}M parameters need "
-                f"{len(algo.replicas) * state_bytes / 2**30:.1f} GiB of optimizer, batch-test and error-feedback "
+                f"model: {len(view.workers)} worker(s) of {P / 1e6:.1f}M parameters need "
+                f"{len(view.workers) * state_bytes / 2**30:.1f} GiB of optimizer, batch-test and error-feedback "
                 f"state beyond the replicas, more than {cfg.switch.memory_fraction:g} of the {free / 2**30:.1f} GiB free on "
                 f"{self.device}: use fewer workers per device (runtime.workers_per_process) or a smaller model"
             )
@@ -161,32 +161,32 @@ class Driver:
 
         found = memory.cuda_b_max(step, budget, state_bytes, hi, self.device)
         torch.cuda.reset_peak_memory_stats(self.device)  # the summary's peak is training's, not the search's
-        algo.set_b_max(dict.fromkeys(algo.replicas, found))
+        algo.set_b_max(dict.fromkeys(view.workers, found))
         self.log(
             f"b_max {min(algo.b_max.values())}: the largest micro-batch under {cfg.switch.memory_fraction:g} of "
             f"free CUDA memory ({free / 2**30:.1f} GiB), beside {state_bytes / 2**30:.2f} GiB of optimizer, "
-            f"batch-test and error-feedback state for each of {len(algo.replicas)} worker(s) (at most {hi})"
+            f"batch-test and error-feedback state for each of {len(view.workers)} worker(s) (at most {hi})"
         )
 
     # -- evaluation --------------------------------------------------------------------------------
     def evaluate(self) -> dict[int, float]:
         """Validation loss of every trainer alive (and accuracy, for classification), evaluated by its
         first worker; returns the losses and keeps the accuracies in ``last_accuracy``."""
-        algo = self.algo
+        algo, view = self.algo, self.algo.view
         members = algo.members()
         indices = spread(self.data.n_val, self.cfg.eval.max_examples)
-        rows: dict[int, list[float]] = {w: [math.nan, math.nan] for w in algo.replicas}
+        rows: dict[int, list[float]] = {w: [math.nan, math.nan] for w in view.workers}
         for t in algo.alive:
             leader = members[t][0]
-            if leader in algo.replicas:
+            if leader in view.workers:
                 with algo.holding_theta(leader):  # eager: the worker holds its own start, not θ_t
                     res = evaluate(
-                        algo.replicas[leader].model,
+                        view.replica(leader).model,
                         self.data.val_batch,
                         indices,
                         self.cfg.eval.batch_size,
                         self.data.task,
-                        amp=algo.replicas[leader].amp_dtype,  # under the run's precision, as training
+                        amp=view.replica(leader).amp_dtype,  # under the run's precision, as training
                     )
                 rows[leader] = [res.loss, math.nan if res.accuracy is None else res.accuracy]
         gathered = self.comm.all_gather_rows(rows, 2, "eval", counted=0)  # measurement, not training
@@ -221,7 +221,7 @@ class Driver:
         t_start = time.perf_counter()
         streams = {
             w: ShardStream(self.subsets[p.trainer], a.seed, p.trainer, r, p.index, p.of)
-            for w, p in algo.plans.items()
+            for w, p in algo.view.plans.items()
         }
         total_steps = a.rounds * a.inner_steps
         self._rng = rng_state()
@@ -234,7 +234,7 @@ class Driver:
                 record,
                 self.trace_dir,
                 f"round-{r + 1}",
-                f"Round {r + 1}: {a.method}, {len(algo.replicas)} worker(s) in this process, {self.device.type}",
+                f"Round {r + 1}: {a.method}, {len(algo.view.workers)} worker(s) in this process, {self.device.type}",
             )
             self.log(f"trace of round {r + 1}: {self.trace_dir / f'round-{r + 1}.md'}")
         report = algo.last_report
@@ -255,10 +255,10 @@ class Driver:
         out = report.events()
         summary = events.Round(
             round=algo.round,
-            trainers_alive=len(algo.trainers),
+            trainers_alive=algo.view.trainers_alive,
             requests={e.trainer: e.request for e in report.trainers},
             requests_next=algo.requests,
-            allocation=dict(algo.allocation),
+            allocation=algo.view.allocation,
             switch_mode=report.switch_mode,
             loss=report.loss,
             examples=report.examples or 0,
@@ -302,7 +302,7 @@ class Driver:
         for h in range(a.inner_steps):
             at = self.trained / self.lr_unit if a.budget is not None else r * a.inner_steps + h
             lr = lr_at(at, total_steps, cfg.inner)
-            for rep in algo.replicas.values():
+            for rep in map(algo.view.replica, algo.view.workers):
                 for group in rep.optimizer.param_groups:  # Muon's groups: lr × inner.muon_lr_ratio
                     group["lr"] = lr * group.get("lr_ratio", 1.0)
             batches = {
@@ -337,7 +337,7 @@ class Driver:
         warm, self._warm = self._warm, True
         if not warm:
             return
-        emulate, probe = self.algo.emulate, self._probe_passes(report)
+        emulate, probe = self.algo.view.emulate, self._probe_passes(report)
         for e in report.workers:
             eff = e.micro * e.accum
             steps = (e.examples or 0) // eff if eff else 0
@@ -366,7 +366,7 @@ class Driver:
         and the passes and rows the gradient probe added to its first step (ALGORITHM.md §11), on a device
         ``runtime.emulate_speed`` times as fast as the profiled one."""
         assert self.profile is not None
-        emulate, passes = self.algo.emulate, self._probe_passes(report)
+        emulate, passes = self.algo.view.emulate, self._probe_passes(report)
         out = {}
         for e in report.workers:
             eff = e.micro * e.accum
@@ -397,7 +397,7 @@ class Driver:
                     parameters=self.n_params,
                     workers=a.workers,
                     trainers=a.trainers,
-                    allocation=dict(algo.allocation),
+                    allocation=algo.view.allocation,
                     task=self.data.task,
                     train_examples=self.data.n_train,
                     val_examples=self.data.n_val,
@@ -409,7 +409,7 @@ class Driver:
         b = self.cfg.batch
         grows = b.test != "none" or b.schedule != "none"
         work = Work(a.rounds, a.inner_steps, a.workers, b.max, grows, a.budget)
-        progress.start(a.rounds, a.inner_steps * len(algo.replicas), self.initial_metrics, work)
+        progress.start(a.rounds, a.inner_steps * len(algo.view.workers), self.initial_metrics, work)
         while algo.round < a.rounds and self.examples < budget:
             progress.round_started(algo.round + 1)
             out = self.run_round(progress.step)
@@ -443,7 +443,7 @@ class Driver:
             initial_val_ppl=self.initial_metrics.get("val_ppl"),
             final_val_ppl=final["val_ppl"],
             final_val_loss=final["val_loss"],
-            trainers_final=len(algo.trainers),
+            trainers_final=algo.view.trainers_alive,
             requests_final=algo.requests,
             examples_total=self.examples,
             communications_total=algo.totals.messages,
@@ -463,7 +463,7 @@ class Driver:
 
     def fingerprint(self) -> str:
         """The model's parameter names and shapes, hashed: a checkpoint must match them."""
-        model = next(iter(self.algo.replicas.values())).model
+        model = self.algo.view.first.model
         text = ";".join(f"{n}:{tuple(p.shape)}" for n, p in model.named_parameters())
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -477,7 +477,7 @@ class Driver:
             yield None
             return
         w = self.algo.local_workers[0]
-        rep = self.algo.replicas[w]
+        rep = self.algo.view.replica(w)
         rep.load(theta)
         rep.flat.push()
         try:

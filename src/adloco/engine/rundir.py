@@ -197,7 +197,7 @@ def open_run(
     if ck is not None:
         sink.log(events.Resume(round=ck.round, checkpoint=ck.path.name).to_dict())
     restarted = start is not None and start.restarted
-    change = driver.algo.membership
+    change = driver.algo.view.membership
     if restarted or change is not None:
         lost = max(0, start.last_round - (ck.round if ck is not None else 0)) if start is not None else 0
         driver.restarts += 1

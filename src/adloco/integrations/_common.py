@@ -24,18 +24,19 @@ def build(make: Build, model: nn.Module, optimizer: torch.optim.Optimizer, where
             f"{where}: build(model, optimizer) returned {type(algo).__name__}; it must return an adloco "
             "algorithm (DiLoCo, LocalSGD or AdLoCo)"
         )
-    if len(algo.replicas) != 1:
+    view = algo.view
+    if len(view.workers) != 1:
         raise ValueError(
-            f"{where}: the algorithm hosts {len(algo.replicas)} workers in this process; a trainer is one "
+            f"{where}: the algorithm hosts {len(view.workers)} workers in this process; a trainer is one "
             "worker: run one process per worker (torchrun), or one trainer per thread (ThreadComm)"
         )
-    rep = next(iter(algo.replicas.values()))
+    rep = view.first
     if rep.model is not model or rep.optimizer is not optimizer:
         raise ValueError(
             f"{where}: build(model, optimizer) must build the algorithm over the model and optimizer it is "
             "given (those the trainer steps)"
         )
-    if algo.ddp:
+    if view.ddp:
         raise ValueError(
             f"{where}: DDP averages gradients before the trainer's step, which the trainer's own "
             "distributed data parallel already does: use the trainer's, or DiLoCo / LocalSGD / AdLoCo"

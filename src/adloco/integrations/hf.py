@@ -98,14 +98,14 @@ class AdLoCoCallback(TrainerCallback):
             )
         if state.global_step > 0:  # resumed: the Trainer has restored its own state; now the algorithm's
             path = os.path.join(
-                _checkpoint_dir(args, state.global_step), STATE_FILE.format(rank=algo.comm.rank)
+                _checkpoint_dir(args, state.global_step), STATE_FILE.format(rank=algo.view.rank)
             )
             if not os.path.isfile(path):
                 raise FileNotFoundError(
                     f"{path}: resuming at step {state.global_step}, but the checkpoint holds no adloco state "
                     "for this process (saved without AdLoCoCallback, or resumed from outside output_dir)"
                 )
-            algo.load_state_dict(torch.load(path, map_location=algo.device, weights_only=True))
+            algo.load_state_dict(torch.load(path, map_location=algo.view.device, weights_only=True))
         if distributed:
             self._undo = no_gradient_sync(model)
         algo.__enter__()
@@ -118,7 +118,7 @@ class AdLoCoCallback(TrainerCallback):
         round_boundary(algo, state.global_step, "AdLoCoCallback")
         folder = _checkpoint_dir(args, state.global_step)
         os.makedirs(folder, exist_ok=True)  # written by process 0; another may get here first
-        path = os.path.join(folder, STATE_FILE.format(rank=algo.comm.rank))
+        path = os.path.join(folder, STATE_FILE.format(rank=algo.view.rank))
         tmp = f"{path}.tmp"
         torch.save(algo.state_dict(), tmp)
         os.replace(tmp, path)  # whole, or not there

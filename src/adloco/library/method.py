@@ -48,6 +48,7 @@ from adloco.library.round import (
 )
 from adloco.library.streaming import Schedule, fragments, in_flight, tensor_fragments
 from adloco.library.trainer import Flight, Trainer, initial_thetas
+from adloco.library.view import View
 from adloco.library.workers import (
     Workers,
     as_list,
@@ -202,6 +203,11 @@ class AdLoCo:
     def alive(self) -> list[int]:
         """The ids of the trainers alive, ascending (merges remove ids; the lowest survives)."""
         return sorted(self.trainers)
+
+    @property
+    def view(self) -> View:
+        """What an application reads of this object, read-only (:class:`adloco.library.view.View`)."""
+        return View(self)
 
     @property
     def local_workers(self) -> list[int]:

@@ -76,7 +76,7 @@ class RunState:
 
     def __init__(self, driver: Driver) -> None:
         self.driver, self.comm = driver, driver.comm
-        flat = next(iter(driver.algo.replicas.values())).flat
+        flat = driver.algo.view.first.flat
         self.whole = flat.full_numel
         self.sharded: ShardedFlat | None = cast("ShardedFlat", flat) if self.comm.shards.size > 1 else None
 
@@ -119,7 +119,7 @@ class RunState:
         every process calls it."""
         algo = dict(meta["algorithm"])
         saved = storage.tensors(storage.metadata(where))
-        local = sorted(self.driver.algo.replicas)
+        local = sorted(self.driver.algo.view.workers)
         allocation = {int(w): int(t) for w, t in algo["allocation"].items()}
         if int(algo["workers"]) != self.comm.n_workers:  # resized: any trainer may merge into any other
             trainers = {int(t) for t in algo["requests"]}
