@@ -17,6 +17,7 @@ import typing
 from collections.abc import Sequence
 
 from adloco import __version__
+from adloco.args import add_set_option
 from adloco.errors import UserError
 
 EXIT_BAD_INPUT = 2
@@ -47,15 +48,7 @@ def _config_args(p: argparse.ArgumentParser) -> None:
         help="YAML config (sections as in `adloco config`; a `bench` section is read by `adloco bench` only, "
         "and ignored here)",
     )
-    p.add_argument(
-        "--set",
-        "-s",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one field, e.g. --set batch.eta=0.5 (repeatable; wins over the file)",
-    )
+    add_set_option(p, "override one field, e.g. --set batch.eta=0.5 (repeatable; wins over the file)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 

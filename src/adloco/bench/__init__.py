@@ -47,6 +47,7 @@ from typing import Any
 
 import yaml
 
+from adloco.args import add_set_option
 from adloco.bench.grid import (
     ABLATIONS,
     BENCH_KEYS,
@@ -100,7 +101,7 @@ def add_parser(sub: Any) -> None:
         "input.",
     )
     b.add_argument("--config", "-c", metavar="FILE", help="shared config, with an optional `bench` section")
-    b.add_argument("--set", "-s", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_set_option(b)
     b.add_argument(
         "--methods", default="adloco,diloco,localsgd,ddp", help="comma-separated: " + ", ".join(METHODS)
     )

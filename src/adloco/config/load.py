@@ -10,8 +10,10 @@ file, the value and what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -214,13 +216,14 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return raw
 
 
-def _read_section(section: str, values: dict[str, Any]) -> dict[str, Any]:
-    """A section's keys, each read as its field's type (unknown keys and unreadable values refused)."""
-    cls = SECTION_TYPES[section]
+def read_keys(section: str, cls: type, items: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """``section``'s keys (the fields of the dataclass ``cls``), each read as its field's type: an unknown
+    key or an unreadable value is one line naming ``section.key``. Every section of a config file is read so,
+    ``adloco simulate``'s own included."""
     hints = typing.get_type_hints(cls)
-    keys = [k for k, _, _ in cls.docs()]
+    keys = [f.name for f in dataclasses.fields(cls)]
     out = {}
-    for key, value in values.items():
+    for key, value in items:
         if key not in keys:
             raise unknown("key", f"{section}.{key}", keys)
         try:
@@ -228,6 +231,10 @@ def _read_section(section: str, values: dict[str, Any]) -> dict[str, Any]:
         except ValueError:
             raise UserError(f"config: {section}.{key} = {value!r}: must be {describe(hints[key])}") from None
     return out
+
+
+def _read_section(section: str, values: dict[str, Any]) -> dict[str, Any]:
+    return read_keys(section, SECTION_TYPES[section], values.items())
 
 
 def build(values: dict[str, dict[str, Any]]) -> Config:

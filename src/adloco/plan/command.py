@@ -17,11 +17,11 @@ import os
 import re
 import sys
 import tempfile
-import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from adloco.args import add_set_option
 from adloco.errors import UserError
 from adloco.library.fields import Dial, setting
 
@@ -121,15 +121,7 @@ def add_parser(sub: Any) -> None:
         "plots against N and bandwidth.",
     )
     p.add_argument("--config", "-c", metavar="FILE", help="YAML config, with an optional `simulate` section")
-    p.add_argument(
-        "--set",
-        "-s",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one field, simulate.* included (repeatable; wins over the file)",
-    )
+    add_set_option(p, "override one field, simulate.* included (repeatable; wins over the file)")
     p.add_argument("--json", metavar="FILE", help="write the numbers as JSON")
     p.add_argument("--plots", metavar="DIR", help="draw utilization against N and against bandwidth (PNG)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -138,23 +130,13 @@ def add_parser(sub: Any) -> None:
 def read_section(raw: Any, overrides: list[tuple[str, Any]], origin: str) -> SimulateConfig:
     """The ``simulate`` section from a file's mapping and ``--set simulate.*``, each key read as its field's
     type; every mistake one line naming the key."""
-    from adloco.config.load import read_value, unknown
-    from adloco.library.fields import describe
+    from adloco.config.load import read_keys
 
-    values: dict[str, Any] = {}
     if raw is not None and not isinstance(raw, dict):
         raise UserError(
             f"{origin}: simulate = {raw!r}: a section must be a mapping of its keys, e.g. 'simulate: {{step_s: 0.8}}'"
         )
-    hints = typing.get_type_hints(SimulateConfig)
-    keys = [f.name for f in fields(SimulateConfig)]
-    for key, value in [*(raw or {}).items(), *overrides]:
-        if key not in keys:
-            raise unknown("key", f"simulate.{key}", keys)
-        try:
-            values[key] = read_value(value, hints[key])
-        except ValueError:
-            raise UserError(f"config: simulate.{key} = {value!r}: must be {describe(hints[key])}") from None
+    values = read_keys("simulate", SimulateConfig, [*(raw or {}).items(), *overrides])
     try:
         return SimulateConfig(**values)
     except ValueError as exc:
