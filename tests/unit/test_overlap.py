@@ -514,7 +514,8 @@ def test_a_fragment_collective_is_priced_behind_its_own_delay() -> None:
 
 def test_a_run_directory_from_before_the_sync_section_resumes_as_it_ran(tmp_path: Any) -> None:
     """A run's config.yaml written when overlap and fragments were comm's keys resumes with them moved to
-    sync; the same keys written by a user (a file, --set) are refused in one line naming where they went."""
+    sync; the same keys written by a user (a file, --set) away from their defaults are refused in one line
+    naming where they went, and at their defaults (a run's config.yaml names every key) pass."""
     import yaml
 
     from adloco.config import dump_yaml, resolve
@@ -527,5 +528,11 @@ def test_a_run_directory_from_before_the_sync_section_resumes_as_it_ran(tmp_path
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(old))
     assert resolve(path, resuming=True) == now
-    with pytest.raises(UserError, match=r"^config: comm\.(\w+): moved to sync\.\1 \("):
-        resolve(path)
+    with pytest.raises(UserError, match=r"^config: comm\.fragment_delay: moved to sync\.fragment_delay \("):
+        resolve(path)  # fragments 2 and fragment_delay 1 are not the defaults: refused, the first named
+    plain = yaml.safe_load(dump_yaml(resolve(None, ["algorithm.method=diloco"])))
+    plain["comm"].update(plain.pop("sync"))  # every moved key at its default
+    path.write_text(yaml.safe_dump(plain))
+    assert resolve(path) == resolve(None, ["algorithm.method=diloco"])
+    with pytest.raises(UserError, match=r"^config: comm\.overlap: moved to sync\.overlap \("):
+        resolve(path, ["comm.overlap=eager"])

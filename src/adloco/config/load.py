@@ -98,12 +98,21 @@ REPLACED.update(
 )
 
 
-def _moved_sync_keys(sections: dict[str, dict[str, Any]]) -> None:
-    """A run directory's own config.yaml written before ``sync`` had its section names its keys under
-    ``comm``: moved where they now live, in place, so the run resumes as it ran."""
-    comm = sections.get("comm") or {}
+def _moved_sync_keys(sections: dict[str, dict[str, Any]], every: bool) -> None:
+    """The keys ``sync`` took from ``comm``, where a file written before still names them: moved where
+    they now live, in place. ``every``: all of them (a run directory's own config.yaml when the run
+    resumes, which then runs as it ran); else only those at their default, which ask for nothing (a run's
+    config.yaml names every key: it can still be a new run's ``--config``). One set away from its default
+    is left, to be refused in one line naming its new key."""
+    comm, defaults = sections.get("comm") or {}, SECTION_TYPES["sync"]()
+    hints = typing.get_type_hints(type(defaults))
     for key in [k for k in MOVED_TO_SYNC if k in comm]:
-        sections.setdefault("sync", {}).setdefault(key, comm.pop(key))
+        try:
+            default = read_value(comm[key], hints[key]) == getattr(defaults, key)
+        except ValueError:
+            default = False
+        if every or default:
+            sections.setdefault("sync", {}).setdefault(key, comm.pop(key))
 
 
 def unknown(kind: str, name: str, known: list[str]) -> UserError:
@@ -270,8 +279,7 @@ def resolve(
     ):
         if raw is not None:
             sections = _sections(raw, origin)
-            if resuming and raw is not base:
-                _moved_sync_keys(sections)
+            _moved_sync_keys(sections, every=resuming and raw is not base)
             for section, keys in sections.items():
                 user.setdefault(section, {}).update(keys)
     for text in overrides or []:
