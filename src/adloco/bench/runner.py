@@ -389,12 +389,16 @@ class Bench:
             if chosen is False:
                 continue
             if chosen is None:
-                self.started += 1
-                t.number, t.status = self.started, "skipped"
-                t.lines = [f"no setting of {t.wait}'s grid finished on seed {self.settings['seeds'][0]}"]
-                self.say(t, f"skipped: {t.lines[0]}")
+                self._skip_unchosen(t, t.wait)
                 continue
             t.base, t.wait = [*t.base, *chosen.sets, *t.then], None
+
+    def _skip_unchosen(self, t: Task, method: str) -> None:
+        """``t`` skipped: it needed ``method``'s choice, and no setting of that grid finished on the first seed."""
+        self.started += 1
+        t.number, t.status = self.started, "skipped"
+        t.lines = [f"no setting of {method}'s grid finished on seed {self.settings['seeds'][0]}"]
+        self.say(t, f"skipped: {t.lines[0]}")
 
     def resolve_selections(self) -> None:
         from adloco.report import results
@@ -444,10 +448,7 @@ class Bench:
                 if t.method != method or t.setting is not None or t.status != "queued":
                     continue
                 if index is None:
-                    self.started += 1
-                    t.number, t.status = self.started, "skipped"
-                    t.lines = [f"no setting of {method}'s grid finished on seed {self.settings['seeds'][0]}"]
-                    self.say(t, f"skipped: {t.lines[0]}")
+                    self._skip_unchosen(t, method)
                 else:
                     t.setting = grid[index]
                     _name(t, self.grids)

@@ -39,27 +39,43 @@ def draw(s: Any, sim: Any, out: Path) -> list[Path]:
         good = [100 * simulate(replace(s, workers=n, net=_net(s, n))).goodput for n in ns]
         ax.plot(ns, good, marker="s", label=f"goodput, {s.failures.recovery} recovery")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("workers N")
-    ax.set_ylabel("%")
-    ax.set_ylim(0, 100)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(f"against N, links {8 * s.net.bandwidth / 1e6:g} Mbit/s")
-    written.append(_save(fig, out / "against-workers.png"))
-    plt.close(fig)
+    written.append(
+        _finish(
+            fig,
+            ax,
+            "workers N",
+            "%",
+            f"against N, links {8 * s.net.bandwidth / 1e6:g} Mbit/s",
+            out / "against-workers.png",
+        )
+    )
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([p["mbits"] for p in by_bw], [100 * p["utilization"] for p in by_bw], marker="o", label=label)
     ax.set_xscale("log")
-    ax.set_xlabel("link bandwidth, Mbit/s")
-    ax.set_ylabel("compute utilization, %")
+    title = f"against bandwidth, {s.workers} workers"
+    written.append(
+        _finish(
+            fig, ax, "link bandwidth, Mbit/s", "compute utilization, %", title, out / "against-bandwidth.png"
+        )
+    )
+    return written
+
+
+def _finish(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
+    """A utilization plot's axes (0–100%), grid, legend and title; saved to ``path`` and closed."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_ylim(0, 100)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(f"against bandwidth, {s.workers} workers")
-    written.append(_save(fig, out / "against-bandwidth.png"))
-    plt.close(fig)
-    return written
+    ax.set_title(title)
+    try:
+        return _save(fig, path)
+    finally:
+        plt.close(fig)
 
 
 def _net(s: Any, n: int) -> Any:
