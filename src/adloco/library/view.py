@@ -16,15 +16,15 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from adloco.library.method import AdLoCo
     from adloco.library.replica import Replica
     from adloco.library.round import WorkerPlan
 
 
 class View:
-    """A read-only window on ``algo`` (its :attr:`~adloco.library.method.AdLoCo.view`)."""
+    """A read-only window on ``algo``, an :class:`~adloco.library.method.AdLoCo` (its ``view``; typed ``Any``
+    here so that this module, which the algorithm imports, does not import it back)."""
 
-    def __init__(self, algo: AdLoCo) -> None:
+    def __init__(self, algo: Any) -> None:
         self._algo = algo
 
     @property
