@@ -28,9 +28,10 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "inner.optimizer": (
         "AdamW stays: Muon ended 6-round runs at 0.47-0.69x AdamW's perplexity (1.4M and 11M parameters) "
-        "and 8x longer runs at 0.62-0.80x (both corpora, 1 seed), but it cannot be captured in CUDA graphs "
-        "(on by default on a GPU, where they run workers side by side) nor sharded, and models past 11M "
-        "parameters are not measured; choose it with inner.optimizer muon",
+        "and 8x longer runs at 0.57-0.90x (both corpora, both methods, 2 seeds on code), but it cannot be "
+        "captured in CUDA graphs (on by default on a GPU, where they run workers side by side) nor sharded, "
+        "its wins are per example on a CPU, and models past 11M parameters are not measured; choose it "
+        "with inner.optimizer muon",
         (MUON, LONG),
     ),
     "inner.lr": (
