@@ -38,13 +38,30 @@ def build(
     optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW,
     lr: float = 0.01,
     seed: int = 0,
-    ms: list[nn.Linear] | None = None,
+    ms: list[nn.Module] | None = None,
+    loss: Callable[..., torch.Tensor] = loss_fn,
     **dials: Any,
 ) -> A:
     """``cls`` (AdLoCo or a preset) over ``workers`` toy models (or ``ms``), each with its own ``optimizer``
-    at ``lr``, on the toy loss: the set-up the library's tests share; ``dials``: the round's, as keywords."""
-    ms = models(workers, seed) if ms is None else ms
-    return cls(ms, [optimizer(m.parameters(), lr=lr) for m in ms], loss_fn=loss_fn, **dials)
+    at ``lr``, on the toy ``loss``: the set-up the library's tests share; ``dials``: the round's, as
+    keywords."""
+    ms = list(models(workers, seed)) if ms is None else ms
+    return cls(ms, [optimizer(m.parameters(), lr=lr) for m in ms], loss_fn=loss, **dials)
+
+
+def merging(workers: int = 3, **dials: Any) -> AdLoCo:
+    """AdLoCo over ``workers`` toy models in 2 trainers that merge at round 2, its batch test on (η 0.3, b₀
+    2), H 2, a Nesterov outer step: the run the state and overlap tests follow; ``dials`` on top."""
+    from adloco import AdaptiveBatch, Merging, Outer
+
+    kw: dict[str, Any] = dict(
+        inner_steps=2,
+        trainers=2,
+        outer=Outer.nesterov(),
+        batch=AdaptiveBatch(eta=0.3, initial=2),
+        merge=Merging(every=2),
+    )
+    return build(AdLoCo, workers, **{**kw, **dials})
 
 
 def hooked_rounds(

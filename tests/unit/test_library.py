@@ -17,7 +17,7 @@ from torch import nn
 from adloco import DDP, AdaptiveBatch, AdLoCo, DiLoCo, LocalSGD, Merging, Outer, Switch, Wire
 from adloco.library.comm.base import Comm, wire_bytes
 from adloco.library.comm.inprocess import InProcessComm
-from tests.toy import D, Data, build, flat_like, loss_fn, models, run_round, sgd
+from tests.toy import D, Data, build, flat_like, loss_fn, merging, models, run_round, sgd
 
 P = D + 1  # parameters of nn.Linear(D, 1)
 
@@ -500,15 +500,7 @@ def test_state_dict_round_trips_and_resumes_the_same_trajectory() -> None:
     data = Data()
 
     def make() -> AdLoCo:
-        return build(
-            AdLoCo,
-            3,
-            inner_steps=2,
-            trainers=2,
-            outer=Outer.nesterov(),
-            batch=AdaptiveBatch(eta=0.3, initial=2),
-            merge=Merging(every=2),
-        )
+        return merging(3)
 
     a = make()
     for _ in range(3):

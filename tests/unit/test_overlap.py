@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging, Outer, Sync
+from adloco import DiLoCo, Outer, Sync
 from adloco.library.comm import base
 from adloco.library.comm.inprocess import InProcessComm
 from adloco.netmodel import collective_seconds, round_seconds
@@ -25,6 +25,7 @@ from tests.toy import (
     flat_like,
     hooked_rounds,
     loss_fn,
+    merging,
     models,
     rounds_in_threads,
     run_round,
@@ -50,18 +51,25 @@ def _tilt_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return model(batch)
 
 
-def _tilted(overlap: str, workers: int = 2) -> DiLoCo:
-    ms = [Tilt() for _ in range(workers)]
-    return DiLoCo(
-        ms,
-        [torch.optim.SGD(m.parameters(), lr=0.25) for m in ms],
-        inner_steps=2,
+def _on_sgd(ms: list[nn.Module], lr: float, inner_steps: int, outer: Outer | None, overlap: str) -> DiLoCo:
+    """DiLoCo over ``ms`` with plain SGD inside, one row a step, no clipping: every value follows by hand."""
+    return build(
+        DiLoCo,
+        ms=ms,
+        optimizer=torch.optim.SGD,
+        lr=lr,
+        loss=_tilt_loss,
+        inner_steps=inner_steps,
         batch_size=1,
-        loss_fn=_tilt_loss,
-        outer=Outer.nesterov(0.5, 0.5),  # powers of two: every value below is exact in float32
+        outer=outer,
         sync=Sync(overlap=overlap),
         clip=0.0,
     )
+
+
+def _tilted(overlap: str, workers: int = 2) -> DiLoCo:
+    # powers of two: every value below is exact in float32
+    return _on_sgd([Tilt() for _ in range(workers)], 0.25, 2, Outer.nesterov(0.5, 0.5), overlap)
 
 
 def _tilt_round(algo: DiLoCo) -> None:
@@ -234,16 +242,7 @@ def test_a_merge_waits_for_what_is_in_flight() -> None:
     """AdLoCo, delayed: a merge round lands every Δ first (θ and momentum whole), so nothing is in flight
     after it and the next round starts from the merged θ."""
     data = Data()
-    algo = build(
-        AdLoCo,
-        4,
-        inner_steps=2,
-        trainers=2,
-        outer=Outer.nesterov(),
-        batch=AdaptiveBatch(eta=0.3, initial=2),
-        merge=Merging(every=2),
-        sync=Sync(overlap="delayed"),
-    )
+    algo = merging(4, sync=Sync(overlap="delayed"))
     run_round(algo, data)
     assert len(algo._flights) == 2
     report = run_round(algo, data)
@@ -303,17 +302,7 @@ class Bowl(nn.Module):
 
 
 def _bowl(overlap: str, outer: Outer | None = None) -> DiLoCo:
-    ms = [Bowl() for _ in range(2)]
-    return DiLoCo(
-        ms,
-        [torch.optim.SGD(m.parameters(), lr=0.5) for m in ms],
-        inner_steps=4,
-        batch_size=1,
-        loss_fn=_tilt_loss,
-        outer=outer,
-        sync=Sync(overlap=overlap),
-        clip=0.0,
-    )
+    return _on_sgd([Bowl() for _ in range(2)], 0.5, 4, outer, overlap)
 
 
 def _bowl_distance(algo: DiLoCo, rounds: int = 20) -> float:
