@@ -79,8 +79,8 @@ PRESET_REASONS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
         (DILOCO_OUTER,),
     ),
     ("diloco", "outer.lr"): (
-        "DiLoCo's preset: 0.5, 0.7 and 1 ended within 6% at 2 workers; at 4, 0.5 ended lowest of 0.3-1, "
-        "15% below 1 at 4,096 examples and 7-17% below its neighbours at 32,768 (1 seed)",
+        "DiLoCo's preset: 0.5, 0.7 and 1 ended within 6% at 2 workers; at 4, 0.5 ended 15% below 1 at "
+        "4,096 examples and lowest on the mean of 2 seeds at 32,768 (lr 1 lower on one of them)",
         (DILOCO_OUTER,),
     ),
 }
