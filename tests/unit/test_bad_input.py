@@ -447,6 +447,14 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: comm.fragments: moved to sync.fragments (comm says what Δ travels as, sync when it travels)",
     ),
     (
+        "sync-fragments-more-than-parameters",
+        [
+            "train",
+            *S("logging.out_dir={tmp}/runs", "algorithm.inner_steps=4000000", "sync.fragments=4000000"),
+        ],
+        "config: sync.fragments = 4000000: more fragments than parameters (1377408)",
+    ),
+    (
         "overlap-unknown",
         ["train", *S("logging.out_dir={tmp}/runs", "sync.overlap=later")],
         "config: sync.overlap = 'later': must be one of 'none', 'delayed', 'eager'",

@@ -17,6 +17,7 @@ from adloco.config import Config
 from adloco.config.checks import cuda_graphs_choice
 from adloco.engine import compiling
 from adloco.engine.inner import make_optimizer
+from adloco.errors import UserError
 from adloco.library.baselines import METHOD_CLASSES
 from adloco.library.comm.base import Comm
 from adloco.library.flat import flatten
@@ -121,7 +122,10 @@ def build_algorithm(
         sync_initial=False,  # every process built its replicas from the same seeds
         cuda_graphs=graphs,
     )
-    return METHOD_CLASSES[a.method](models, optimizers, comm=comm, options=options)
+    try:
+        return METHOD_CLASSES[a.method](models, optimizers, comm=comm, options=options)
+    except ValueError as exc:  # the library names the key; what needs the model (P) is checked only here
+        raise UserError(f"config: {exc}") from None
 
 
 def round_options(cfg: Config, **derived: Any) -> RoundOptions:
