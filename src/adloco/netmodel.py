@@ -33,7 +33,7 @@ import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 def collective_seconds(op: str, n: int, payload: int, bandwidth: float, latency: float) -> float:
@@ -206,20 +206,6 @@ def _cost(row: Sequence[Any], bandwidth: float, latency: float, net: Model | Non
     return net.seconds_among(str(op), workers, int(payload))
 
 
-def schedule_seconds(
-    start: Mapping[int, float],
-    collectives: Iterable[Sequence[Any]],
-    bandwidth: float,
-    latency: float,
-    net: Model | None = None,
-) -> float:
-    """When the last worker is done: each worker free at ``start[w]``, then the ``[kind, op, n, payload,
-    count, workers]`` rows in order, each starting when the last of its workers is free and holding them
-    ``count`` times its cost. A row without its ``workers`` holds every worker of ``start`` and every
-    worker any row named."""
-    return max(schedule(start, collectives, bandwidth, latency, net).values(), default=0.0)
-
-
 def schedule(
     start: Mapping[int, float],
     collectives: Iterable[Sequence[Any]],
@@ -227,7 +213,10 @@ def schedule(
     latency: float,
     net: Model | None = None,
 ) -> dict[int, float]:
-    """When each worker is done (:func:`schedule_seconds`, worker by worker)."""
+    """When each worker is done: each worker free at ``start[w]``, then the ``[kind, op, n, payload, count,
+    workers]`` rows in order, each starting when the last of its workers is free and holding them ``count``
+    times its cost. A row without its ``workers`` holds every worker of ``start`` and every worker any row
+    named."""
     clock = dict(start) or {-1: 0.0}  # no worker computed: a worker that only communicates
     rows = [list(r) for r in collectives]
     for r in rows:
@@ -246,7 +235,19 @@ def schedule(
     return clock
 
 
-def round_seconds(
+class RoundTime(NamedTuple):
+    """A round's simulated time in parts (:func:`round_time`)."""
+
+    clock: dict[int, float]  # when each worker is done with its compute and the collectives in its way
+    cost: float  # what ran behind cost the round beyond the slowest clock
+
+    @property
+    def seconds(self) -> float:
+        """The round's simulated time: the slowest worker's clock and what ran behind beyond it."""
+        return max(self.clock.values(), default=0.0) + self.cost
+
+
+def round_time(
     compute_s: Mapping[int, float],
     collectives: Iterable[Sequence[Any]],
     bandwidth: float,
@@ -254,31 +255,18 @@ def round_seconds(
     speeds: Sequence[float] = (),
     behind: Iterable[Sequence[Any]] = (),
     net: Model | None = None,
-) -> float:
-    """Simulated time of one round: each worker's compute (over its speed), then the counted collectives
-    scheduled on the workers' links (:func:`schedule_seconds`), then what ran behind. ``net``: the links
+) -> RoundTime:
+    """Simulated time of one round (:attr:`RoundTime.seconds`): each worker's compute (over its speed),
+    then the counted collectives scheduled on the workers' links (:func:`schedule`), then what ran
+    behind. ``net``: the links
     (:class:`Network`) in place of one ``bandwidth`` and ``latency`` for all.
 
     ``behind``: ``[kind, op, n, payload, count, share]`` rows of collectives that ran behind a ``share``
     of the round's compute (ALGORITHM.md §13), each costing only what that compute did not hide. Those
     behind the whole round (``sync.overlap``: share 1) share it, one after another on the background lane:
     max(0, their time − the compute). Those behind part of it (streaming: τ of H inner steps) each have a
-    window of their own: max(0, its time − share · the compute), every one of them."""
-    clock, cost = round_clocks(compute_s, collectives, bandwidth, latency, speeds, behind, net)
-    return max(clock.values(), default=0.0) + cost
-
-
-def round_clocks(
-    compute_s: Mapping[int, float],
-    collectives: Iterable[Sequence[Any]],
-    bandwidth: float,
-    latency: float,
-    speeds: Sequence[float] = (),
-    behind: Iterable[Sequence[Any]] = (),
-    net: Model | None = None,
-) -> tuple[dict[int, float], float]:
-    """:func:`round_seconds` in parts: when each worker is done with its compute and the collectives in
-    the way (:func:`schedule`), and what ran behind cost the round beyond that."""
+    window of their own: max(0, its time − share · the compute), every one of them. In parts: ``clock``, when each worker is done with its compute and the
+    collectives in its way (:func:`schedule`), and ``cost``, what ran behind cost the round beyond that."""
     start = {w: s / (speeds[w] if speeds else 1.0) for w, s in compute_s.items()}
     slowest = max(start.values(), default=0.0)
     behind = [list(r) for r in behind]
@@ -287,7 +275,7 @@ def round_clocks(
     for r in (r for r in behind if float(r[5]) < 1.0):
         t = _cost(r[:5], bandwidth, latency, net)
         cost += int(r[4]) * max(0.0, t - float(r[5]) * slowest)
-    return schedule(start, collectives, bandwidth, latency, net), cost
+    return RoundTime(schedule(start, collectives, bandwidth, latency, net), cost)
 
 
 def bad_row(collectives: Any, behind: bool = False) -> Any:

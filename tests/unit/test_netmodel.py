@@ -11,7 +11,7 @@ import pytest
 
 from adloco.library.comm.base import CommRecord, wire_bytes
 from adloco.library.round import Totals, Traffic
-from adloco.netmodel import bad_row, collective_seconds, comm_seconds, name_workers, round_seconds
+from adloco.netmodel import bad_row, collective_seconds, comm_seconds, name_workers, round_time
 from adloco.report import results
 from tests.helpers import run_main
 
@@ -39,10 +39,10 @@ def test_a_round() -> None:
     comm = 0.132 + 2 * (0.006 + 96 / 1e8)
     assert comm_seconds(rows, BW, LAT) == pytest.approx(comm)
     compute = {0: 3.0, 1: 4.0, 2: 2.0, 3: 1.0}
-    assert round_seconds(compute, rows, BW, LAT) == pytest.approx(4.0 + comm)
+    assert round_time(compute, rows, BW, LAT).seconds == pytest.approx(4.0 + comm)
     # worker 1 twice as fast, worker 3 four times slower: the slowest is now worker 3 (1.0 / 0.25 = 4.0)
-    assert round_seconds(compute, rows, BW, LAT, [1, 2, 1, 0.25]) == pytest.approx(4.0 + comm)
-    assert round_seconds(compute, rows, BW, LAT, [1, 2, 1, 1]) == pytest.approx(3.0 + comm)
+    assert round_time(compute, rows, BW, LAT, [1, 2, 1, 0.25]).seconds == pytest.approx(4.0 + comm)
+    assert round_time(compute, rows, BW, LAT, [1, 2, 1, 1]).seconds == pytest.approx(3.0 + comm)
 
 
 AR = 0.132  # one all-reduce of 8 MB among 4 workers (test_ring_all_reduce)
@@ -56,23 +56,23 @@ def test_disjoint_trainers_all_reduce_at_the_same_time() -> None:
         ["delta", "all_reduce", 2, 8_000_000, 1, [2, 3]],
     ]
     compute = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}
-    assert round_seconds(compute, rows, BW, LAT) == pytest.approx(1.0 + AR2)
+    assert round_time(compute, rows, BW, LAT).seconds == pytest.approx(1.0 + AR2)
     # the serial model (rows that name no workers) adds them
-    assert round_seconds(compute, [r[:5] for r in rows], BW, LAT) == pytest.approx(1.0 + 2 * AR2)
+    assert round_time(compute, [r[:5] for r in rows], BW, LAT).seconds == pytest.approx(1.0 + 2 * AR2)
     # each trainer waits for its own slowest worker: trainer 0's Δ runs while worker 3 still computes
     slow = {0: 1.0, 1: 1.0, 2: 1.0, 3: 3.0}
-    assert round_seconds(slow, rows, BW, LAT) == pytest.approx(3.0 + AR2)
+    assert round_time(slow, rows, BW, LAT).seconds == pytest.approx(3.0 + AR2)
     # a collective among everyone waits for every worker, then the trainers go on side by side
     gather = ["stats", "all_gather", 4, 32, 1, [0, 1, 2, 3]]
     g = collective_seconds("all_gather", 4, 32, BW, LAT)
-    assert round_seconds(slow, [gather, *rows], BW, LAT) == pytest.approx(3.0 + g + AR2)
+    assert round_time(slow, [gather, *rows], BW, LAT).seconds == pytest.approx(3.0 + g + AR2)
     # a trainer's count of collectives one after another on its workers
     twice = [["grad", "all_reduce", 2, 8_000_000, 3, [0, 1]], ["grad", "all_reduce", 2, 8_000_000, 3, [2, 3]]]
-    assert round_seconds(compute, twice, BW, LAT) == pytest.approx(1.0 + 3 * AR2)
+    assert round_time(compute, twice, BW, LAT).seconds == pytest.approx(1.0 + 3 * AR2)
     # overlapping groups serialise: a move from worker 1 to worker 2 after the two trainers' Δ
     move = ["move", "broadcast", 2, 8_000_000, 1, [1, 2]]
     b = collective_seconds("broadcast", 2, 8_000_000, BW, LAT)
-    assert round_seconds(compute, [*rows, move], BW, LAT) == pytest.approx(1.0 + AR2 + b)
+    assert round_time(compute, [*rows, move], BW, LAT).seconds == pytest.approx(1.0 + AR2 + b)
 
 
 def test_rows_of_older_runs_get_their_trainers_workers() -> None:
@@ -101,7 +101,7 @@ def test_rows_of_older_runs_get_their_trainers_workers() -> None:
     ]
     # a round of one trainer prices as before
     one = [["delta", "all_reduce", 4, 8_000_000, 1]]
-    assert round_seconds({0: 1.0, 1: 2.0}, name_workers(one, [[0, 1, 2, 3]]), BW, LAT) == pytest.approx(
+    assert round_time({0: 1.0, 1: 2.0}, name_workers(one, [[0, 1, 2, 3]]), BW, LAT).seconds == pytest.approx(
         2.0 + AR
     )
 
@@ -275,9 +275,9 @@ def test_a_round_on_sites_runs_each_trainer_on_its_own_links() -> None:
         ["delta", "all_reduce", 2, 8_000_000, 1, [1, 3]],
     ]
     compute = {w: 1.0 for w in range(4)}
-    assert round_seconds(compute, inside, BW, LAT, net=net) == pytest.approx(1.0 + AR2)
+    assert round_time(compute, inside, BW, LAT, net=net).seconds == pytest.approx(1.0 + AR2)
     t = 8e6 / WAN + 2 * WLAT  # two sites of one worker each in the group: the site link's ring
-    assert round_seconds(compute, across, BW, LAT, net=net) == pytest.approx(1.0 + t)
+    assert round_time(compute, across, BW, LAT, net=net).seconds == pytest.approx(1.0 + t)
     # worker by worker: the clocks of a schedule
     done = schedule({0: 1.0, 1: 2.0, 2: 0.5, 3: 0.5}, inside, BW, LAT, net=net)
     assert done == pytest.approx({0: 2.0 + AR2, 1: 2.0 + AR2, 2: 0.5 + AR2, 3: 0.5 + AR2})

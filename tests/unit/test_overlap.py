@@ -18,7 +18,7 @@ from torch import nn
 from adloco import DiLoCo, Outer, Sync
 from adloco.library.comm import base
 from adloco.library.comm.inprocess import InProcessComm
-from adloco.netmodel import collective_seconds, round_seconds
+from adloco.netmodel import collective_seconds, round_time
 from tests.toy import (
     Data,
     build,
@@ -269,8 +269,8 @@ def test_delta_behind_compute_is_counted_behind_and_priced_at_what_compute_left(
     assert r2.behind == [["delta", "all_reduce", 2, payload, 1, 1.0]]
     assert r2.behind_s >= collective_seconds("all_reduce", 2, payload, 1e4, 1e-3) - 1e-9
     t = collective_seconds("all_reduce", 2, payload, 1e4, 1e-3)
-    assert round_seconds({0: 0.0}, [], 1e4, 1e-3, behind=r2.behind) == pytest.approx(t)
-    assert round_seconds({0: 10 * t}, [], 1e4, 1e-3, behind=r2.behind) == pytest.approx(10 * t)
+    assert round_time({0: 0.0}, [], 1e4, 1e-3, behind=r2.behind).seconds == pytest.approx(t)
+    assert round_time({0: 10 * t}, [], 1e4, 1e-3, behind=r2.behind).seconds == pytest.approx(10 * t)
     last = algo.settle()
     assert last.collectives == [["delta", "all_reduce", 2, payload, 1, [0, 1]]] and not last.behind
     assert algo.totals.by_kind["delta"] == 2 * 2 * payload  # two all-reduces of Δ, 2(n−1)·B each
@@ -497,8 +497,8 @@ def test_streaming_in_threads_gives_the_run_of_one_process() -> None:
 def test_a_fragment_collective_is_priced_behind_its_own_delay() -> None:
     t = collective_seconds("all_reduce", 2, 400, 1e4, 0.0)
     row = ["delta", "all_reduce", 2, 400, 3, 0.25]  # 3 fragments, each behind a quarter of the compute
-    assert round_seconds({0: t}, [], 1e4, 0.0, behind=[row]) == pytest.approx(t + 3 * 0.75 * t)
-    assert round_seconds({0: 4 * t}, [], 1e4, 0.0, behind=[row]) == pytest.approx(4 * t)
+    assert round_time({0: t}, [], 1e4, 0.0, behind=[row]).seconds == pytest.approx(t + 3 * 0.75 * t)
+    assert round_time({0: 4 * t}, [], 1e4, 0.0, behind=[row]).seconds == pytest.approx(4 * t)
 
 
 def test_a_run_directory_from_before_the_sync_section_resumes_as_it_ran(tmp_path: Any) -> None:

@@ -247,9 +247,9 @@ class Driver:
         if self.auto_profile:
             self._fit_own_profile(report)
         compute = report.compute_s if self.profile is None else self.priced_compute(report)
-        sim_s = netmodel.round_seconds(
+        sim_s = netmodel.round_time(
             compute, report.collectives, net.bandwidth, net.latency, behind=report.behind, net=net.model()
-        )
+        ).seconds
         self.sim_s += sim_s
         val = self.evaluate() if algo.round % cfg.eval.every == 0 or final else None
         out = report.events()

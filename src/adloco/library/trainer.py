@@ -125,11 +125,9 @@ class Trainer:
 
         parts: dict[int, Part] = {w: functools.partial(add, w) for w in senders if w in params}
         buf = torch.empty(part.stop - part.start, device=scratch.device)
-        if behind:
-            pending = self.comm.reduce_async(parts, senders, "delta", buf, self.wire, feedback, weights)
-        else:
-            hosted = self.comm.reduce(parts, senders, "delta", buf, self.wire, feedback, weights=weights)
-            pending = Pending.landed(hosted, [])  # counted already, as it ran
+        pending = self.comm.reduce(
+            parts, senders, "delta", buf, self.wire, feedback, weights=weights, behind=behind
+        )
         self.flights.append(Flight(self.id, p, pending, buf, list(senders), list(members), round, seq))
 
     def receive(self, f: Flight) -> float:

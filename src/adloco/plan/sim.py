@@ -6,7 +6,7 @@ whose collective and exact bytes are :func:`adloco.library.comm.compressed.colle
 DDP's gradients every step; AdLoCo's batch statistics among every worker; streaming fragments cut by
 :func:`adloco.library.streaming.fragments` and behind their τ steps, ``sync.overlap`` behind the next round's
 compute (ALGORITHM.md §13). They are priced by :mod:`adloco.netmodel` (the links, the sites, the schedule
-in issue order: :func:`adloco.netmodel.round_clocks`), compute by a :class:`adloco.profile.StepProfile`
+in issue order: :func:`adloco.netmodel.round_time`), compute by a :class:`adloco.profile.StepProfile`
 (ALGORITHM.md §11), a trainer's rows shared by speed by :func:`adloco.library.algorithms.allocation.split`
 (ALGORITHM.md §9.3), and a worker that rejoins is sent θ as the engine moves it (a ``move`` broadcast of
 θ and the outer momentum on ``comm.theta_dtype``'s wire). A failure under the elastic policy restarts every
@@ -293,9 +293,9 @@ def price(s: Setup, workers: Sequence[int], joiners: Sequence[int] = ()) -> Roun
             if len({s.speed(w) for w in g}) > 1:
                 rows_of.update(split(len(g) * s.device.rows, {w: s.speed(w) for w in g}, fixed))
     compute = {w: s.inner_steps * s.device.step_seconds(rows_of[w]) / s.speed(w) for w in ws}
-    clocks, cost = netmodel.round_clocks(compute, rows, 1.0, 0.0, behind=behind, net=s.net)
+    took = netmodel.round_time(compute, rows, 1.0, 0.0, behind=behind, net=s.net)
     sent = sum(int(r[4]) * wire_bytes(str(r[1]), int(r[2]), int(r[3])) for r in [*rows, *behind])
-    return Round(compute, rows, behind, max(clocks.values()) + cost, sent)
+    return Round(compute, rows, behind, took.seconds, sent)
 
 
 def _move(s: Setup, src: int, to: int) -> list[Any]:

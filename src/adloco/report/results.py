@@ -304,7 +304,7 @@ def _points(run: Run) -> None:
                     + ("share]" if behind else "worker ids] (the ids optional)")
                 )
         rows = netmodel.name_workers(e.collectives, trainers.get(e.round, []))
-        sim += netmodel.round_seconds(
+        sim += netmodel.round_time(
             compute.get(e.round, {}),
             rows,
             run.bandwidth,
@@ -312,7 +312,7 @@ def _points(run: Run) -> None:
             speeds,
             e.collectives_behind,
             _net(run),
-        )
+        ).seconds
         value = getattr(e, run.metric)
         if value is not None:
             run.points.append(

@@ -10,7 +10,7 @@ payload is one message when n > 1, and moves, summed over all workers,
 ``all_reduce``: 2(n−1)·B (ring), ``broadcast``: (n−1)·B, ``all_gather`` of B bytes each: n(n−1)·B.
 What only serves logging or evaluation (losses, timings, validation results) is not counted.
 
-Behind compute (``sync.overlap``, ALGORITHM.md §13): :meth:`Comm.reduce_async` adds the parts at once
+Behind compute (``sync.overlap``, ALGORITHM.md §13): :meth:`Comm.reduce` with ``behind`` adds the parts at once
 and runs the collective on the communicator's one background lane, a thread with collectives of its
 own (its own process groups under torch.distributed, its own meeting point for threads), so that it
 never interleaves with what the caller issues meanwhile; reductions land in the order launched.
@@ -91,7 +91,7 @@ class CommFailure(RuntimeError):
 
 
 class Pending:
-    """A reduction in flight (:meth:`Comm.reduce_async`). :meth:`wait` lands it: it returns whether this
+    """A reduction in flight (:meth:`Comm.reduce`). :meth:`wait` lands it: it returns whether this
     process hosts a worker of the group (only then is the buffer the sum) and the collective's records,
     which the caller accounts when it applies the result; a failure on the lane is raised there."""
 
@@ -102,7 +102,7 @@ class Pending:
 
     @classmethod
     def landed(cls, hosted: bool, records: list[CommRecord]) -> Pending:
-        """A reduction that has landed already (restored from a checkpoint)."""
+        """A reduction that has landed already (run in place, or restored from a checkpoint)."""
         out = cls(None, hosted)
         out.records = list(records)
         return out
@@ -142,7 +142,7 @@ def reduce_local(
 ) -> bool:
     """``comm.reduce`` with ``comm``'s own workers of ``workers`` as the parts, each ``add(w, buffer)``."""
     parts: dict[int, Part] = {w: functools.partial(add, w) for w in workers if w in comm.local_workers}
-    return comm.reduce(parts, workers, kind, out, wire, feedback, control)
+    return comm.reduce(parts, workers, kind, out, wire, feedback, control).wait()
 
 
 class Shards:
@@ -289,7 +289,8 @@ class Comm:
         feedback: Mapping[int, ErrorFeedback] | None = None,
         control: int = 0,
         weights: Mapping[int, float] | None = None,
-    ) -> bool:
+        behind: bool = False,
+    ) -> Pending:
         """The one reducer of the round: ``out`` ← Σ over ``workers`` of each worker's float32 part.
 
         ``parts`` holds this process's workers of the group (possibly none: every process calls every
@@ -300,65 +301,42 @@ class Comm:
         gathered: the same bits in every backend), with ``feedback`` (each worker's error) when kept.
         ``control``: the last values of ``out`` are not part of the sum over workers but control that each
         process writes before the call (a stop request); they are summed over processes and never
-        counted. Returns whether this process hosts a worker of the group (only then is ``out`` the
-        sum). Counted as one all-reduce of the body's bytes on the wire (ALGORITHM.md §7, ALGORITHM.md §9.4).
-        ``weights``: every worker's weight in the sum (its part already weighted by it), which a codec that
-        averages each value over its senders needs (:func:`adloco.library.comm.compressed.compressed_all_reduce`);
-        None: all 1."""
-        self._summed(parts, workers, kind, out, wire, feedback, control, weights)()
-        return any(w in self.local_workers for w in workers)
+        counted. Counted as one all-reduce of the body's bytes on the wire (ALGORITHM.md §7, ALGORITHM.md
+        §9.4). ``weights``: every worker's weight in the sum (its part already weighted by it), which a
+        codec that averages each value over its senders needs
+        (:func:`adloco.library.comm.compressed.compressed_all_reduce`); None: all 1.
 
-    def _summed(
-        self,
-        parts: Mapping[int, Part],
-        workers: Sequence[int],
-        kind: str,
-        out: torch.Tensor,
-        wire: Wire,
-        feedback: Mapping[int, ErrorFeedback] | None,
-        control: int = 0,
-        weights: Mapping[int, float] | None = None,
-    ) -> Callable[[], None]:
-        """:meth:`reduce`'s two halves: this process's parts are added now (float32: into ``out``'s body;
-        compressed: one vector each); the collective that completes ``out`` is returned, to run now or
-        on the background lane."""
+        Returns the reduction as a :class:`Pending`, whose :meth:`Pending.wait` says whether this process
+        hosts a worker of the group (only then is ``out`` the sum). Without ``behind`` it has landed when
+        this returns (its records counted already). ``behind``: behind compute, the parts are added now
+        (they read the workers' parameters, which the caller may then change), the collective runs on the
+        background lane, and ``out`` (with ``feedback``) belongs to it until :meth:`Pending.wait` returns;
+        every process calls it where it would call it without; lanes keep the launch order."""
+        hosted = any(w in self.local_workers for w in workers)
         body = out[: out.numel() - control] if control else out
+        run: Callable[[], None]
         if not wire.compressed:
             body.zero_()
             for add in parts.values():
                 add(body)
             nbytes = body.numel() * body.element_size()
-            return lambda: self._all_reduce_counted(out, workers, kind, nbytes)
-        vectors = {}
-        for w, add in parts.items():
-            vectors[w] = torch.zeros_like(body)
-            add(vectors[w])
+            run = functools.partial(self._all_reduce_counted, out, workers, kind, nbytes)
+        else:
+            vectors = {}
+            for w, add in parts.items():
+                vectors[w] = torch.zeros_like(body)
+                add(vectors[w])
 
-        def run() -> None:
-            got = self._reduce_compressed(vectors, workers, kind, wire, body.numel(), feedback, weights)
-            if got is not None:
-                body.copy_(got)
-            if control:
-                self._all_reduce_counted(out[-control:], workers, "control", 0)
+            def run() -> None:
+                got = self._reduce_compressed(vectors, workers, kind, wire, body.numel(), feedback, weights)
+                if got is not None:
+                    body.copy_(got)
+                if control:
+                    self._all_reduce_counted(out[-control:], workers, "control", 0)
 
-        return run
-
-    def reduce_async(
-        self,
-        parts: Mapping[int, Part],
-        workers: Sequence[int],
-        kind: str,
-        out: torch.Tensor,
-        wire: Wire = FLOAT32,
-        feedback: Mapping[int, ErrorFeedback] | None = None,
-        weights: Mapping[int, float] | None = None,
-    ) -> Pending:
-        """:meth:`reduce` behind compute: the parts are added now (they read the workers' parameters, which
-        the caller may then change), the collective runs on the background lane, and ``out`` (with
-        ``feedback``) belongs to it until :meth:`Pending.wait` returns. Every process calls it where it
-        would call :meth:`reduce`; lanes keep the launch order."""
-        hosted = any(w in self.local_workers for w in workers)
-        run = self._summed(parts, workers, kind, out, wire, feedback, weights=weights)
+        if not behind:
+            run()
+            return Pending.landed(hosted, [])
         self._prepare_lane(workers)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adloco-comm")

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
+from torch import Tensor
 
 from adloco.library.comm.quantize import DEFAULT_BLOCK, Quantized, dequantize, encoded_bytes, quantize
 
@@ -73,12 +74,8 @@ class Codec:
         raise NotImplementedError
 
     def decode(
-        self,
-        buf: torch.Tensor,
-        numel: int,
-        out: torch.Tensor | None = None,
-        support: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        self, buf: Tensor, numel: int, out: Tensor | None = None, support: Tensor | None = None
+    ) -> Tensor:
         """``buf`` decoded to ``numel`` float32 values (into ``out`` when given). ``support``: a bool vector of
         ``numel`` a codec that :attr:`averages_senders` sets True where a value was sent (and False
         elsewhere)."""
@@ -108,12 +105,8 @@ class Cast(Codec):
         return x.to(self.dtype).view(torch.uint8)
 
     def decode(
-        self,
-        buf: torch.Tensor,
-        numel: int,
-        out: torch.Tensor | None = None,
-        support: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        self, buf: Tensor, numel: int, out: Tensor | None = None, support: Tensor | None = None
+    ) -> Tensor:
         if buf.storage_offset() % 2:  # a slice of a received buffer: viewing as 2-byte values needs alignment
             buf = buf.clone()
         if out is None:
@@ -141,12 +134,8 @@ class Absmax(Codec):
         return quantize(x, self.bits, self.block).to_bytes()
 
     def decode(
-        self,
-        buf: torch.Tensor,
-        numel: int,
-        out: torch.Tensor | None = None,
-        support: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        self, buf: Tensor, numel: int, out: Tensor | None = None, support: Tensor | None = None
+    ) -> Tensor:
         return dequantize(Quantized.from_bytes(buf, numel, self.bits, self.block), out)
 
     def nbytes(self, numel: int) -> int:
@@ -284,12 +273,8 @@ class TopK(Codec):
         return torch.cat([head, _pack(torch.cat(entries), self.width)])
 
     def decode(
-        self,
-        buf: torch.Tensor,
-        numel: int,
-        out: torch.Tensor | None = None,
-        support: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        self, buf: Tensor, numel: int, out: Tensor | None = None, support: Tensor | None = None
+    ) -> Tensor:
         if buf.dtype != torch.uint8 or buf.numel() != self.nbytes(numel):
             raise ValueError(f"expected {self.nbytes(numel)} uint8 bytes, got {buf.numel()} {buf.dtype}")
         if out is None:
