@@ -20,55 +20,30 @@ from typing import Any
 
 from adloco.errors import UserError
 
-# Llama shapes built from a config only. Vocabulary size comes from the tokenizer.
-SHAPES: dict[str, dict[str, Any]] = {  # model presets: the model.name values that are shapes, not checkpoints
-    # ~1.4M parameters with a 4096-token vocabulary: ~12k tokens/s on 2 CPU cores.
-    "llama-tiny": dict(
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        intermediate_size=384,
-        tie_word_embeddings=True,
+
+def _llama(hidden: int, layers: int, heads: int, kv_heads: int, inter: int, **extra: Any) -> dict[str, Any]:
+    """A Llama shape: the transformers config keys of one preset (tied embeddings unless ``extra`` says)."""
+    return dict(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=inter,
+        **{"tie_word_embeddings": True, **extra},
+    )
+
+
+# Llama shapes built from a config only (model.name values that are shapes, not checkpoints); the
+# vocabulary comes from the tokenizer. Columns: hidden size, layers, heads, key-value heads, MLP width.
+SHAPES: dict[str, dict[str, Any]] = {
+    "llama-tiny": _llama(128, 4, 4, 4, 384),  # ~1.4M parameters at 4,096 tokens: ~12k tokens/s on 2 cores
+    "llama-10m": _llama(320, 8, 5, 5, 864),  # ~11M parameters at 4,096 tokens
+    "llama-30m": _llama(512, 8, 8, 8, 1408),  # ~28M parameters at 4,096 tokens
+    # MicroLlama's shape (the paper's model): ~305M parameters with its 32,000-token vocabulary
+    "microllama-300m": _llama(
+        1024, 12, 16, 4, 5632, tie_word_embeddings=False, rms_norm_eps=1e-5, max_position_embeddings=2048
     ),
-    # ~11M parameters with a 4096-token vocabulary.
-    "llama-10m": dict(
-        hidden_size=320,
-        num_hidden_layers=8,
-        num_attention_heads=5,
-        num_key_value_heads=5,
-        intermediate_size=864,
-        tie_word_embeddings=True,
-    ),
-    # ~28M parameters with a 4096-token vocabulary.
-    "llama-30m": dict(
-        hidden_size=512,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-        intermediate_size=1408,
-        tie_word_embeddings=True,
-    ),
-    # The shape of MicroLlama (the paper's model): ~305M parameters with its 32000-token vocabulary.
-    "microllama-300m": dict(
-        hidden_size=1024,
-        num_hidden_layers=12,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        intermediate_size=5632,
-        tie_word_embeddings=False,
-        rms_norm_eps=1e-5,
-        max_position_embeddings=2048,
-    ),
-    # A few thousand parameters: for tests and smoke runs only.
-    "llama-micro": dict(
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        intermediate_size=32,
-        tie_word_embeddings=True,
-    ),
+    "llama-micro": _llama(16, 1, 2, 2, 32),  # a few thousand parameters: tests and smoke runs only
 }
 
 FLOAT = 4  # bytes: parameters, gradients, optimizer state and activations are float32
