@@ -69,3 +69,19 @@ def test_diloco_s_preset_is_the_step_results_names() -> None:
     section = text.split("## DiLoCo's outer step: the preset", 1)[1].split("\n## ", 1)[0]
     assert "DiLoCo's preset outer step is **SGD at lr 0.5 without momentum**" in section
     assert PRESETS["diloco"]["outer"] == {"optimizer": "sgd", "lr": 0.5}
+
+
+def test_the_defaults_the_long_grid_kept_are_the_ones_it_names() -> None:
+    """RESULTS' grid at 8x the budget names what it kept (H 12; b_max 8 as what null means on a CPU, which it
+    found capping AdLoCo's steps); the fields hold those values, and `adloco config` says why under each."""
+    from adloco.config.schema import AlgorithmConfig
+    from adloco.library.settings import Switch
+
+    text = RESULTS.read_text(encoding="utf-8")
+    section = text.split("### Knobs chosen again at 8×", 1)[1].split("\n## ", 1)[0]
+    assert "DiLoCo's H 12 (H 24 halves" in section
+    assert "b_max 8 is what `switch.b_max: null` means on a CPU" in section
+    assert AlgorithmConfig().inner_steps == 12
+    assert Switch().b_max is None and Switch().b_max_or_default == 8
+    for key in ("algorithm.inner_steps", "switch.b_max", "batch.eta"):
+        assert "Knobs chosen again at 8×" in REASONS[key][1], key
