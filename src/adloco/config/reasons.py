@@ -30,7 +30,7 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "inner.optimizer": (
         "AdamW stays: Muon ended 6-round runs at 0.47-0.69x AdamW's perplexity (1.4M and 11M parameters) "
-        "and 8x longer runs at 0.56-0.92x (both corpora, both methods and the batch schedule), but it cannot be "
+        "and 8x longer runs at 0.54-0.92x (both corpora, both methods and the batch schedule), but it cannot be "
         "captured in CUDA graphs (on by default on a GPU, where they run workers side by side) nor sharded, "
         "its wins are per example on a CPU, and models past 11M parameters are not measured; choose it "
         "with inner.optimizer muon",
