@@ -258,15 +258,15 @@ def round_time(
 ) -> RoundTime:
     """Simulated time of one round (:attr:`RoundTime.seconds`): each worker's compute (over its speed),
     then the counted collectives scheduled on the workers' links (:func:`schedule`), then what ran
-    behind. ``net``: the links
-    (:class:`Network`) in place of one ``bandwidth`` and ``latency`` for all.
+    behind. ``net``: the links (:class:`Network`) in place of one ``bandwidth`` and ``latency`` for all.
 
     ``behind``: ``[kind, op, n, payload, count, share]`` rows of collectives that ran behind a ``share``
     of the round's compute (ALGORITHM.md §13), each costing only what that compute did not hide. Those
     behind the whole round (``sync.overlap``: share 1) share it, one after another on the background lane:
     max(0, their time − the compute). Those behind part of it (streaming: τ of H inner steps) each have a
-    window of their own: max(0, its time − share · the compute), every one of them. In parts: ``clock``, when each worker is done with its compute and the
-    collectives in its way (:func:`schedule`), and ``cost``, what ran behind cost the round beyond that."""
+    window of their own: max(0, its time − share · the compute), every one of them. In parts: ``clock``,
+    when each worker is done with its compute and the collectives in its way (:func:`schedule`), and
+    ``cost``, what ran behind cost the round beyond that."""
     start = {w: s / (speeds[w] if speeds else 1.0) for w, s in compute_s.items()}
     slowest = max(start.values(), default=0.0)
     behind = [list(r) for r in behind]
