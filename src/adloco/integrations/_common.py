@@ -15,6 +15,16 @@ Build = Callable[[nn.Module, torch.optim.Optimizer], AdLoCo]
 STATE_FILE = "adloco-state-{rank}.pt"  # one per process, beside the trainer's own checkpoint files
 
 
+def checked(make: Build, takes: str) -> Build:
+    """``make``, refused with a TypeError unless it is a function (``takes``: what the trainer calls the
+    model it passes, ``model`` or ``module``)."""
+    if not callable(make):
+        raise TypeError(
+            f"build: a function ({takes}, optimizer) -> algorithm, e.g. lambda m, o: DiLoCo(m, o, inner_steps=20)"
+        )
+    return make
+
+
 def build(make: Build, model: nn.Module, optimizer: torch.optim.Optimizer, where: str) -> AdLoCo:
     """``make(model, optimizer)``, checked: an algorithm object over exactly this model and optimizer, in
     the hooked form's reach (one worker per process; not DDP, whose averaging the trainer does itself)."""

@@ -41,7 +41,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from adloco.integrations._common import STATE_FILE, Build, build, no_gradient_sync, round_boundary
+from adloco.integrations._common import STATE_FILE, Build, build, checked, no_gradient_sync, round_boundary
 from adloco.library.method import AdLoCo
 
 __all__ = ["AdLoCoCallback"]
@@ -62,11 +62,7 @@ class AdLoCoCallback(TrainerCallback):
     """
 
     def __init__(self, build: Build) -> None:
-        if not callable(build):
-            raise TypeError(
-                "build: a function (model, optimizer) -> algorithm, e.g. lambda m, o: DiLoCo(m, o, inner_steps=20)"
-            )
-        self.build = build
+        self.build = checked(build, "model")
         self.algo: AdLoCo | None = None
         self._undo: Callable[[], None] | None = None
 

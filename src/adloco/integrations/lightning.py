@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adloco.integrations._common import Build, build, round_boundary
+from adloco.integrations._common import Build, build, checked, round_boundary
 from adloco.library.method import AdLoCo
 
 _BASES: list[type] = []
@@ -72,11 +72,7 @@ class AdLoCoCallback(*_BASES):  # type: ignore[misc]
     """
 
     def __init__(self, build: Build) -> None:
-        if not callable(build):
-            raise TypeError(
-                "build: a function (module, optimizer) -> algorithm, e.g. lambda m, o: DiLoCo(m, o, inner_steps=20)"
-            )
-        self.build = build
+        self.build = checked(build, "module")
         self.algo: AdLoCo | None = None
         self._trainer: Any = None
         self._loaded: dict[str, Any] | None = None
