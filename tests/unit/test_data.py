@@ -299,7 +299,9 @@ def test_fortune_files_give_one_document_per_fortune(tmp_path: Path) -> None:
     assert src.identity() == sources.FortunesSource(tmp_path).identity()
     assert src.identity().startswith("fortunes:") and sources.StdlibSource().identity().startswith("stdlib:")
     for corpus, name in ((src, "fortunes"), (sources.StdlibSource(), "stdlib")):
-        with pytest.raises(UserError, match=f"data.source = '{name}': has no labels; model.task = classification"):
+        with pytest.raises(
+            UserError, match=f"data.source = '{name}': has no labels; model.task = classification"
+        ):
             corpus.load(DataConfig(source=name), need_label=True)
 
 
