@@ -13,23 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from adloco.library import settings as dials
 from adloco.library.fields import Dial, setting
-from adloco.library.settings import (
-    METHODS,
-    AdaptiveBatch,
-    Balance,
-    InnerState,
-    Merging,
-    Method,
-    OnResize,
-    Outer,
-    Precision,
-    Switch,
-    Sync,
-    Wire,
-)
-from adloco.library.settings import PRESETS as DIAL_PRESETS
-from adloco.library.settings import preset_values as dial_preset_values
 from adloco.models.sizing import SHAPES
 
 
@@ -48,7 +33,7 @@ class ModelConfig(Dial):
     reinit_output: bool = setting(
         False, "re-initialize the output layer of each trainer (the paper, on a checkpoint)"
     )
-    precision: Precision = setting(
+    precision: dials.Precision = setting(
         "fp32", "CUDA only: mixed precision (fp16 with dynamic loss scaling); parameters stay float32"
     )
     trust_remote_code: bool = setting(
@@ -116,7 +101,7 @@ class DataConfig(Dial):
 @dataclass(frozen=True)
 class AlgorithmConfig(Dial):
     SECTION: ClassVar[str] = "algorithm"
-    method: Method = setting(
+    method: dials.Method = setting(
         "adloco", "the method (ddp: gradients averaged every step); sets the other sections' defaults"
     )
     rounds: int = setting(
@@ -183,7 +168,7 @@ class InnerConfig(Dial):
         at_least=0,
         allowed=">= 0 (0 turns clipping off)",
     )
-    state: InnerState = setting(
+    state: dials.InnerState = setting(
         "keep", "inner optimizer state across rounds: keep (DiLoCo) or reset every round (reference)"
     )
 
@@ -192,7 +177,7 @@ class InnerConfig(Dial):
 
 
 @dataclass(frozen=True)
-class SwitchConfig(Switch):
+class SwitchConfig(dials.Switch):
     """The ``switch`` section: the library's :class:`~adloco.library.settings.Switch` and the CUDA b_max search."""
 
     memory_fraction: float = setting(
@@ -255,7 +240,7 @@ class RuntimeConfig(Dial):
         at_most=86400,
         allowed="between 1 and 86400 seconds",
     )
-    balance: Balance = setting(
+    balance: dials.Balance = setting(
         "equal",
         "equal: every worker of a trainer gets its request b (reproducible bit for bit); speed: each "
         "trainer's examples per step shared by measured speed, and workers among trainers by capacity "
@@ -402,7 +387,7 @@ class CheckpointConfig(Dial):
 @dataclass(frozen=True)
 class ElasticConfig(Dial):
     SECTION: ClassVar[str] = "elastic"
-    batch: OnResize = setting(
+    batch: dials.OnResize = setting(
         "per_trainer",
         "when the number of workers changes: keep each trainer's examples per step (M·b) or each worker's b",
     )
@@ -492,14 +477,14 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     inner: InnerConfig = field(default_factory=InnerConfig)
-    outer: Outer = field(default_factory=Outer)
-    batch: AdaptiveBatch = field(default_factory=AdaptiveBatch)
-    merge: Merging = field(default_factory=Merging)
+    outer: dials.Outer = field(default_factory=dials.Outer)
+    batch: dials.AdaptiveBatch = field(default_factory=dials.AdaptiveBatch)
+    merge: dials.Merging = field(default_factory=dials.Merging)
     switch: SwitchConfig = field(default_factory=SwitchConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-    comm: Wire = field(default_factory=Wire)
-    sync: Sync = field(default_factory=Sync)
+    comm: dials.Wire = field(default_factory=dials.Wire)
+    sync: dials.Sync = field(default_factory=dials.Sync)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
@@ -527,7 +512,7 @@ SIMULATE = "simulate"  # `adloco simulate`'s own section (adloco.plan.command.Si
 # Method presets (ALGORITHM.md §6): the library's (:data:`adloco.library.settings.PRESETS`), and LocalSGD's inner
 # plain SGD (Stich 2019), which only the application builds. They fill only the keys a user leaves unset.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    m: {**DIAL_PRESETS[m], **extra}
+    m: {**dials.PRESETS[m], **extra}
     for m, extra in {
         "adloco": {},
         "diloco": {},
@@ -535,13 +520,13 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "ddp": {},
     }.items()
 }
-assert tuple(PRESETS) == METHODS
+assert tuple(PRESETS) == dials.METHODS
 
 
 def preset_values(method: str, section: str, dtype: str = "float32") -> dict[str, Any]:
     """What ``method`` fixes in ``section`` under ``comm.dtype`` = ``dtype``: :data:`PRESETS`, with the
     library's rule for the outer step a codec brings (:func:`adloco.library.settings.preset_values`)."""
-    return dial_preset_values(method, section, PRESETS, dtype)
+    return dials.preset_values(method, section, PRESETS, dtype)
 
 
 # What ``adloco train --resume`` may change with ``--set``: how long the run goes, learning rates and
