@@ -365,7 +365,13 @@ class Summary:
             "averaged over trainers (ALGORITHM.md §9.3)"
         },
     )
-    restarts: int = field(default=0, metadata={"doc": "elastic restarts and resumes of the run"})
+    restarts: int = field(
+        default=0,
+        metadata={
+            "doc": "restarts of the run's processes by torchrun's elastic agent and changes of its membership "
+            "(a plain `--resume` is not one: it writes a `resume` event)"
+        },
+    )
     rounds_lost: int = field(
         default=0, metadata={"doc": "rounds trained, then lost with their processes, and run again"}
     )
