@@ -109,12 +109,34 @@ def test_a_checkpoint_of_another_method_is_refused(
     )
 
 
-def test_resume_may_extend_a_finished_run(tmp_path: Path, reference: Path) -> None:
+def test_resume_may_extend_a_finished_run(
+    tmp_path: Path, reference: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = tmp_path / "run"
     shutil.copytree(reference, run)
+    capsys.readouterr()
     assert adloco("train", "--resume", str(run), algorithm__rounds="6") == 0
     assert rounds_logged(run) == [1, 2, 3, 4, 5, 6]
     assert json.loads((run / "summary.json").read_text())["rounds"] == 6
+    # the cosine schedule is laid over the new length: said, with the lr it goes on at
+    said = [x for x in capsys.readouterr().out.splitlines() if x.startswith("inner lr:")]
+    assert (
+        len(said) == 1
+        and said[0].startswith(
+            "inner lr: its cosine schedule now spans 6 rounds (the checkpoint's: 5), so after round 5 it goes on at "
+        )
+        and said[0].endswith(", not 0.0004 (inner.schedule constant, no warmup, continues it unchanged)")
+    )
+
+
+def test_a_constant_lr_run_extended_says_nothing_of_its_schedule(
+    tmp_path: Path, text_corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert train(tmp_path, text_corpus, inner__schedule="constant", algorithm__rounds="2") == 0
+    capsys.readouterr()
+    assert adloco("train", "--resume", str(only_run(tmp_path)), algorithm__rounds="3") == 0
+    out = capsys.readouterr().out
+    assert "resuming" in out and "inner lr:" not in out
 
 
 @pytest.mark.parametrize(

@@ -176,6 +176,23 @@ def _progress(run_dir: Path) -> dict[str, Any]:
     return {"last_round": last, "last_progress": path.stat().st_mtime}
 
 
+def _relaid_schedule(cfg: Config, ck: checkpoint.Checkpoint) -> str | None:
+    """One line when a resume changed ``algorithm.rounds`` under an lr schedule laid over the run's steps
+    (warmup, cosine): the lr goes on from where the new length puts it, not from where the run stopped."""
+    from adloco.engine.inner import lr_at
+
+    old = ((ck.meta.get("config") or {}).get("algorithm") or {}).get("rounds", cfg.algorithm.rounds)
+    new, h = cfg.algorithm.rounds, cfg.algorithm.inner_steps
+    step = ck.round * h
+    if old == new or lr_at(step, old * h, cfg.inner) == lr_at(step, new * h, cfg.inner):
+        return None
+    return (
+        f"inner lr: its {cfg.inner.schedule} schedule now spans {new} rounds (the checkpoint's: {old}), so after "
+        f"round {ck.round} it goes on at {lr_at(step, new * h, cfg.inner):.3g}, not {lr_at(step, old * h, cfg.inner):.3g} "
+        "(inner.schedule constant, no warmup, continues it unchanged)"
+    )
+
+
 def open_run(
     cfg: Config, start: Start | None, driver: Driver, say: Callable[[str], None]
 ) -> tuple[Path, MetricsSink]:
@@ -188,6 +205,9 @@ def open_run(
     if ck is not None:
         truncate_after(run_dir / "metrics.jsonl", ck.round)
         say(f"resuming {run_dir} from {ck.path.name} (round {ck.round} of {cfg.algorithm.rounds})")
+        relaid = _relaid_schedule(cfg, ck)
+        if relaid:
+            say(relaid)
     elif start is not None and start.restarted:  # restarted before its first checkpoint: start over here
         truncate_after(run_dir / "metrics.jsonl", -1)
         say(f"run directory {run_dir} (restarted before its first checkpoint: from the start)")
