@@ -29,8 +29,9 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
         (COMPARED, SCALING, KNOBS_LONG),
     ),
     "inner.optimizer": (
-        "AdamW stays: Muon ended 6-round runs at 0.47-0.69x AdamW's perplexity (1.4M and 11M parameters) "
-        "and 8x longer runs at 0.54-0.92x (both corpora, both methods and the batch schedule), but it cannot be "
+        "AdamW stays: Muon ended 6-round runs at 0.47-0.69x AdamW's perplexity (1.4M and 11M parameters), "
+        "8x longer runs at 0.54-0.92x (both corpora, both methods and the batch schedule) and 16x at 0.55-0.90x, "
+        "the batch schedule with Muon lowest of all, but it cannot be "
         "captured in CUDA graphs (on by default on a GPU, where they run workers side by side) nor sharded, "
         "its wins are per example on a CPU, and models past 11M parameters are not measured; choose it "
         "with inner.optimizer muon",
@@ -55,8 +56,8 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "switch.b_max": (
         "null: on CUDA the largest micro-batch that fits, searched; on a CPU 8, which the short benches chose "
-        "over 16, but on a run 8x longer 8 capped most of AdLoCo's steps (requests of 9-10 ran as 8) and 16 "
-        "ended 3% lower: set 16 or more for long runs on a CPU",
+        "over 16, but on runs 8x and 16x longer 8 capped most of AdLoCo's steps (requests of 9-10 ran as 8) and "
+        "16 ended 1-4% lower with fewer bytes: set 16 or more for long runs on a CPU",
         (SCALING, KNOBS_LONG),
     ),
     "merge.every": ("merging every 3 rounds ended the embedded default at 421 against 324", (DEFAULT_RUN,)),
