@@ -11,3 +11,8 @@ def add_set_option(p: argparse.ArgumentParser, help: str | None = None) -> None:
     p.add_argument(
         "--set", "-s", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help=help
     )
+
+
+def add_config_option(p: argparse.ArgumentParser, help: str, required: bool = False) -> None:
+    """``--config FILE`` / ``-c``: the YAML config the command reads (``help`` says what it takes from it)."""
+    p.add_argument("--config", "-c", metavar="FILE", required=required, help=help)

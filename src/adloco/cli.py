@@ -17,7 +17,7 @@ import typing
 from collections.abc import Sequence
 
 from adloco import __version__
-from adloco.args import add_set_option
+from adloco.args import add_config_option, add_set_option
 from adloco.errors import UserError
 
 EXIT_BAD_INPUT = 2
@@ -41,11 +41,9 @@ class Parser(argparse.ArgumentParser):
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--config",
-        "-c",
-        metavar="FILE",
-        help="YAML config (sections as in `adloco config`; a `bench` section is read by `adloco bench` only, "
+    add_config_option(
+        p,
+        "YAML config (sections as in `adloco config`; a `bench` section is read by `adloco bench` only, "
         "and ignored here)",
     )
     add_set_option(p, "override one field, e.g. --set batch.eta=0.5 (repeatable; wins over the file)")

@@ -47,7 +47,7 @@ from typing import Any
 
 import yaml
 
-from adloco.args import add_set_option
+from adloco.args import add_config_option, add_set_option
 from adloco.bench.grid import (
     ABLATIONS,
     BENCH_KEYS,
@@ -100,7 +100,7 @@ def add_parser(sub: Any) -> None:
         epilog="Exit code 0 when every run finished, 1 when some failed (the report says which), 2 for bad "
         "input.",
     )
-    b.add_argument("--config", "-c", metavar="FILE", help="shared config, with an optional `bench` section")
+    add_config_option(b, "shared config, with an optional `bench` section")
     add_set_option(b)
     b.add_argument(
         "--methods", default="adloco,diloco,localsgd,ddp", help="comma-separated: " + ", ".join(METHODS)

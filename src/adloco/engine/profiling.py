@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from adloco.args import add_config_option, add_set_option
 from adloco.errors import UserError
 from adloco.profile import StepProfile, fit, measure
 
@@ -23,10 +24,8 @@ def add_parser(sub: Any) -> None:
         "cost per row) and δ (the optimizer step), and write them as a JSON profile that prices simulated "
         "time (adloco report/bench --profile, runtime.profile). ALGORITHM.md §11.",
     )
-    p.add_argument(
-        "--config", "-c", metavar="FILE", help="YAML config (the model, data and device to profile)"
-    )
-    p.add_argument("--set", "-s", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_config_option(p, "YAML config (the model, data and device to profile)")
+    add_set_option(p, "override one field of the config (repeatable)")
     p.add_argument(
         "--sizes", default="1,2,4,8", help="micro-batch sizes to time, at least 3 (default 1,2,4,8)"
     )

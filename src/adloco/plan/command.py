@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from adloco.args import add_set_option
+from adloco.args import add_config_option, add_set_option
 from adloco.errors import UserError
 from adloco.library.fields import Dial, setting
 
@@ -120,7 +120,7 @@ def add_parser(sub: Any) -> None:
         "profiles, the elastic restart policy. Prints a table; --json and --plots write the numbers and the "
         "plots against N and bandwidth.",
     )
-    p.add_argument("--config", "-c", metavar="FILE", help="YAML config, with an optional `simulate` section")
+    add_config_option(p, "YAML config, with an optional `simulate` section")
     add_set_option(p, "override one field, simulate.* included (repeatable; wins over the file)")
     p.add_argument("--json", metavar="FILE", help="write the numbers as JSON")
     p.add_argument("--plots", metavar="DIR", help="draw utilization against N and against bandwidth (PNG)")

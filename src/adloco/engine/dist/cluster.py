@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from adloco.args import add_config_option, add_set_option
 from adloco.errors import UserError
 
 SCHEDULERS = ("slurm", "k8s", "skypilot")
@@ -69,11 +70,8 @@ def add_parser(sub: Any) -> None:
         "share). Nothing is submitted. Guide: docs/guides/cluster.md.",
     )
     p.add_argument("scheduler", choices=SCHEDULERS, metavar="SCHEDULER", help="slurm, k8s or skypilot")
-    p.add_argument("--config", "-c", metavar="FILE", required=True, help="the run's YAML config")
-    p.add_argument(
-        "--set", "-s", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-        help="override one field of the config (repeatable)",
-    )  # fmt: skip
+    add_config_option(p, "the run's YAML config", required=True)
+    add_set_option(p, "override one field of the config (repeatable)")
     p.add_argument(
         "--nodes", type=int, required=True, metavar="N", help="machines (torchrun's --nnodes maximum)"
     )
