@@ -3,7 +3,8 @@
 # with Muon"): each run an 8x run continued to 65,536 examples (benchmarks/continue_run.sh), with the code
 # it was made with: FROZEN a checkout of c10b7f5 (the 8x compression bench), GRID one of 1e2cb00 (the long
 # grid). The first is the check that a continued run is the 16x run: AdLoCo's seed-0 8x run continued for
-# 10 rounds, to be compared round for round with the 16x bench's run. Run from the repository root.
+# 10 rounds, compared round for round with the 16x bench's run by benchmarks/last_evals.py --same-as (the
+# command in RESULTS). Run from the repository root.
 set -u
 : "${FROZEN:?a checkout of c10b7f5}" "${GRID:?a checkout of 1e2cb00}"
 R=benchmarks/out/compress-long-tiny-stdlib/runs

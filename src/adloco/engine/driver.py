@@ -289,6 +289,12 @@ class Driver:
         out.append(summary)
         return out
 
+    def lr_position(self, h: int = 0) -> float:
+        """Where the inner lr schedule stands at step ``h`` of this round: with a budget, the examples
+        trained so far in units of a step at the initial request (ALGORITHM.md §10), else the step index."""
+        a = self.cfg.algorithm
+        return self.trained / self.lr_unit if a.budget is not None else self.algo.round * a.inner_steps + h
+
     def _inner_steps(
         self,
         streams: dict[int, ShardStream],
@@ -298,10 +304,9 @@ class Driver:
     ) -> None:
         """The round's H inner steps (the last one synchronizes), fed from every local worker's shard."""
         algo, cfg = self.algo, self.cfg
-        a, r = cfg.algorithm, algo.round
+        a = cfg.algorithm
         for h in range(a.inner_steps):
-            at = self.trained / self.lr_unit if a.budget is not None else r * a.inner_steps + h
-            lr = lr_at(at, total_steps, cfg.inner)
+            lr = lr_at(self.lr_position(h), total_steps, cfg.inner)
             for rep in map(algo.view.replica, algo.view.workers):
                 for group in rep.optimizer.param_groups:  # Muon's groups: lr × inner.muon_lr_ratio
                     group["lr"] = lr * group.get("lr_ratio", 1.0)

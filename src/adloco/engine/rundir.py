@@ -176,20 +176,20 @@ def _progress(run_dir: Path) -> dict[str, Any]:
     return {"last_round": last, "last_progress": path.stat().st_mtime}
 
 
-def _relaid_schedule(cfg: Config, ck: checkpoint.Checkpoint) -> str | None:
+def _relaid_schedule(cfg: Config, ck: checkpoint.Checkpoint, at: float) -> str | None:
     """One line when a resume changed ``algorithm.rounds`` under an lr schedule laid over the run's steps
-    (warmup, cosine): the lr goes on from where the new length puts it, not from where the run stopped."""
+    (warmup, cosine): from ``at`` (:meth:`Driver.lr_position`) the lr follows the new length, not the old."""
     from adloco.engine.inner import lr_at
 
     old = ((ck.meta.get("config") or {}).get("algorithm") or {}).get("rounds", cfg.algorithm.rounds)
     new, h = cfg.algorithm.rounds, cfg.algorithm.inner_steps
-    step = ck.round * h
-    if old == new or lr_at(step, old * h, cfg.inner) == lr_at(step, new * h, cfg.inner):
+    was, now = lr_at(at, old * h, cfg.inner), lr_at(at, new * h, cfg.inner)
+    if was == now:
         return None
     return (
         f"inner lr: its {cfg.inner.schedule} schedule now spans {new} rounds (the checkpoint's: {old}), so after "
-        f"round {ck.round} it goes on at {lr_at(step, new * h, cfg.inner):.3g}, not {lr_at(step, old * h, cfg.inner):.3g} "
-        "(inner.schedule constant, no warmup, continues it unchanged)"
+        f"round {ck.round} it goes on at {now:.3g}, not {was:.3g} (inner.schedule constant, no warmup, "
+        "continues it unchanged)"
     )
 
 
@@ -205,7 +205,7 @@ def open_run(
     if ck is not None:
         truncate_after(run_dir / "metrics.jsonl", ck.round)
         say(f"resuming {run_dir} from {ck.path.name} (round {ck.round} of {cfg.algorithm.rounds})")
-        relaid = _relaid_schedule(cfg, ck)
+        relaid = _relaid_schedule(cfg, ck, driver.lr_position())
         if relaid:
             say(relaid)
     elif start is not None and start.restarted:  # restarted before its first checkpoint: start over here
