@@ -6,7 +6,7 @@
 # with a constant lr and no decay nothing in a run depends on its budget, so the continued run is the run
 # that would have had the larger budget from the start (checked bit for bit in benchmarks/RESULTS.md, "16×
 # on a second seed, and with Muon"). A finished NAME is not run again; a stopped one goes on from its
-# newest checkpoint. Run from the repository root.
+# newest checkpoint (OUT/NAME.log grows by each sitting). Run from the repository root, with adloco on PATH.
 set -u
 [ $# -ge 6 ] || { echo "usage: continue_run.sh NAME RUN_DIR CHECKOUT OUT BUDGET ROUNDS [--set KEY=VALUE ...]" >&2; exit 2; }
 name=$1 src=$2 code=$3 out=$4 budget=$5 rounds=$6
@@ -20,7 +20,7 @@ if [ ! -d "$dst" ]; then
 fi
 echo "$name: started $(date -u +%H:%M)"
 if PYTHONPATH=$code/src adloco train --resume "$dst" --set algorithm.budget="$budget" --set algorithm.rounds="$rounds" "$@" \
-    > "$out/$name.log" 2>&1; then
+    >> "$out/$name.log" 2>&1; then
     echo "$name: done $(date -u +%H:%M)"
 else
     echo "$name: FAILED (exit $?, $out/$name.log)"; exit 1
