@@ -24,6 +24,16 @@ from typing import Any, ClassVar, Literal
 
 from adloco.library.fields import NAMED, D, Dial, load_named, setting
 
+
+_MAX_BLOCK = 1 << 24  # the most values a codec's block may hold (16,777,216), for every codec
+
+
+def _block(default: int, doc: str, least: int) -> Any:
+    """A codec's values per block: from ``least`` to 2^24."""
+    return setting(
+        default, doc, at_least=least, at_most=_MAX_BLOCK, allowed=f"between {least} and {_MAX_BLOCK} values"
+    )
+
 # Choices used outside one dial are named once here.
 WireDtype = Literal["float32", "bfloat16", "float16", "int8", "int4", "topk"]
 WIRE_DTYPES: tuple[str, ...] = typing.get_args(WireDtype)
@@ -271,13 +281,7 @@ class Wire(Dial):
         "what is all-reduced each round (Δ, probe and DDP gradients) travels as (ALGORITHM.md §9.4); topk: "
         "SparseLoCo's sparse top-k per block (comm.topk_*), all-gathered",
     )
-    block: int = setting(
-        256,
-        "int8/int4: values per absmax scale (a 4-byte scale per block)",
-        at_least=1,
-        at_most=1 << 24,
-        allowed="between 1 and 16777216 values",
-    )
+    block: int = _block(256, "int8/int4: values per absmax scale (a 4-byte scale per block)", least=1)
     error_feedback: bool | None = setting(
         None,
         "each worker adds what its encoding dropped from its Δ to its next round's Δ (ALGORITHM.md §9.4); "
@@ -302,12 +306,8 @@ class Wire(Dial):
         above=0,
         at_most=1,
     )
-    topk_block: int = setting(
-        4096,
-        "topk: values per block (the top k are chosen in each; an index takes ⌈log2 block⌉ bits)",
-        at_least=2,
-        at_most=1 << 24,
-        allowed="between 2 and 16777216 values",
+    topk_block: int = _block(
+        4096, "topk: values per block (the top k are chosen in each; an index takes ⌈log2 block⌉ bits)", least=2
     )
     topk_bits: int = setting(
         2,
