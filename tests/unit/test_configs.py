@@ -224,6 +224,7 @@ LONG = {  # the long benches: (size, corpus, times the scaling bench's budget)
     "long-tiny-fortunes.yaml": ("tiny", "fortunes", 8),
     "long-tiny-stdlib.yaml": ("tiny", "stdlib", 8),
     "long16-tiny-stdlib.yaml": ("tiny", "stdlib", 16),
+    "long16-tiny-fortunes.yaml": ("tiny", "fortunes", 16),
     "long-10m-stdlib.yaml": ("10m", "stdlib", 8),
 }
 
