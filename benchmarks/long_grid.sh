@@ -6,6 +6,8 @@
 # runs measured there (AdLoCo 69.27, DiLoCo 82.02; the schedule at D0 2,048: 66.5 in long-tiny-stdlib).
 # The last three were added as results came in (b_max 32 once 16 had won; seed 1 of b_max 16 and of the
 # schedule with Muon once they had won on seed 0), from the seed-1 runs' configs.
+# The last line came after the compute-optimal runs (RESULTS, "The norm test's probe held AdLoCo's batch"):
+# the b_max 32 run with probe_chunks 32, so that the probe counts every row of a step of up to 32.
 # Run from the repository root; a run already in benchmarks/out/long-grid/runs is not run again.
 set -u
 R=benchmarks/out/compress-long-tiny-stdlib/runs
@@ -36,4 +38,5 @@ run schedule-muon --config $D $SCHED --set batch.schedule_examples=2048 --set in
 run adloco-bmax32 --config $A --set switch.b_max=32
 run adloco-bmax16-s1 --config $A1 --set switch.b_max=16
 run schedule-muon-s1 --config $D1 $SCHED --set batch.schedule_examples=2048 --set inner.optimizer=muon
+run adloco-bmax32-probe32 --config $A --set switch.b_max=32 --set batch.probe_chunks=32
 LIST

@@ -503,6 +503,17 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: comm.topk_block = 1: must be between 2 and 16777216 values",
     ),
     (
+        "noise-rows-unknown",
+        ["train", *S("logging.out_dir={tmp}/runs", "batch.noise_rows=all")],
+        "config: batch.noise_rows = 'all': must be one of 'probed', 'requested'",
+    ),
+    (
+        "noise-rows-requested-without-the-norm-test",
+        ["train", *S("logging.out_dir={tmp}/runs", "batch.test=inner_product", "batch.noise_rows=requested")],
+        "config: batch.noise_rows = 'requested': must be probed with batch.test = 'inner_product' (requested "
+        "changes the norm test alone)",
+    ),
+    (
         "topk-bits-nine",
         ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "comm.topk_bits=9")],
         "config: comm.topk_bits = 9: must be in [1, 8]",

@@ -417,3 +417,53 @@ def test_the_reference_formula_reproduces_the_reference_arithmetic() -> None:
         4, "augmented_inner_product", st, cap=10**9, eta=0.65, vartheta=0.01, nu=nu, formula="reference"
     )
     assert dec.request == max(4, int(np.ceil(expected)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# batch.noise_rows: the noise the norm test adds to its ‖∇F‖² estimate (ALGORITHM.md §2.5)
+# ---------------------------------------------------------------------------------------------------
+
+
+def _pure_noise(workers: int, k: int, c: int, seed: int = 0) -> TrainerStats:
+    """Pooled scalars-only statistics of zero-mean gradients: the estimate of ‖∇F‖² clips at zero."""
+    rng = np.random.default_rng(seed)
+    st = pool([_worker_stats(rng.normal(size=(k, 7)), c) for _ in range(workers)])
+    assert st is not None
+    return st
+
+
+def test_a_probe_that_misses_rows_holds_the_request_where_it_is() -> None:
+    """4 workers requesting 10 rows, a step of 10 probed as 8 chunks of 1 (or a step capped at b_max 8): at
+    η 0.9 the probed rows bound T at 8/0.81 = 9.88 < 10, so the request never grows whatever the gradients
+    say (the fixed point the compute-optimal run sat in for 500 rounds)."""
+    st = _pure_noise(workers=4, k=8, c=1)
+    t = target("norm", st, 0.9, VARTHETA, NU)
+    assert t == pytest.approx(8 / 0.81, rel=1e-9)
+    assert decide(10, "norm", st, cap=32, eta=0.9, vartheta=VARTHETA, nu=NU).request == 10
+
+
+def test_the_requested_rows_bound_the_norm_test_instead() -> None:
+    st = _pure_noise(workers=4, k=8, c=1)
+    t = target("norm", st, 0.9, VARTHETA, NU, rows=4 * 10)
+    assert t == pytest.approx(10 / 0.81, rel=1e-9)  # the request over η², not the probed rows
+    d = decide(10, "norm", st, cap=32, eta=0.9, vartheta=VARTHETA, nu=NU, rows=4 * 10)
+    assert (d.request, d.reason) == (13, "grew")
+    # no more rows requested than probed: T as without (an extra probe batch bounds by what it probed)
+    without = target("norm", st, 0.9, VARTHETA, NU)
+    assert target("norm", st, 0.9, VARTHETA, NU, rows=4 * 8) == without
+    assert target("norm", st, 0.9, VARTHETA, NU, rows=4 * 2) == without
+
+
+def test_the_requested_rows_keep_the_gradient_estimate() -> None:
+    """Where ‖∇F‖² dominates, the bound is far and the two ways agree closely; in every case only the noise
+    term moves: E‖ḡ‖² = ‖∇F‖² + σ̂²/B, ‖∇F‖² the same unbiased estimate."""
+    rng = np.random.default_rng(1)
+    st = pool([_worker_stats(3.0 + rng.normal(size=(8, 7)), 1) for _ in range(4)])
+    assert st is not None
+    grad = st.gbar_sq - st.sigma2 / 32
+    assert grad > 0
+    want = st.sigma2 / (4 * 0.9**2 * (grad + st.sigma2 / 40))
+    assert target("norm", st, 0.9, VARTHETA, NU, rows=40) == pytest.approx(want, rel=1e-12)
+    # with the trainer's mean all-reduced (batch.exact_mean, the paper estimator) ‖ḡ‖² is exact: the same
+    exact = TrainerStats(st.n, st.c, st.workers, st.sigma2, st.gbar_sq, math.nan, math.nan, True)
+    assert target("norm", exact, 0.9, VARTHETA, NU, rows=40) == pytest.approx(want, rel=1e-12)

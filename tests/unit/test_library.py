@@ -300,6 +300,31 @@ def test_the_paper_estimator_uses_each_workers_last_gradient_before_clipping() -
     assert ev.target == pytest.approx(sigma2 / (2 * eta**2 * g2), rel=1e-3)
 
 
+@pytest.mark.parametrize("noise_rows", ["probed", "requested"])
+def test_the_norm_test_on_a_capped_step_reads_the_noise_of_the_rows_it_is_told(noise_rows: str) -> None:
+    """A request of 10 on b_max 8 runs capped at 8 rows, all 8 probed: ``probed`` adds σ̂²/(n c) (32 rows of
+    4 workers) to its estimate of ‖∇F‖², ``requested`` σ̂²/40, the rows the trainer asked for (§2.5)."""
+    data = Data()
+    eta, M = 0.9, 4
+    algo = build(
+        AdLoCo,
+        workers=M,
+        optimizer=torch.optim.SGD,
+        lr=0.05,
+        inner_steps=2,
+        trainers=1,
+        batch=AdaptiveBatch("norm", initial=10, max=10**6, eta=eta, noise_rows=noise_rows),
+        merge=Merging("none"),
+        switch=Switch(b_max=8),
+    )
+    ev = run_round(algo, data).trainers[0]
+    assert (ev.effective, ev.samples, ev.request) == (8, 32, 10)
+    noise = {"probed": ev.sigma2 / 32, "requested": ev.sigma2 / 40}[noise_rows]
+    grad = max(ev.gbar_sq - ev.sigma2 / 32, 0.0)  # the unbiased ‖∇F‖² under both
+    assert ev.target == pytest.approx(ev.sigma2 / (M * eta**2 * (grad + noise)), rel=1e-9)
+    assert ev.target <= {"probed": 8, "requested": 10}[noise_rows] / eta**2 + 1e-9
+
+
 # -- the hooked mode and the user's own loop -------------------------------------------------------
 
 

@@ -161,6 +161,13 @@ class AdaptiveBatch(Dial):
     exact_mean: bool = setting(
         False, "norm test: all-reduce the trainer's mean probe gradient (P values) instead of scalars only"
     )
+    noise_rows: Literal["probed", "requested"] = setting(
+        "probed",
+        "norm test: whose noise σ̂²/B its estimate of E‖ḡ‖² holds (ALGORITHM.md §2.5): probed, B the rows "
+        "probed, so T <= probed rows/η² and a request whose rows are not all probed (a step capped at "
+        "switch.b_max, rows outside the chunks) can stop growing; requested, B the larger of those and the "
+        "trainer's requested rows (T <= request/η²)",
+    )
     formula: Literal["spec", "reference"] = setting(
         "spec",
         "spec: the inner-product tests as ALGORITHM.md §2.2–2.4 writes them; reference: the reference "
@@ -201,6 +208,11 @@ class AdaptiveBatch(Dial):
             "schedule",
             f"none with batch.test = {self.test!r} (a schedule and a test would both set the next round's "
             "request: set batch.test none to follow a schedule)",
+        )
+        self.need(
+            self.noise_rows == "probed" or self.test == "norm",
+            "noise_rows",
+            f"probed with batch.test = {self.test!r} (requested changes the norm test alone)",
         )
         self.need(
             self.lr_scaling != "gain" or self.probing,

@@ -103,9 +103,19 @@ def pool(
 
 
 def target(
-    test: str, st: TrainerStats, eta: float, vartheta: float, nu: float, formula: str = "spec"
+    test: str,
+    st: TrainerStats,
+    eta: float,
+    vartheta: float,
+    nu: float,
+    formula: str = "spec",
+    rows: int | None = None,
 ) -> float:
     """T of ALGORITHM.md §2.1–2.4 for one trainer (nan when the test cannot be evaluated).
+
+    ``rows`` (norm test, ``batch.noise_rows: requested``): the trainer's requested rows. When they exceed
+    the n·c probed, the noise σ̂²/(n c) that ‖ḡ‖² holds is replaced by σ̂²/rows, so that T is bounded by
+    the request over η² rather than by the probed rows over η² (ALGORITHM.md §2.5).
 
     ``formula: reference`` is the reference implementation's inner-product tests (ALGORITHM.md §9.1): ν in
     both parts, no factor c and no 1/M, and the orthogonal part's per-entry variance instead of the
@@ -115,6 +125,10 @@ def target(
     if not (math.isfinite(g2) and g2 > 0):
         return NAN
     if test == "norm":
+        if rows is not None and rows > n * c:
+            g2 = max(g2 - st.sigma2 / (n * c), 0.0) + st.sigma2 / rows
+            if not g2 > 0:
+                return NAN
         return st.sigma2 / (M * eta**2 * g2)
     if formula == "reference":
         t_ip_ref = st.var_p / (nu**2 * g2 * g2)
@@ -156,8 +170,10 @@ def decide(
     vartheta: float,
     nu: float,
     formula: str = "spec",
+    rows: int | None = None,
 ) -> Decision:
-    """b <- min(cap, max(b, ceil(T))): tests only ever grow the request (ALGORITHM.md §2).
+    """b <- min(cap, max(b, ceil(T))): tests only ever grow the request (ALGORITHM.md §2). ``rows``: as
+    :func:`target`'s.
 
     A vanishing or non-finite ‖ḡ‖² (or T) leaves b as it is with reason ``degenerate``: never a crash.
     """
@@ -167,7 +183,7 @@ def decide(
         return Decision(b, NAN, "no-statistics")
     if not (math.isfinite(st.gbar_sq) and st.gbar_sq > 0 and math.isfinite(st.sigma2)):
         return Decision(b, NAN, "degenerate")
-    t = target(test, st, eta, vartheta, nu, formula)
+    t = target(test, st, eta, vartheta, nu, formula, rows)
     if not math.isfinite(t):
         return Decision(b, t, "degenerate")
     if t > cap:
