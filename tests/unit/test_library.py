@@ -303,7 +303,8 @@ def test_the_paper_estimator_uses_each_workers_last_gradient_before_clipping() -
 @pytest.mark.parametrize("noise_rows", ["probed", "requested"])
 def test_the_norm_test_on_a_capped_step_reads_the_noise_of_the_rows_it_is_told(noise_rows: str) -> None:
     """A request of 10 on b_max 8 runs capped at 8 rows, all 8 probed: ``probed`` adds σ̂²/(n c) (32 rows of
-    4 workers) to its estimate of ‖∇F‖², ``requested`` σ̂²/40, the rows the trainer asked for (§2.5)."""
+    4 workers) to its estimate of ‖∇F‖², ``requested`` σ̂²/40, the rows the trainer asked for
+    (ALGORITHM.md §2.5)."""
     data = Data()
     eta, M = 0.9, 4
     algo = build(
