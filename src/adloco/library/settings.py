@@ -24,7 +24,6 @@ from typing import Any, ClassVar, Literal
 
 from adloco.library.fields import NAMED, D, Dial, load_named, setting
 
-
 _MAX_BLOCK = 1 << 24  # the most values a codec's block may hold (16,777,216), for every codec
 
 
@@ -33,6 +32,7 @@ def _block(default: int, doc: str, least: int) -> Any:
     return setting(
         default, doc, at_least=least, at_most=_MAX_BLOCK, allowed=f"between {least} and {_MAX_BLOCK} values"
     )
+
 
 # Choices used outside one dial are named once here.
 WireDtype = Literal["float32", "bfloat16", "float16", "int8", "int4", "topk"]
@@ -319,7 +319,9 @@ class Wire(Dial):
         at_most=1,
     )
     topk_block: int = _block(
-        4096, "topk: values per block (the top k are chosen in each; an index takes ⌈log2 block⌉ bits)", least=2
+        4096,
+        "topk: values per block (the top k are chosen in each; an index takes ⌈log2 block⌉ bits)",
+        least=2,
     )
     topk_bits: int = setting(
         2,
