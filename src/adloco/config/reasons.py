@@ -16,6 +16,7 @@ SPARSE = "SparseLoCo's codec"
 LONG = "Compression on long runs"
 DILOCO_OUTER = "DiLoCo's outer step: the preset"
 KNOBS_LONG = "Knobs chosen again at 8×"
+PROBE_BOUND = "The norm test's probe held AdLoCo's batch"
 
 # section.key -> (why, the RESULTS sections it rests on)
 REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -57,8 +58,16 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "switch.b_max": (
         "null: on CUDA the largest micro-batch that fits, searched; on a CPU 8, which the short benches chose "
         "over 16, but on runs 8x and 16x longer 8 capped most of AdLoCo's steps (requests of 9-10 ran as 8) and "
-        "16 ended 1-4% lower with fewer bytes: set 16 or more for long runs on a CPU",
+        "16 ended 1-4% lower with fewer bytes: set 16 or more for long runs on a CPU (or batch.noise_rows "
+        "requested, which lets requests grow past b_max by accumulation)",
         (SCALING, KNOBS_LONG),
+    ),
+    "batch.noise_rows": (
+        "probed, the norm test as first specified, bounds its target by the rows probed: at eta 0.9 a request "
+        "of 10 on steps capped at 8 stayed at 10 for 539 rounds; requested let it grow to 24 at 8x (one seed: "
+        "0.56x the bytes, 0.75x the time to the same perplexity at 25 Mbit/s); the default changes when more "
+        "seeds and longer runs agree",
+        (PROBE_BOUND,),
     ),
     "merge.every": ("merging every 3 rounds ended the embedded default at 421 against 324", (DEFAULT_RUN,)),
     "comm.dtype": (
