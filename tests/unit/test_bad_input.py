@@ -203,7 +203,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "unknown-key",
         ["train", *S("logging.out_dir={tmp}/runs", "batch.etaa=0.5")],
-        "config: unknown key 'batch.etaa'; did you mean 'batch.eta'? (allowed: test, initial, max, eta, vartheta, nu, estimator, probe_chunks, statistics, exact_mean, formula, lr_scaling, lr_scale_max, wd_scaling, schedule, schedule_examples, schedule_power)",
+        "config: unknown key 'batch.etaa'; did you mean 'batch.eta'? (allowed: test, initial, max, eta, vartheta, nu, estimator, probe_chunks, statistics, exact_mean, noise_rows, formula, lr_scaling, lr_scale_max, wd_scaling, schedule, schedule_examples, schedule_power)",
     ),
     (
         "typo-names-the-full-key",
@@ -213,7 +213,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "key-of-another-section",
         ["train", *S("logging.out_dir={tmp}/runs", "batch.rounds=3")],
-        "config: unknown key 'batch.rounds'; did you mean 'algorithm.rounds'? (allowed: test, initial, max, eta, vartheta, nu, estimator, probe_chunks, statistics, exact_mean, formula, lr_scaling, lr_scale_max, wd_scaling, schedule, schedule_examples, schedule_power)",
+        "config: unknown key 'batch.rounds'; did you mean 'algorithm.rounds'? (allowed: test, initial, max, eta, vartheta, nu, estimator, probe_chunks, statistics, exact_mean, noise_rows, formula, lr_scaling, lr_scale_max, wd_scaling, schedule, schedule_examples, schedule_power)",
     ),
     (
         "unknown-section",

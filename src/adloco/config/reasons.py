@@ -16,7 +16,6 @@ SPARSE = "SparseLoCo's codec"
 LONG = "Compression on long runs"
 DILOCO_OUTER = "DiLoCo's outer step: the preset"
 KNOBS_LONG = "Knobs chosen again at 8×"
-PROBE_BOUND = "The norm test's probe held AdLoCo's batch"
 
 # section.key -> (why, the RESULTS sections it rests on)
 REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -68,7 +67,7 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
         "AdLoCo's runs 1-7% lower with 0.42-0.57x the bytes (8x, 2 seeds; 16x, 1; llama-tiny on code); it "
         "becomes the default once other corpora, sizes and the default eta 0.65 are measured: set it for long "
         "runs",
-        (PROBE_BOUND,),
+        (KNOBS_LONG,),
     ),
     "merge.every": ("merging every 3 rounds ended the embedded default at 421 against 324", (DEFAULT_RUN,)),
     "comm.dtype": (
