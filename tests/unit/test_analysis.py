@@ -190,3 +190,14 @@ def test_every_statistic_matches_stacked_per_example_gradients() -> None:
             chunks = torch.stack([S[p].reshape(k, c, -1).mean(1) for p in probe])  # (M, k, P)
             within = sum(sq(chunks[m] - chunks[m].mean(0)) for m in range(M))
             assert size.pooled[group].sigma2 == pytest.approx(c * within / (M * k - M), rel=1e-4)
+
+
+def test_the_estimators_target_follows_noise_rows_as_training_does() -> None:
+    """``batch.noise_rows: requested``: the analysis reads T as the batch test would for a request of b
+    rows a worker probed on fewer (8 chunks of 1 out of 10), not the probed rows' bound."""
+    st = batching.TrainerStats(
+        32, 1, 4, sigma2=8.0, gbar_sq=8.0 / 32, var_p=np.nan, orth_sq=np.nan, exact=False
+    )
+    probed = analysis.Estimate.of(st, BatchConfig(eta=0.9), 10)
+    requested = analysis.Estimate.of(st, BatchConfig(eta=0.9, noise_rows="requested"), 10)
+    assert probed.target == pytest.approx(8 / 0.81) and requested.target == pytest.approx(10 / 0.81)

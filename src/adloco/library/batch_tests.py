@@ -94,7 +94,7 @@ class BatchTests:
                 vartheta=b.vartheta,
                 nu=b.nu,
                 formula=b.formula,
-                rows=pooled.workers * tr.request if pooled and b.noise_rows == "requested" else None,
+                rows=b.noise_of(pooled.workers, tr.request) if pooled else None,
             )
             if b.schedule != "none":  # the request follows the examples read by now (ALGORITHM.md §15)
                 dec = batching.Decision(batch_schedule.of(b, seen), math.nan, "scheduled")

@@ -226,6 +226,12 @@ class AdaptiveBatch(Dial):
         """Whether gradient statistics are taken at all."""
         return self.test != "none" or self.statistics
 
+    def noise_of(self, workers: int, request: int) -> int | None:
+        """The requested rows whose noise the norm test reads (``noise_rows: requested``: ``workers`` ×
+        ``request``), or None for the rows probed; :func:`adloco.library.algorithms.batching.target`'s
+        ``rows``."""
+        return workers * request if self.noise_rows == "requested" else None
+
 
 @dataclass(frozen=True)
 class Merging(Dial):

@@ -192,10 +192,14 @@ class Estimate:
     target: float  # norm-test T per worker
 
     @classmethod
-    def of(cls, st: batching.TrainerStats | None, batch: AdaptiveBatch) -> Estimate:
+    def of(cls, st: batching.TrainerStats | None, batch: AdaptiveBatch, request: int) -> Estimate:
+        """``st``'s reading as training would take it for a request of ``request`` rows a worker."""
         if st is None:
             return cls(math.nan, math.nan, math.nan)
-        return cls(st.sigma2, st.gbar_sq, batching.target("norm", st, batch.eta, batch.vartheta, batch.nu))
+        rows = batch.noise_of(st.workers, request)
+        return cls(
+            st.sigma2, st.gbar_sq, batching.target("norm", st, batch.eta, batch.vartheta, batch.nu, rows=rows)
+        )
 
 
 @dataclass
@@ -292,8 +296,8 @@ def analyze(
                 batch_sum += g_b
                 res.deviations.append(_sq(g_b - G))
             gbar_sq = _sq(chunk_sum / (M * k)) if shared else None
-            res.pooled.append(Estimate.of(batching.pool(pooled, gbar_sq), batch))
-            res.paper.append(Estimate.of(batching.pool(paper, _sq(batch_sum / M)), batch))
+            res.pooled.append(Estimate.of(batching.pool(pooled, gbar_sq), batch, b))
+            res.paper.append(Estimate.of(batching.pool(paper, _sq(batch_sum / M)), batch, b))
         results.append(res)
     return Result(
         examples=N,
