@@ -15,13 +15,12 @@ import pytest
 
 from adloco.library.algorithms import batching
 from adloco.library.algorithms.batching import (
+    Rule,
     TrainerStats,
     WorkerStats,
-    decide,
     needs_shared_mean,
     pool,
     probe_layout,
-    target,
 )
 
 RTOL = 1e-9
@@ -88,17 +87,17 @@ def test_targets_match_spec_formulas(shared: dict) -> None:
     t_norm = shared["sigma2"] / (M * ETA**2 * g2)
     t_ip = c * shared["var_p"] / (M * VARTHETA**2 * g2**2)
     t_orth = c * shared["orth"] / ((n - 1) * M * NU**2 * g2)
-    np.testing.assert_allclose(target("norm", st, ETA, VARTHETA, NU), t_norm, rtol=RTOL)
-    np.testing.assert_allclose(target("inner_product", st, ETA, VARTHETA, NU), t_ip, rtol=RTOL)
+    np.testing.assert_allclose(Rule("norm", ETA, VARTHETA, NU).target(st), t_norm, rtol=RTOL)
+    np.testing.assert_allclose(Rule("inner_product", ETA, VARTHETA, NU).target(st), t_ip, rtol=RTOL)
     np.testing.assert_allclose(
-        target("augmented_inner_product", st, ETA, VARTHETA, NU), max(t_ip, t_orth), rtol=RTOL
+        Rule("augmented_inner_product", ETA, VARTHETA, NU).target(st), max(t_ip, t_orth), rtol=RTOL
     )
     # make the max meaningful: with a large ϑ the orthogonality term is the one that wins
     t_ip_big = c * shared["var_p"] / (M * 10.0**2 * g2**2)
     assert t_orth > t_ip_big
-    np.testing.assert_allclose(target("augmented_inner_product", st, ETA, 10.0, NU), t_orth, rtol=RTOL)
+    np.testing.assert_allclose(Rule("augmented_inner_product", ETA, 10.0, NU).target(st), t_orth, rtol=RTOL)
     with pytest.raises(ValueError):
-        target("bogus", st, ETA, VARTHETA, NU)
+        Rule("bogus", ETA, VARTHETA, NU).target(st)
 
 
 def test_pool_shared_mean_without_inner_products_gives_nan_for_ip_stats(shared: dict) -> None:
@@ -107,7 +106,7 @@ def test_pool_shared_mean_without_inner_products_gives_nan_for_ip_stats(shared: 
     assert st is not None
     np.testing.assert_allclose(st.sigma2, shared["sigma2"], rtol=RTOL)
     assert math.isnan(st.var_p) and math.isnan(st.orth_sq)
-    assert math.isnan(target("inner_product", st, ETA, VARTHETA, NU))
+    assert math.isnan(Rule("inner_product", ETA, VARTHETA, NU).target(st))
 
 
 def test_pool_edge_cases() -> None:
@@ -139,7 +138,7 @@ def test_pool_scalars_only_within_worker_variance() -> None:
     np.testing.assert_allclose(st.gbar_sq, grad_sq + sigma2 / (n * c), rtol=RTOL)
     assert math.isnan(st.var_p) and math.isnan(st.orth_sq)
     np.testing.assert_allclose(
-        target("norm", st, ETA, VARTHETA, NU), sigma2 / (M * ETA**2 * st.gbar_sq), rtol=RTOL
+        Rule("norm", ETA, VARTHETA, NU).target(st), sigma2 / (M * ETA**2 * st.gbar_sq), rtol=RTOL
     )
 
 
@@ -267,7 +266,7 @@ def _st(sigma2: float, gbar_sq: float = 1.0, workers: int = 1) -> TrainerStats:
 
 
 def _decide(b: int, st: TrainerStats | None, test: str = "norm", cap: int = 1000):
-    return decide(b, test, st, cap=cap, eta=1.0, vartheta=VARTHETA, nu=NU)
+    return Rule(test, 1.0, VARTHETA, NU).decide(b, st, cap=cap)
 
 
 def test_decide_ceil_and_grow() -> None:
@@ -328,7 +327,7 @@ def test_decide_uses_pooled_target_end_to_end() -> None:
     st = pool([_worker_stats(g, 4)])
     assert st is not None
     t = st.sigma2 / (ETA**2 * st.gbar_sq)
-    d = decide(1, "norm", st, cap=10**6, eta=ETA, vartheta=VARTHETA, nu=NU)
+    d = Rule("norm", ETA, VARTHETA, NU).decide(1, st, cap=10**6)
     assert d.request == max(1, math.ceil(t))
     np.testing.assert_allclose(d.target, t, rtol=RTOL)
 
@@ -407,15 +406,13 @@ def test_the_reference_formula_reproduces_the_reference_arithmetic() -> None:
     st = batching.pool(stats, g2, n_params=P)
     assert st is not None
     assert st.entry_var == pytest.approx(np.var(orth.reshape(-1), ddof=1), rel=1e-9)
-    got = batching.target("augmented_inner_product", st, 0.65, 0.01, nu, formula="reference")
+    got = Rule("augmented_inner_product", 0.65, 0.01, nu, formula="reference").target(st)
     assert got == pytest.approx(expected, rel=1e-9)
-    assert batching.target("inner_product", st, 0.65, 0.01, nu, formula="reference") == pytest.approx(t_ip)
+    assert Rule("inner_product", 0.65, 0.01, nu, formula="reference").target(st) == pytest.approx(t_ip)
     # ALGORITHM.md §2.2's own form multiplies by c and divides by M and ϑ² (ϑ = 0.01: 10⁴ times the reference's)
-    spec = batching.target("inner_product", st, 0.65, 0.01, nu)
+    spec = Rule("inner_product", 0.65, 0.01, nu).target(st)
     assert spec == pytest.approx(16 * np.var(p, ddof=1) / (M * 0.01**2 * g2**2))
-    dec = batching.decide(
-        4, "augmented_inner_product", st, cap=10**9, eta=0.65, vartheta=0.01, nu=nu, formula="reference"
-    )
+    dec = Rule("augmented_inner_product", 0.65, 0.01, nu, formula="reference").decide(4, st, cap=10**9)
     assert dec.request == max(4, int(np.ceil(expected)))
 
 
@@ -437,21 +434,21 @@ def test_a_probe_that_misses_rows_holds_the_request_where_it_is() -> None:
     η 0.9 the probed rows bound T at 8/0.81 = 9.88 < 10, so the request never grows whatever the gradients
     say (the fixed point the compute-optimal run sat in for 500 rounds)."""
     st = _pure_noise(workers=4, k=8, c=1)
-    t = target("norm", st, 0.9, VARTHETA, NU)
+    t = Rule("norm", 0.9, VARTHETA, NU).target(st)
     assert t == pytest.approx(8 / 0.81, rel=1e-9)
-    assert decide(10, "norm", st, cap=32, eta=0.9, vartheta=VARTHETA, nu=NU).request == 10
+    assert Rule("norm", 0.9, VARTHETA, NU).decide(10, st, cap=32).request == 10
 
 
 def test_the_requested_rows_bound_the_norm_test_instead() -> None:
     st = _pure_noise(workers=4, k=8, c=1)
-    t = target("norm", st, 0.9, VARTHETA, NU, rows=4 * 10)
+    t = Rule("norm", 0.9, VARTHETA, NU).target(st, rows=4 * 10)
     assert t == pytest.approx(10 / 0.81, rel=1e-9)  # the request over η², not the probed rows
-    d = decide(10, "norm", st, cap=32, eta=0.9, vartheta=VARTHETA, nu=NU, rows=4 * 10)
+    d = Rule("norm", 0.9, VARTHETA, NU).decide(10, st, cap=32, rows=4 * 10)
     assert (d.request, d.reason) == (13, "grew")
     # no more rows requested than probed: T as without (an extra probe batch bounds by what it probed)
-    without = target("norm", st, 0.9, VARTHETA, NU)
-    assert target("norm", st, 0.9, VARTHETA, NU, rows=4 * 8) == without
-    assert target("norm", st, 0.9, VARTHETA, NU, rows=4 * 2) == without
+    without = Rule("norm", 0.9, VARTHETA, NU).target(st)
+    assert Rule("norm", 0.9, VARTHETA, NU).target(st, rows=4 * 8) == without
+    assert Rule("norm", 0.9, VARTHETA, NU).target(st, rows=4 * 2) == without
 
 
 def test_the_requested_rows_keep_the_gradient_estimate() -> None:
@@ -463,7 +460,7 @@ def test_the_requested_rows_keep_the_gradient_estimate() -> None:
     grad = st.gbar_sq - st.sigma2 / 32
     assert grad > 0
     want = st.sigma2 / (4 * 0.9**2 * (grad + st.sigma2 / 40))
-    assert target("norm", st, 0.9, VARTHETA, NU, rows=40) == pytest.approx(want, rel=1e-12)
+    assert Rule("norm", 0.9, VARTHETA, NU).target(st, rows=40) == pytest.approx(want, rel=1e-12)
     # with the trainer's mean all-reduced (batch.exact_mean, the paper estimator) ‖ḡ‖² is exact: the same
     exact = TrainerStats(st.n, st.c, st.workers, st.sigma2, st.gbar_sq, math.nan, math.nan, True)
-    assert target("norm", exact, 0.9, VARTHETA, NU, rows=40) == pytest.approx(want, rel=1e-12)
+    assert Rule("norm", 0.9, VARTHETA, NU).target(exact, rows=40) == pytest.approx(want, rel=1e-12)

@@ -85,17 +85,8 @@ class BatchTests:
                     ]
                 pooled = batching.pool(got, gbar_sq.get(t) if shared else None, self.n_params)
             tr = trainers[t]
-            dec = batching.decide(
-                tr.request,
-                b.test,
-                pooled,
-                cap=b.max,
-                eta=b.eta,
-                vartheta=b.vartheta,
-                nu=b.nu,
-                formula=b.formula,
-                rows=b.noise_of(pooled.workers, tr.request) if pooled else None,
-            )
+            rows = b.noise_of(pooled.workers, tr.request) if pooled else None
+            dec = b.rule.decide(tr.request, pooled, cap=b.max, rows=rows)
             if b.schedule != "none":  # the request follows the examples read by now (ALGORITHM.md §15)
                 dec = batching.Decision(batch_schedule.of(b, seen), math.nan, "scheduled")
             # B̂ from this round's statistics (ALGORITHM.md §10)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
+from adloco.library.algorithms import batching
 from adloco.library.fields import NAMED, D, Dial, load_named, setting
 
 _MAX_BLOCK = 1 << 24  # the most values a codec's block may hold (16,777,216), for every codec
@@ -226,9 +227,14 @@ class AdaptiveBatch(Dial):
         """Whether gradient statistics are taken at all."""
         return self.test != "none" or self.statistics
 
+    @property
+    def rule(self) -> batching.Rule:
+        """The batch test with its parameters."""
+        return batching.Rule(self.test, self.eta, self.vartheta, self.nu, self.formula)
+
     def noise_of(self, workers: int, request: int) -> int | None:
         """The requested rows whose noise the norm test reads (``noise_rows: requested``: ``workers`` ×
-        ``request``), or None for the rows probed; :func:`adloco.library.algorithms.batching.target`'s
+        ``request``), or None for the rows probed; :meth:`adloco.library.algorithms.batching.Rule.target`'s
         ``rows``."""
         return workers * request if self.noise_rows == "requested" else None
 

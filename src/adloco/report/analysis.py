@@ -20,7 +20,7 @@ import json
 import math
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -197,9 +197,7 @@ class Estimate:
         if st is None:
             return cls(math.nan, math.nan, math.nan)
         rows = batch.noise_of(st.workers, request)
-        return cls(
-            st.sigma2, st.gbar_sq, batching.target("norm", st, batch.eta, batch.vartheta, batch.nu, rows=rows)
-        )
+        return cls(st.sigma2, st.gbar_sq, replace(batch.rule, test="norm").target(st, rows))
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Everything here is pure arithmetic on scalars. A worker reduces its gradient samples g_1..g_k (each the
 mean gradient over c examples, all at the same parameters) to a few scalars (:class:`WorkerStats`); the
 coordinator gathers them and pools them per trainer (:func:`pool`); a test turns the pooled statistics
-into a target T and the request grows to ``min(cap, max(b, ceil(T)))`` (:func:`decide`).
+into a target T and the request grows to ``min(cap, max(b, ceil(T)))`` (:class:`Rule`).
 
 Two ways to pool (ALGORITHM.md §2.5):
 
@@ -102,50 +102,6 @@ def pool(
     return TrainerStats(n, c, M, sigma2, est, NAN, NAN, False)
 
 
-def target(
-    test: str,
-    st: TrainerStats,
-    eta: float,
-    vartheta: float,
-    nu: float,
-    formula: str = "spec",
-    rows: int | None = None,
-) -> float:
-    """T of ALGORITHM.md §2.1–2.4 for one trainer (nan when the test cannot be evaluated).
-
-    ``rows`` (norm test, ``batch.noise_rows: requested``): the trainer's requested rows. When they exceed
-    the n·c probed, the noise σ̂²/(n c) that ‖ḡ‖² holds is replaced by σ̂²/rows, so that T is bounded by
-    the request over η² rather than by the probed rows over η² (ALGORITHM.md §2.5).
-
-    ``formula: reference`` is the reference implementation's inner-product tests (ALGORITHM.md §9.1): ν in
-    both parts, no factor c and no 1/M, and the orthogonal part's per-entry variance instead of the
-    trace: T_ip = Var_j(p_j)/(ν²‖ḡ‖⁴), T_orth = var(entries of the g_j^⊥)/(ν²‖ḡ‖²).
-    """
-    g2, M, c, n = st.gbar_sq, st.workers, st.c, st.n
-    if not (math.isfinite(g2) and g2 > 0):
-        return NAN
-    if test == "norm":
-        if rows is not None and rows > n * c:
-            g2 = max(g2 - st.sigma2 / (n * c), 0.0) + st.sigma2 / rows
-            if not g2 > 0:
-                return NAN
-        return st.sigma2 / (M * eta**2 * g2)
-    if formula == "reference":
-        t_ip_ref = st.var_p / (nu**2 * g2 * g2)
-        if test == "inner_product":
-            return t_ip_ref
-        if test == "augmented_inner_product":
-            return max(t_ip_ref, st.entry_var / (nu**2 * g2))
-        raise ValueError(f"unknown batch test {test!r}")
-    t_ip = c * st.var_p / (M * vartheta**2 * g2 * g2)
-    if test == "inner_product":
-        return t_ip
-    t_orth = c * st.orth_sq / ((n - 1) * M * nu**2 * g2)
-    if test == "augmented_inner_product":
-        return max(t_ip, t_orth)
-    raise ValueError(f"unknown batch test {test!r}")
-
-
 def needs_shared_mean(test: str, estimator: str, exact_mean: bool) -> bool:
     """Whether the trainer's mean gradient sample must be all-reduced (P values) this round."""
     if test in ("inner_product", "augmented_inner_product") or estimator == "paper":
@@ -160,36 +116,73 @@ class Decision:
     reason: str  # grew | kept | capped | off | no-statistics | degenerate
 
 
-def decide(
-    b: int,
-    test: str,
-    st: TrainerStats | None,
-    *,
-    cap: int,
-    eta: float,
-    vartheta: float,
-    nu: float,
-    formula: str = "spec",
-    rows: int | None = None,
-) -> Decision:
-    """b <- min(cap, max(b, ceil(T))): tests only ever grow the request (ALGORITHM.md §2). ``rows``: as
-    :func:`target`'s.
+@dataclass(frozen=True)
+class Rule:
+    """A batch test and its parameters (``batch.test``, ``eta``, ``vartheta``, ``nu``, ``formula``): what
+    turns one trainer's pooled statistics into a target T (:meth:`target`) and the next request
+    (:meth:`decide`)."""
 
-    A vanishing or non-finite ‖ḡ‖² (or T) leaves b as it is with reason ``degenerate``: never a crash.
-    """
-    if test == "none":
-        return Decision(b, NAN, "off")
-    if st is None:
-        return Decision(b, NAN, "no-statistics")
-    if not (math.isfinite(st.gbar_sq) and st.gbar_sq > 0 and math.isfinite(st.sigma2)):
-        return Decision(b, NAN, "degenerate")
-    t = target(test, st, eta, vartheta, nu, formula, rows)
-    if not math.isfinite(t):
-        return Decision(b, t, "degenerate")
-    if t > cap:
-        return Decision(max(b, cap), t, "capped")
-    new = max(b, math.ceil(t))
-    return Decision(new, t, "grew" if new > b else "kept")
+    test: str
+    eta: float
+    vartheta: float
+    nu: float
+    formula: str = "spec"
+
+    def target(self, st: TrainerStats, rows: int | None = None) -> float:
+        """T of ALGORITHM.md §2.1–2.4 for one trainer (nan when the test cannot be evaluated).
+
+        ``rows`` (norm test, ``batch.noise_rows: requested``): the trainer's requested rows. When they
+        exceed the n·c probed, the noise σ̂²/(n c) that ‖ḡ‖² holds is replaced by σ̂²/rows, so that T is
+        bounded by the request over η² rather than by the probed rows over η² (ALGORITHM.md §2.5).
+
+        ``formula: reference`` is the reference implementation's inner-product tests (ALGORITHM.md §9.1):
+        ν in both parts, no factor c and no 1/M, and the orthogonal part's per-entry variance instead of
+        the trace: T_ip = Var_j(p_j)/(ν²‖ḡ‖⁴), T_orth = var(entries of the g_j^⊥)/(ν²‖ḡ‖²).
+        """
+        test, nu = self.test, self.nu
+        g2, M, c, n = st.gbar_sq, st.workers, st.c, st.n
+        if not (math.isfinite(g2) and g2 > 0):
+            return NAN
+        if test == "norm":
+            if rows is not None and rows > n * c:
+                g2 = max(g2 - st.sigma2 / (n * c), 0.0) + st.sigma2 / rows
+                if not g2 > 0:
+                    return NAN
+            return st.sigma2 / (M * self.eta**2 * g2)
+        if self.formula == "reference":
+            t_ip_ref = st.var_p / (nu**2 * g2 * g2)
+            if test == "inner_product":
+                return t_ip_ref
+            if test == "augmented_inner_product":
+                return max(t_ip_ref, st.entry_var / (nu**2 * g2))
+            raise ValueError(f"unknown batch test {test!r}")
+        t_ip = c * st.var_p / (M * self.vartheta**2 * g2 * g2)
+        if test == "inner_product":
+            return t_ip
+        t_orth = c * st.orth_sq / ((n - 1) * M * nu**2 * g2)
+        if test == "augmented_inner_product":
+            return max(t_ip, t_orth)
+        raise ValueError(f"unknown batch test {test!r}")
+
+    def decide(self, b: int, st: TrainerStats | None, *, cap: int, rows: int | None = None) -> Decision:
+        """b <- min(cap, max(b, ceil(T))): tests only ever grow the request (ALGORITHM.md §2). ``rows``: as
+        :meth:`target`'s.
+
+        A vanishing or non-finite ‖ḡ‖² (or T) leaves b as it is with reason ``degenerate``: never a crash.
+        """
+        if self.test == "none":
+            return Decision(b, NAN, "off")
+        if st is None:
+            return Decision(b, NAN, "no-statistics")
+        if not (math.isfinite(st.gbar_sq) and st.gbar_sq > 0 and math.isfinite(st.sigma2)):
+            return Decision(b, NAN, "degenerate")
+        t = self.target(st, rows)
+        if not math.isfinite(t):
+            return Decision(b, t, "degenerate")
+        if t > cap:
+            return Decision(max(b, cap), t, "capped")
+        new = max(b, math.ceil(t))
+        return Decision(new, t, "grew" if new > b else "kept")
 
 
 def probe_layout(effective_batches: Sequence[int], probe_chunks: int) -> tuple[int, int, bool]:
