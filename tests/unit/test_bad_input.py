@@ -564,7 +564,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "error-decay-above-one",
         ["train", *S("logging.out_dir={tmp}/runs", "comm.dtype=topk", "comm.error_decay=1.5")],
-        "config: comm.error_decay = 1.5: must be in [0, 1]",
+        "config: comm.error_decay = 1.5: must be in [0, 1] or null",
     ),
     (
         "error-decay-word",

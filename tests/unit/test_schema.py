@@ -5,6 +5,7 @@ range and doc (the library's dial classes are the config's sections)."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import pytest
 import torch
@@ -13,8 +14,9 @@ from torch import nn
 from adloco import AdaptiveBatch, Merging, Outer, Switch, Wire
 from adloco.config import SECTION_TYPES, Config, resolve
 from adloco.library.baselines import METHOD_CLASSES
-from adloco.library.fields import Dial
+from adloco.library.fields import Dial, Range
 from adloco.library.settings import METHODS
+from adloco.plan.command import SimulateConfig
 
 
 def _algo(method: str, workers: int):  # type: ignore[no-untyped-def]
@@ -70,3 +72,26 @@ def test_a_dial_checks_types_strictly_and_converts_integers_to_floats() -> None:
         Outer(lr=float("nan"))
     with pytest.raises(dataclasses.FrozenInstanceError):
         Outer().lr = 2.0  # type: ignore[misc]
+
+
+def test_a_range_is_worded_from_its_bounds_with_its_unit_and_null_where_the_field_takes_it() -> None:
+    assert Range(lo=0, lo_open=True, unit="seconds").text() == "> 0 (seconds)"
+    assert Range(lo=0, lo_open=True, unit="seconds").text(nullable=True) == "> 0 (seconds) or null"
+    assert Range(lo=0, hi=1).text(nullable=True) == "in [0, 1] or null"
+    assert Range(lo=1, allowed="between 1 and 1000").text() == "between 1 and 1000"
+
+
+@pytest.mark.parametrize("section", [*SECTION_TYPES, "simulate"])
+def test_every_out_of_range_message_says_null_where_null_is_allowed(section: str) -> None:
+    cls = SimulateConfig if section == "simulate" else SECTION_TYPES[section]
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        rng = f.metadata.get("range")
+        if rng is None or type(None) not in typing.get_args(hints[f.name]):
+            continue
+        wrong = (rng.lo - 1) if rng.lo is not None else (rng.hi + 1)
+        if int in typing.get_args(hints[f.name]):
+            wrong = int(wrong)
+        with pytest.raises(ValueError, match=r"or null$") as e:
+            cls(**{f.name: wrong})
+        assert f"{section}.{f.name} = " in str(e.value)

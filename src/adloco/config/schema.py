@@ -77,7 +77,6 @@ class DataConfig(Dial):
         None,
         "read at most this many documents (the paper's data_sample_size)",
         at_least=2,
-        allowed=">= 2 or null",
     )
     subset_fraction: float = setting(
         1.0, "share of the training examples each trainer draws from (ALGORITHM.md §3)", above=0, at_most=1
@@ -126,7 +125,6 @@ class AlgorithmConfig(Dial):
         None,
         "stop after the round in which this many training examples were processed (null: all rounds)",
         at_least=1,
-        allowed=">= 1 or null",
     )
 
 
@@ -197,7 +195,6 @@ class EvalConfig(Dial):
         128,
         "validation examples evaluated, spread evenly over the held-out split (null: all of it)",
         at_least=1,
-        allowed=">= 1 or null",
     )
     batch_size: int = setting(32, "validation examples per forward pass", at_least=1)
 
@@ -307,11 +304,9 @@ class NetworkConfig(Dial):
         125e6,
         "simulated time: bytes per second of every link (125e6: 1 Gbit/s)",
         above=0,
-        allowed="> 0 (bytes per second)",
+        unit="bytes per second",
     )
-    latency: float = setting(
-        1e-3, "simulated time: seconds per message hop", at_least=0, allowed=">= 0 (seconds)"
-    )
+    latency: float = setting(1e-3, "simulated time: seconds per message hop", at_least=0, unit="seconds")
     emulate: bool = setting(
         False,
         "hold every counted collective back to its time at this bandwidth and latency (a sleep after the "
@@ -322,7 +317,7 @@ class NetworkConfig(Dial):
         "bytes per second each worker's link sends (null: network.bandwidth, both ways); a ring moves as much up "
         "as down, so the slower direction bounds it (ALGORITHM.md §7)",
         above=0,
-        allowed="> 0 (bytes per second) or null",
+        unit="bytes per second",
     )
     sites: list[int] = setting(
         [],
@@ -336,10 +331,10 @@ class NetworkConfig(Dial):
         12.5e6,
         "with network.sites: bytes per second of each site's link to the others, both ways (12.5e6: 100 Mbit/s)",
         above=0,
-        allowed="> 0 (bytes per second)",
+        unit="bytes per second",
     )
     site_latency: float = setting(
-        0.05, "with network.sites: seconds per hop between sites", at_least=0, allowed=">= 0 (seconds)"
+        0.05, "with network.sites: seconds per hop between sites", at_least=0, unit="seconds"
     )
 
     def model(self) -> Any:

@@ -31,23 +31,28 @@ from typing import Any, ClassVar, Literal, cast
 
 @dataclass(frozen=True)
 class Range:
-    """Bounds of a number (each element, for a list); ``allowed`` words them when the default phrasing
-    (``>= 1``, ``> 0``, ``in [0, 1)``) says too little."""
+    """Bounds of a number (each element, for a list), worded from the bounds (``>= 1``, ``> 0``,
+    ``in [0, 1)``) with the ``unit`` after them, or by ``allowed`` where that phrasing says too little."""
 
     lo: float | None = None
     hi: float | None = None
     lo_open: bool = False
     hi_open: bool = False
     allowed: str = ""
+    unit: str = ""
 
     def ok(self, x: float) -> bool:
         if self.lo is not None and (x <= self.lo if self.lo_open else x < self.lo):
             return False
         return not (self.hi is not None and (x >= self.hi if self.hi_open else x > self.hi))
 
-    def text(self) -> str:
-        if self.allowed:
-            return self.allowed
+    def text(self, nullable: bool = False) -> str:
+        """The allowed values in words; ``nullable``: the field also takes null, said unless ``allowed``
+        says it."""
+        words = self.allowed or self._bounds() + (f" ({self.unit})" if self.unit else "")
+        return words + " or null" if nullable and "null" not in words else words
+
+    def _bounds(self) -> str:
         if self.lo is not None and self.hi is not None:
             return f"in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
         if self.lo is not None:
@@ -69,9 +74,11 @@ def setting(
     at_most: float | None = None,
     below: float | None = None,
     allowed: str = "",
+    unit: str = "",
 ) -> Any:
     """A dataclass field with its one-line doc and, for a number, its range (``at_least``/``above`` a lower
-    bound, ``at_most``/``below`` an upper one; ``allowed`` words the range for messages)."""
+    bound, ``at_most``/``below`` an upper one) as messages word it: from the bounds, with ``unit`` after
+    them and "or null" where the type takes None, or as ``allowed`` says."""
     rng = None
     if any(b is not None for b in (at_least, above, at_most, below)) or allowed:
         rng = Range(
@@ -80,6 +87,7 @@ def setting(
             lo_open=above is not None,
             hi_open=below is not None,
             allowed=allowed,
+            unit=unit,
         )
     meta = {"doc": doc, "range": rng}
     if isinstance(default, (list, dict)):
@@ -187,7 +195,9 @@ class Dial:
             if rng is not None and value is not None:
                 values = value if isinstance(value, list) else [value]
                 if not all(rng.ok(x) for x in values):
-                    raise ValueError(f"{where}: must be {rng.text()}")
+                    raise ValueError(
+                        f"{where}: must be {rng.text(type(None) in typing.get_args(hints[f.name]))}"
+                    )
             object.__setattr__(self, f.name, value)
         self.check()
 

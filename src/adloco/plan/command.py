@@ -45,13 +45,13 @@ class SimulateConfig(Dial):
         "the device: seconds one worker's inner step of batch.initial rows takes (null: simulate.tokens_per_s "
         "or runtime.profile)",
         above=0,
-        allowed="> 0 (seconds) or null",
+        unit="seconds",
     )
     tokens_per_s: float | None = setting(
         None,
         "the device: tokens a second one worker trains (a step: batch.initial × data.seq_len tokens)",
         above=0,
-        allowed="> 0 (tokens per second) or null",
+        unit="tokens per second",
     )
     speeds: list[float] = setting(
         [],
@@ -76,7 +76,7 @@ class SimulateConfig(Dial):
         None,
         "each worker's mean time between failures, seconds (null: none)",
         above=0,
-        allowed="> 0 (seconds) or null",
+        unit="seconds",
     )
     restart_s: float = setting(
         10.5,
@@ -90,10 +90,10 @@ class SimulateConfig(Dial):
         "(elastic.checkpoint_every); live: the lost worker's round is dropped and it rejoins, the others go on",
     )
     checkpoint_s: float = setting(
-        0.0, "restart: seconds training waits for each checkpoint", at_least=0, allowed=">= 0 (seconds)"
+        0.0, "restart: seconds training waits for each checkpoint", at_least=0, unit="seconds"
     )
     joins: list[float] = setting(
-        [], "seconds into the run at which a worker joins", at_least=0, allowed=">= 0 (seconds)"
+        [], "seconds into the run at which a worker joins", at_least=0, unit="seconds"
     )
     sweep_workers: list[int] = setting(
         WORKERS_SWEEP, "--plots: the numbers of workers of the plot against N", at_least=1
