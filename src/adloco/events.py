@@ -18,6 +18,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 
+def doc(text: str, default: Any = dataclasses.MISSING) -> Any:
+    """An event's field with its doc (``metadata["doc"]``, from which the run-directory reference is
+    generated) and, for a field a line may lack, its default."""
+    return field(default=default, metadata={"doc": text})
+
+
 def num(x: float | None) -> float | None:
     """JSON-safe float: nan and inf become None (null)."""
     return float(x) if x is not None and math.isfinite(x) else None
@@ -29,7 +35,7 @@ class Event:
     it belongs to."""
 
     event: ClassVar[str] = ""
-    round: int = field(metadata={"doc": "the round, counted from 1 (0: before the first round)"})
+    round: int = doc("the round, counted from 1 (0: before the first round)")
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of the line (maps keyed by id get string keys)."""
@@ -60,27 +66,21 @@ class Start(Event):
     """Written once, before round 1 (as round 0): the set-up and the initial validation."""
 
     event: ClassVar[str] = "start"
-    parameters: int = field(metadata={"doc": "parameters of one model replica"})
-    workers: int = field(metadata={"doc": "workers of the run (`algorithm.workers`)"})
-    trainers: int = field(metadata={"doc": "trainers at the start (`algorithm.trainers`)"})
-    allocation: dict[int, int] = field(
-        metadata={"doc": "the trainer each worker starts with: worker → trainer"}
+    parameters: int = doc("parameters of one model replica")
+    workers: int = doc("workers of the run (`algorithm.workers`)")
+    trainers: int = doc("trainers at the start (`algorithm.trainers`)")
+    allocation: dict[int, int] = doc("the trainer each worker starts with: worker → trainer")
+    task: str = doc("`causal_lm` or `classification` (`model.task`)")
+    train_examples: int = doc(
+        "examples of the training split (blocks of `data.seq_len` tokens, or labelled texts)"
     )
-    task: str = field(metadata={"doc": "`causal_lm` or `classification` (`model.task`)"})
-    train_examples: int = field(
-        metadata={
-            "doc": "examples of the training split (blocks of `data.seq_len` tokens, or labelled texts)"
-        }
-    )
-    val_examples: int = field(metadata={"doc": "examples of the validation split"})
-    processes: int = field(metadata={"doc": "torch.distributed processes (1 for an in-process run)"})
-    threads_per_process: int = field(metadata={"doc": "torch CPU threads of each process"})
-    val_loss: float | None = field(default=None, metadata={"doc": "validation loss before training"})
-    val_ppl: float | None = field(
-        default=None, metadata={"doc": "validation perplexity before training (language models)"}
-    )
-    val_accuracy: float | None = field(
-        default=None, metadata={"doc": "validation accuracy before training (`model.task: classification`)"}
+    val_examples: int = doc("examples of the validation split")
+    processes: int = doc("torch.distributed processes (1 for an in-process run)")
+    threads_per_process: int = doc("torch CPU threads of each process")
+    val_loss: float | None = doc("validation loss before training", None)
+    val_ppl: float | None = doc("validation perplexity before training (language models)", None)
+    val_accuracy: float | None = doc(
+        "validation accuracy before training (`model.task: classification`)", None
     )
 
 
@@ -89,27 +89,21 @@ class Worker(Event):
     """Written every round, one per worker: its H inner steps."""
 
     event: ClassVar[str] = "worker"
-    worker: int = field(metadata={"doc": "the worker's id"})
-    trainer: int = field(metadata={"doc": "the trainer it ran for this round"})
-    loss: float | None = field(metadata={"doc": "mean training loss over the round's steps"})
-    examples: int | None = field(
-        metadata={
-            "doc": "examples in its optimizer steps (null in the library's hooked form, `with algo:`, "
-            "where adloco never sees a batch)"
-        }
+    worker: int = doc("the worker's id")
+    trainer: int = doc("the trainer it ran for this round")
+    loss: float | None = doc("mean training loss over the round's steps")
+    examples: int | None = doc(
+        "examples in its optimizer steps (null in the library's hooked form, `with algo:`, "
+        "where adloco never sees a batch)"
     )
-    probe_examples: int = field(metadata={"doc": "extra examples drawn only to probe gradient statistics"})
-    micro: int = field(metadata={"doc": "its micro-batch: examples in one forward and backward pass"})
-    accum: int = field(metadata={"doc": "micro-batches accumulated per inner step"})
-    effective: int = field(metadata={"doc": "examples per inner step: micro × accum"})
-    capped: bool = field(
-        metadata={"doc": "the request was cut down to one micro-batch (switch mode `threshold` or `cap`)"}
-    )
-    finite: bool = field(
-        metadata={"doc": "its loss and parameters were finite after its steps (if not: a `fault` event)"}
-    )
-    compute_s: float = field(metadata={"doc": "seconds of its inner steps"})
-    skipped: int = field(default=0, metadata={"doc": "fp16 steps skipped on non-finite gradients"})
+    probe_examples: int = doc("extra examples drawn only to probe gradient statistics")
+    micro: int = doc("its micro-batch: examples in one forward and backward pass")
+    accum: int = doc("micro-batches accumulated per inner step")
+    effective: int = doc("examples per inner step: micro × accum")
+    capped: bool = doc("the request was cut down to one micro-batch (switch mode `threshold` or `cap`)")
+    finite: bool = doc("its loss and parameters were finite after its steps (if not: a `fault` event)")
+    compute_s: float = doc("seconds of its inner steps")
+    skipped: int = doc("fp16 steps skipped on non-finite gradients", 0)
 
 
 @dataclass
@@ -117,40 +111,28 @@ class Trainer(Event):
     """Written every round, one per trainer: its batch test (ALGORITHM.md §2) after its outer step."""
 
     event: ClassVar[str] = "trainer"
-    trainer: int = field(metadata={"doc": "the trainer's id"})
-    workers: list[int] = field(metadata={"doc": "its workers this round"})
-    request: int = field(metadata={"doc": "b this round: the request its workers ran with"})
-    request_next: int = field(metadata={"doc": "b next round, as its batch test decided"})
-    target: float | None = field(metadata={"doc": "T of the test: the batch size it asks for"})
-    reason: str = field(
-        metadata={
-            "doc": "what the test did: `grew`, `kept`, `capped` (at `batch.max`), `off`, `no-statistics` "
-            "or `degenerate`; `scheduled`: `batch.schedule` set the request"
-        }
+    trainer: int = doc("the trainer's id")
+    workers: list[int] = doc("its workers this round")
+    request: int = doc("b this round: the request its workers ran with")
+    request_next: int = doc("b next round, as its batch test decided")
+    target: float | None = doc("T of the test: the batch size it asks for")
+    reason: str = doc(
+        "what the test did: `grew`, `kept`, `capped` (at `batch.max`), `off`, `no-statistics` "
+        "or `degenerate`; `scheduled`: `batch.schedule` set the request"
     )
-    loss: float | None = field(metadata={"doc": "mean training loss of its workers"})
-    sigma2: float | None = field(metadata={"doc": "σ̂²: the pooled per-example gradient variance"})
-    gbar_sq: float | None = field(metadata={"doc": "‖ḡ‖²: the squared norm of the mean gradient, estimated"})
-    samples: int | None = field(metadata={"doc": "gradient samples pooled"})
-    effective: int = field(metadata={"doc": "examples per inner step, of its first worker"})
-    micro: int = field(metadata={"doc": "micro-batch of its first worker"})
-    accum: int = field(metadata={"doc": "micro-batches accumulated per step, of its first worker"})
-    idle_share: float = field(
-        default=0.0,
-        metadata={
-            "doc": "1 − mean/max of its workers' compute times: the share of the round a worker waited"
-        },
+    loss: float | None = doc("mean training loss of its workers")
+    sigma2: float | None = doc("σ̂²: the pooled per-example gradient variance")
+    gbar_sq: float | None = doc("‖ḡ‖²: the squared norm of the mean gradient, estimated")
+    samples: int | None = doc("gradient samples pooled")
+    effective: int = doc("examples per inner step, of its first worker")
+    micro: int = doc("micro-batch of its first worker")
+    accum: int = doc("micro-batches accumulated per step, of its first worker")
+    idle_share: float = doc(
+        "1 − mean/max of its workers' compute times: the share of the round a worker waited", 0.0
     )
-    examples: int | None = field(
-        default=0, metadata={"doc": "examples in its workers' steps this round (null: unknown)"}
-    )
-    lr: float | None = field(
-        default=None,
-        metadata={"doc": "its first worker's inner lr at the round's last step, multiplier included"},
-    )
-    lr_scale: float = field(
-        default=1.0, metadata={"doc": "the multiplier of `batch.lr_scaling` (ALGORITHM.md §10)"}
-    )
+    examples: int | None = doc("examples in its workers' steps this round (null: unknown)", 0)
+    lr: float | None = doc("its first worker's inner lr at the round's last step, multiplier included", None)
+    lr_scale: float = doc("the multiplier of `batch.lr_scaling` (ALGORITHM.md §10)", 1.0)
 
 
 @dataclass
@@ -158,13 +140,13 @@ class Merge(Event):
     """Written when trainers merge (ALGORITHM.md §3), after the round's trainer events."""
 
     event: ClassVar[str] = "merge"
-    merged: list[int] = field(metadata={"doc": "the trainers merged into one"})
-    survivor: int = field(metadata={"doc": "the trainer that goes on (the lowest id of the merged)"})
-    weights: dict[int, float] = field(
-        metadata={"doc": "each merged trainer's weight in the average of θ: its request over their sum"}
+    merged: list[int] = doc("the trainers merged into one")
+    survivor: int = doc("the trainer that goes on (the lowest id of the merged)")
+    weights: dict[int, float] = doc(
+        "each merged trainer's weight in the average of θ: its request over their sum"
     )
-    request: int = field(metadata={"doc": "the survivor's request (`merge.survivor_batch`)"})
-    trainers_alive: int = field(metadata={"doc": "trainers alive after the merge"})
+    request: int = doc("the survivor's request (`merge.survivor_batch`)")
+    trainers_alive: int = doc("trainers alive after the merge")
 
 
 @dataclass
@@ -172,9 +154,9 @@ class Allocation(Event):
     """Written after a merge: the workers shared again among the trainers (ALGORITHM.md §4)."""
 
     event: ClassVar[str] = "allocation"
-    allocation: dict[int, int] = field(metadata={"doc": "worker → trainer, after the change"})
-    moved: list[int] = field(metadata={"doc": "workers that received θ from another worker"})
-    reset: list[int] = field(metadata={"doc": "workers whose inner optimizer state was reset"})
+    allocation: dict[int, int] = doc("worker → trainer, after the change")
+    moved: list[int] = doc("workers that received θ from another worker")
+    reset: list[int] = doc("workers whose inner optimizer state was reset")
 
 
 @dataclass
@@ -183,10 +165,10 @@ class Fault(Event):
     finite worker (``trainer_skipped``)."""
 
     event: ClassVar[str] = "fault"
-    trainer: int = field(metadata={"doc": "the trainer concerned"})
-    kind: str = field(metadata={"doc": "`non_finite` or `trainer_skipped`"})
-    action: str = field(metadata={"doc": "what the run did about it, in words"})
-    worker: int | None = field(default=None, metadata={"doc": "the worker (`non_finite` only)"})
+    trainer: int = doc("the trainer concerned")
+    kind: str = doc("`non_finite` or `trainer_skipped`")
+    action: str = doc("what the run did about it, in words")
+    worker: int | None = doc("the worker (`non_finite` only)", None)
 
 
 @dataclass
@@ -194,14 +176,10 @@ class Eval(Event):
     """Written in a round with evaluation (`eval.every`), one per trainer alive."""
 
     event: ClassVar[str] = "eval"
-    trainer: int = field(metadata={"doc": "the trainer evaluated"})
-    val_loss: float | None = field(metadata={"doc": "its validation loss"})
-    val_ppl: float | None = field(
-        default=None, metadata={"doc": "its validation perplexity (language models)"}
-    )
-    val_accuracy: float | None = field(
-        default=None, metadata={"doc": "its validation accuracy (`model.task: classification`)"}
-    )
+    trainer: int = doc("the trainer evaluated")
+    val_loss: float | None = doc("its validation loss")
+    val_ppl: float | None = doc("its validation perplexity (language models)", None)
+    val_accuracy: float | None = doc("its validation accuracy (`model.task: classification`)", None)
 
 
 @dataclass
@@ -210,38 +188,32 @@ class Round(Event):
     plots and the reports read."""
 
     event: ClassVar[str] = "round"
-    trainers_alive: int = field(metadata={"doc": "trainers alive after the round's merge"})
-    requests: dict[int, int] = field(
-        metadata={"doc": "the request each trainer ran this round with (as its `trainer` event's `request`)"}
+    trainers_alive: int = doc("trainers alive after the round's merge")
+    requests: dict[int, int] = doc(
+        "the request each trainer ran this round with (as its `trainer` event's `request`)"
     )
-    allocation: dict[int, int] = field(metadata={"doc": "worker → trainer, at the round's end"})
-    switch_mode: str = field(metadata={"doc": "`switch.mode`"})
-    loss: float | None = field(metadata={"doc": "mean training loss over the workers"})
-    examples: int = field(metadata={"doc": "training examples read this round (probe rows included)"})
-    examples_total: int = field(metadata={"doc": "training examples read so far"})
-    bytes: int = field(metadata={"doc": "bytes counted on the wire this round"})
-    bytes_total: int = field(metadata={"doc": "bytes counted so far"})
-    communications: int = field(metadata={"doc": "communications counted this round"})
-    communications_total: int = field(metadata={"doc": "communications counted so far"})
-    round_s: float = field(metadata={"doc": "seconds of the round, evaluation included"})
-    train_s: float = field(metadata={"doc": "seconds of the round without evaluation"})
-    comm_s: float = field(
-        metadata={"doc": "of `train_s`, seconds in counted collectives (this process's view, waits included)"}
+    allocation: dict[int, int] = doc("worker → trainer, at the round's end")
+    switch_mode: str = doc("`switch.mode`")
+    loss: float | None = doc("mean training loss over the workers")
+    examples: int = doc("training examples read this round (probe rows included)")
+    examples_total: int = doc("training examples read so far")
+    bytes: int = doc("bytes counted on the wire this round")
+    bytes_total: int = doc("bytes counted so far")
+    communications: int = doc("communications counted this round")
+    communications_total: int = doc("communications counted so far")
+    round_s: float = doc("seconds of the round, evaluation included")
+    train_s: float = doc("seconds of the round without evaluation")
+    comm_s: float = doc("of `train_s`, seconds in counted collectives (this process's view, waits included)")
+    max_compute_s: float = doc("the slowest worker's compute seconds")
+    collectives: list[list[Any]] = doc(
+        "[kind, op, n, payload bytes, count, workers] per counted collective, in the order "
+        "issued (older runs' rows name no workers: they held every worker)"
     )
-    max_compute_s: float = field(metadata={"doc": "the slowest worker's compute seconds"})
-    collectives: list[list[Any]] = field(
-        metadata={
-            "doc": "[kind, op, n, payload bytes, count, workers] per counted collective, in the order "
-            "issued (older runs' rows name no workers: they held every worker)"
-        }
+    sim_s: float = doc(
+        "simulated seconds: the workers' compute and collectives on the network model (ALGORITHM.md §7)"
     )
-    sim_s: float = field(
-        metadata={
-            "doc": "simulated seconds: the workers' compute and collectives on the network model (ALGORITHM.md §7)"
-        }
-    )
-    sim_total_s: float = field(metadata={"doc": "simulated seconds so far"})
-    idle_share: float = field(default=0.0, metadata={"doc": "mean over trainers of their idle share"})
+    sim_total_s: float = doc("simulated seconds so far")
+    idle_share: float = doc("mean over trainers of their idle share", 0.0)
     collectives_behind: list[list[Any]] = field(
         default_factory=list,
         metadata={
@@ -250,23 +222,18 @@ class Round(Event):
             "`sim_s` prices them at what the compute did not hide"
         },
     )
-    behind_s: float = field(
-        default=0.0, metadata={"doc": "seconds those took on the background lane (this process's view)"}
+    behind_s: float = doc("seconds those took on the background lane (this process's view)", 0.0)
+    wait_s: float = doc("of `comm_s`, seconds the round waited for what ran behind compute", 0.0)
+    val_loss: float | None = doc(
+        "validation loss of trainer 0 (the lowest id alive), when this round was evaluated", None
     )
-    wait_s: float = field(
-        default=0.0, metadata={"doc": "of `comm_s`, seconds the round waited for what ran behind compute"}
+    val_ppl: float | None = doc("validation perplexity of trainer 0", None)
+    val_accuracy: float | None = doc("validation accuracy of trainer 0", None)
+    val_by_trainer: dict[int, dict[str, float | None]] | None = doc(
+        "every evaluated trainer's `val_loss`, `val_ppl`, `val_accuracy`", None
     )
-    val_loss: float | None = field(
-        default=None,
-        metadata={"doc": "validation loss of trainer 0 (the lowest id alive), when this round was evaluated"},
-    )
-    val_ppl: float | None = field(default=None, metadata={"doc": "validation perplexity of trainer 0"})
-    val_accuracy: float | None = field(default=None, metadata={"doc": "validation accuracy of trainer 0"})
-    val_by_trainer: dict[int, dict[str, float | None]] | None = field(
-        default=None, metadata={"doc": "every evaluated trainer's `val_loss`, `val_ppl`, `val_accuracy`"}
-    )
-    requests_next: dict[int, int] | None = field(
-        default=None, metadata={"doc": "the next round's requests (after the batch tests and a merge)"}
+    requests_next: dict[int, int] | None = doc(
+        "the next round's requests (after the batch tests and a merge)", None
     )
 
 
@@ -275,12 +242,10 @@ class Checkpoint(Event):
     """Written when a checkpoint is in place (written in the background while training goes on)."""
 
     event: ClassVar[str] = "checkpoint"
-    name: str = field(metadata={"doc": "its folder under `checkpoints/`"})
-    bytes: int = field(metadata={"doc": "its size on disk"})
-    seconds: float = field(metadata={"doc": "from the start of the gather to the checkpoint in place"})
-    stall_s: float = field(
-        default=0.0, metadata={"doc": "of those, the time training waited (gathering and copying the state)"}
-    )
+    name: str = doc("its folder under `checkpoints/`")
+    bytes: int = doc("its size on disk")
+    seconds: float = doc("from the start of the gather to the checkpoint in place")
+    stall_s: float = doc("of those, the time training waited (gathering and copying the state)", 0.0)
 
 
 @dataclass
@@ -289,17 +254,13 @@ class Membership(Event):
     workers (ALGORITHM.md §9.2)."""
 
     event: ClassVar[str] = "membership"
-    workers: int = field(metadata={"doc": "workers after the change"})
-    workers_before: int = field(metadata={"doc": "workers before it"})
-    left: list[int] = field(metadata={"doc": "worker ids no longer there"})
-    joined: list[int] = field(metadata={"doc": "worker ids new"})
-    merged: list[list[int]] = field(
-        metadata={"doc": "trainers merged because fewer workers than trainers were left"}
-    )
-    restart_s: float | None = field(
-        metadata={"doc": "seconds from the last progress logged before the change to training again"}
-    )
-    restarts: int = field(metadata={"doc": "restarts of this run so far (torchrun's restart count)"})
+    workers: int = doc("workers after the change")
+    workers_before: int = doc("workers before it")
+    left: list[int] = doc("worker ids no longer there")
+    joined: list[int] = doc("worker ids new")
+    merged: list[list[int]] = doc("trainers merged because fewer workers than trainers were left")
+    restart_s: float | None = doc("seconds from the last progress logged before the change to training again")
+    restarts: int = doc("restarts of this run so far (torchrun's restart count)")
 
 
 @dataclass
@@ -307,80 +268,56 @@ class Resume(Event):
     """Written when the run continued from a checkpoint (``--resume`` or an elastic restart)."""
 
     event: ClassVar[str] = "resume"
-    checkpoint: str = field(metadata={"doc": "the checkpoint it continued from"})
+    checkpoint: str = doc("the checkpoint it continued from")
 
 
 @dataclass
 class Summary:
     """``summary.json``, and the ``end`` event of metrics.jsonl."""
 
-    method: str = field(metadata={"doc": "`algorithm.method`"})
-    rounds: int = field(metadata={"doc": "rounds completed"})
-    initial_val_ppl: float | None = field(
-        metadata={"doc": "validation perplexity before the first round, of the reported trainer"}
+    method: str = doc("`algorithm.method`")
+    rounds: int = doc("rounds completed")
+    initial_val_ppl: float | None = doc(
+        "validation perplexity before the first round, of the reported trainer"
     )
-    final_val_ppl: float | None = field(
-        metadata={"doc": "validation perplexity after the last round, of the reported trainer"}
+    final_val_ppl: float | None = doc("validation perplexity after the last round, of the reported trainer")
+    final_val_loss: float | None = doc("validation loss after the last round")
+    trainers_final: int = doc("trainers alive at the end")
+    requests_final: dict[int, int] = doc("every trainer's request at the end, by trainer id")
+    examples_total: int = doc("training examples read: optimizer steps' and probe rows")
+    communications_total: int = doc("counted communications (ALGORITHM.md §7)")
+    bytes_total: int = doc("bytes counted on the wire")
+    bytes_by_kind: dict[str, int] = doc(
+        "those bytes by what travelled: `delta`, `stats`, `probe`, `grad`, `merge`, `move` or `init`"
     )
-    final_val_loss: float | None = field(metadata={"doc": "validation loss after the last round"})
-    trainers_final: int = field(metadata={"doc": "trainers alive at the end"})
-    requests_final: dict[int, int] = field(
-        metadata={"doc": "every trainer's request at the end, by trainer id"}
+    wall_s: float = doc("seconds of training, evaluation included (a resumed run adds the time before)")
+    sim_s: float = doc("simulated seconds on the modelled network (`network.bandwidth`, `network.latency`)")
+    peak_memory_bytes: int = doc("peak CUDA memory allocated, or the process's peak resident set on CPU")
+    reported_trainer: int = doc(
+        "the trainer whose validation the rounds and the summary report and whose model is "
+        "saved: the lowest id alive"
     )
-    examples_total: int = field(metadata={"doc": "training examples read: optimizer steps' and probe rows"})
-    communications_total: int = field(metadata={"doc": "counted communications (ALGORITHM.md §7)"})
-    bytes_total: int = field(metadata={"doc": "bytes counted on the wire"})
-    bytes_by_kind: dict[str, int] = field(
-        metadata={
-            "doc": "those bytes by what travelled: `delta`, `stats`, `probe`, `grad`, `merge`, `move` or `init`"
-        }
+    initial_val_accuracy: float | None = doc(
+        "validation accuracy before the first round (`model.task: classification` only)", None
     )
-    wall_s: float = field(
-        metadata={"doc": "seconds of training, evaluation included (a resumed run adds the time before)"}
+    final_val_accuracy: float | None = doc(
+        "validation accuracy after the last round (`model.task: classification` only)", None
     )
-    sim_s: float = field(
-        metadata={"doc": "simulated seconds on the modelled network (`network.bandwidth`, `network.latency`)"}
+    idle_share: float = doc(
+        "the rounds' mean idle share: 1 − mean/max of a trainer's workers' compute times, "
+        "averaged over trainers (ALGORITHM.md §9.3)",
+        0.0,
     )
-    peak_memory_bytes: int = field(
-        metadata={"doc": "peak CUDA memory allocated, or the process's peak resident set on CPU"}
+    restarts: int = doc(
+        "restarts of the run's processes by torchrun's elastic agent and changes of its membership "
+        "(a plain `--resume` is not one: it writes a `resume` event)",
+        0,
     )
-    reported_trainer: int = field(
-        metadata={
-            "doc": "the trainer whose validation the rounds and the summary report and whose model is "
-            "saved: the lowest id alive"
-        }
-    )
-    initial_val_accuracy: float | None = field(
-        default=None,
-        metadata={"doc": "validation accuracy before the first round (`model.task: classification` only)"},
-    )
-    final_val_accuracy: float | None = field(
-        default=None,
-        metadata={"doc": "validation accuracy after the last round (`model.task: classification` only)"},
-    )
-    idle_share: float = field(
-        default=0.0,
-        metadata={
-            "doc": "the rounds' mean idle share: 1 − mean/max of a trainer's workers' compute times, "
-            "averaged over trainers (ALGORITHM.md §9.3)"
-        },
-    )
-    restarts: int = field(
-        default=0,
-        metadata={
-            "doc": "restarts of the run's processes by torchrun's elastic agent and changes of its membership "
-            "(a plain `--resume` is not one: it writes a `resume` event)"
-        },
-    )
-    rounds_lost: int = field(
-        default=0, metadata={"doc": "rounds trained, then lost with their processes, and run again"}
-    )
-    stopped: str | None = field(
-        default=None,
-        metadata={
-            "doc": "the signal that stopped the run (`SIGINT`, `SIGTERM`; its round in progress undone, the "
-            "summary as of its last whole round), null when it ran to its end"
-        },
+    rounds_lost: int = doc("rounds trained, then lost with their processes, and run again", 0)
+    stopped: str | None = doc(
+        "the signal that stopped the run (`SIGINT`, `SIGTERM`; its round in progress undone, the "
+        "summary as of its last whole round), null when it ran to its end",
+        None,
     )
 
     def to_dict(self) -> dict[str, Any]:
