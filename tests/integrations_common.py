@@ -14,6 +14,7 @@ from torch import nn
 
 from adloco import DiLoCo, Outer
 from adloco.library.method import AdLoCo
+from tests.toy_lm import tiny_llama
 
 H, ROUNDS, BATCH, SEQ = 2, 3, 4, 16
 STEPS = H * ROUNDS
@@ -29,23 +30,6 @@ class Run:
 
 def flat(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
-
-
-def tiny_llama() -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        max_position_embeddings=SEQ,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config)
 
 
 def world() -> int:
@@ -91,7 +75,7 @@ def hf_run(
         seed=0,
     )
     data = rows(BATCH * STEPS * world()).tolist()
-    model = tiny_llama()
+    model = tiny_llama(positions=SEQ)
     start = flat(model)
     callback = AdLoCoCallback(build)
     mid: list[torch.Tensor] = []
@@ -124,7 +108,7 @@ def lightning_run(root: Path, resume: Path | None = None, every: int | None = No
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.model = tiny_llama()
+            self.model = tiny_llama(positions=SEQ)
 
         def training_step(self, batch: Any, index: int) -> torch.Tensor:
             (ids,) = batch

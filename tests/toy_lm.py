@@ -1,6 +1,7 @@
 """The tiny language model the inner-optimizer tests share (Muon's hidden matrices, AdamW's rest): an
 embedding, one residual MLP block with a norm and an output head, on token sequences with structure that
-are reproducible for any worker, round and step; DiLoCo over it, with Muon and AdamW as one optimizer."""
+are reproducible for any worker, round and step; DiLoCo over it, with Muon and AdamW as one optimizer; and
+the one-layer Hugging Face Llama of the integration and export tests."""
 
 from __future__ import annotations
 
@@ -68,3 +69,23 @@ def diloco(ms: list[TinyLM], opts: Any, **kw: Any) -> DiLoCo:
 
 def muon_diloco(ms: list[TinyLM], **kw: Any) -> DiLoCo:
     return diloco(ms, [muon_adamw(m, 3e-3) for m in ms], **kw)
+
+
+def tiny_llama(tie: bool = False, positions: int = 16) -> nn.Module:
+    """A one-layer Hugging Face Llama (vocabulary 64, width 32), seeded: the Trainer integrations' model
+    and the exported one; ``tie``: the output head shares the embedding."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=positions,
+        bos_token_id=None,
+        eos_token_id=None,
+        tie_word_embeddings=tie,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)

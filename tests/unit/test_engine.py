@@ -118,12 +118,11 @@ def test_merge_is_batch_weighted_and_moves_workers() -> None:
 
 def test_nesterov_momentum_is_merged_too() -> None:
     cfg = tiny_config(
-        **{
-            "algorithm": {"rounds": 1, "trainers": 2, "workers": 2},
-            "merge": {"every": 1},
-            "batch": {"test": "none"},
-            "outer": {"optimizer": "nesterov"},
-        }
+        "algorithm.rounds=1",
+        "algorithm.trainers=2",
+        "algorithm.workers=2",
+        "batch.test=none",
+        "outer.optimizer=nesterov",
     )
     c = driver(cfg)
     rec = Recording(c.comm)
@@ -136,12 +135,11 @@ def test_nesterov_momentum_is_merged_too() -> None:
 def test_moved_worker_gets_theta_and_fresh_optimizer() -> None:
     # 3 trainers over 5 workers; merging two small ones frees workers that move to the big one
     cfg = tiny_config(
-        **{
-            "algorithm": {"rounds": 1, "trainers": 3, "workers": 5},
-            "merge": {"every": 1},
-            "batch": {"test": "none"},
-            "outer": {"optimizer": "sgd"},
-        }
+        "algorithm.rounds=1",
+        "algorithm.trainers=3",
+        "algorithm.workers=5",
+        "batch.test=none",
+        "outer.optimizer=sgd",
     )
     c = driver(cfg)
     rec = Recording(c.comm)

@@ -15,25 +15,9 @@ import torch
 
 from adloco.models import export
 from tests.helpers import only_run, run_main
+from tests.toy_lm import tiny_llama
 
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json"}
-
-
-def _model(tie: bool) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=96,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=32,
-        tie_word_embeddings=tie,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg)
 
 
 class _Tokenizer:
@@ -49,7 +33,7 @@ def test_a_model_over_the_file_size_is_numbered_files_with_an_index(tmp_path: Pa
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    model = _model(tie)
+    model = tiny_llama(tie)
     export.save(model, _Tokenizer(), tmp_path / "model", max_file_bytes=4096)
     files = sorted(p.name for p in (tmp_path / "model").iterdir())
     shards = [f for f in files if f.endswith(".safetensors")]
@@ -70,7 +54,7 @@ def test_a_model_over_the_file_size_is_numbered_files_with_an_index(tmp_path: Pa
 def test_a_small_model_is_one_file_and_a_rank_without_a_path_writes_nothing(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    model = _model(False)
+    model = tiny_llama()
     export.save(model, _Tokenizer(), None, max_file_bytes=4096)
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "model.partial").mkdir()  # what a save cut short left: replaced, not merged
