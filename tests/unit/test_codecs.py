@@ -453,7 +453,8 @@ class RuledHalf(GatheredHalf):
 
 
 def test_the_codecs_rules_not_its_name_drive_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
-    from adloco.library.settings import AdaptiveBatch, Wire, outer_note, preset, preset_values
+    from adloco.library.presets import outer_note, preset, preset_values
+    from adloco.library.settings import AdaptiveBatch, Wire
     from adloco.library.settings import Outer as OuterDial
 
     monkeypatch.setitem(codecs.CODECS, "bfloat16", RuledHalf)

@@ -54,3 +54,16 @@ def test_the_application_reads_an_algorithm_through_its_methods_and_view() -> No
     used.pop("pop", None)  # `algo` is also the name of a state dict there (algo.pop("trainers"))
     assert "view" in used and len(files) > 15
     assert {k: sorted(v) for k, v in used.items() if k not in PUBLIC} == {}
+
+
+def test_no_module_is_over_600_lines() -> None:
+    """A module past 600 lines holds more than one idea: split it where the ideas part (the method
+    presets left the dials this way)."""
+    files = sorted(SRC.rglob("*.py"))
+    assert len(files) > 80
+    long = {
+        str(p.relative_to(SRC)): n
+        for p in files
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600
+    }
+    assert long == {}

@@ -472,7 +472,7 @@ def test_the_presets_show_every_argument_with_its_default(cls: type[AdLoCo]) -> 
     import pydoc
 
     from adloco.library.options import RoundOptions
-    from adloco.library.settings import PRESETS
+    from adloco.library.presets import PRESETS
 
     dials = {f.name for f in dataclasses.fields(RoundOptions)}
 

@@ -348,7 +348,7 @@ def test_the_config_keeps_diloco_s_sgd_under_any_overlap_and_a_step_the_user_set
     took where the codec chose it."""
     from adloco.config.load import resolve
     from adloco.errors import UserError
-    from adloco.library.settings import outer_note
+    from adloco.library.presets import outer_note
 
     diloco = ["algorithm.method=diloco"]
     for overlap in ("none", "delayed", "eager"):

@@ -63,7 +63,7 @@ def test_config_says_why_while_the_value_is_the_default_or_the_preset(
 
 def test_diloco_s_preset_is_the_step_results_names() -> None:
     """RESULTS' section on DiLoCo's outer step names the preset; the table that every run reads holds it."""
-    from adloco.library.settings import PRESETS
+    from adloco.library.presets import PRESETS
 
     text = RESULTS.read_text(encoding="utf-8")
     section = text.split("## DiLoCo's outer step: the preset", 1)[1].split("\n## ", 1)[0]

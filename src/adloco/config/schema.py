@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from adloco.library import presets
 from adloco.library import settings as dials
 from adloco.library.fields import Dial, setting
 from adloco.models.sizing import SHAPES
@@ -504,10 +505,10 @@ assert all(name == cls.SECTION for name, cls in SECTION_TYPES.items())
 BENCH = "bench"  # `adloco bench`'s own section of a config file; every other command ignores it
 SIMULATE = "simulate"  # `adloco simulate`'s own section (adloco.plan.command.SimulateConfig); likewise
 
-# Method presets (ALGORITHM.md §6): the library's (:data:`adloco.library.settings.PRESETS`), and LocalSGD's inner
+# Method presets (ALGORITHM.md §6): the library's (:data:`adloco.library.presets.PRESETS`), and LocalSGD's inner
 # plain SGD (Stich 2019), which only the application builds. They fill only the keys a user leaves unset.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    m: {**dials.PRESETS[m], **extra}
+    m: {**presets.PRESETS[m], **extra}
     for m, extra in {
         "adloco": {},
         "diloco": {},
@@ -520,8 +521,8 @@ assert tuple(PRESETS) == dials.METHODS
 
 def preset_values(method: str, section: str, dtype: str = "float32") -> dict[str, Any]:
     """What ``method`` fixes in ``section`` under ``comm.dtype`` = ``dtype``: :data:`PRESETS`, with the
-    library's rule for the outer step a codec brings (:func:`adloco.library.settings.preset_values`)."""
-    return dials.preset_values(method, section, PRESETS, dtype)
+    library's rule for the outer step a codec brings (:func:`adloco.library.presets.preset_values`)."""
+    return presets.preset_values(method, section, PRESETS, dtype)
 
 
 # What ``adloco train --resume`` may change with ``--set``: how long the run goes, learning rates and

@@ -34,7 +34,7 @@ from adloco.engine.signals import Signals
 from adloco.events import Summary
 from adloco.library.comm.base import CommFailure
 from adloco.library.method import DecisionMismatch, RoundAborted
-from adloco.library.settings import outer_note
+from adloco.library.presets import outer_note
 from adloco.telemetry.metrics import MetricsSink
 from adloco.telemetry.progress import Progress, library_log_to, make_progress
 

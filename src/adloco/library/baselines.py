@@ -1,6 +1,6 @@
 """DiLoCo, LocalSGD and DDP: :class:`adloco.library.method.AdLoCo` with parts turned off, as named methods.
 
-Each takes its defaults from the method presets of :data:`adloco.library.settings.PRESETS`, the table
+Each takes its defaults from the method presets of :data:`adloco.library.presets.PRESETS`, the table
 ``adloco train``'s ``algorithm.method`` reads: one trainer, a constant batch (never capped to b_max), no
 merging, and its outer step (DiLoCo: SGD at lr 0.5 without momentum, measured best at these sizes, where
 the paper's is Nesterov at lr 0.7, momentum 0.9, ``outer=Outer.nesterov()``; LocalSGD and DDP: averaging). As in a
@@ -19,8 +19,9 @@ from torch import nn
 from adloco.library.comm.base import Comm
 from adloco.library.method import AdLoCo, spell_out
 from adloco.library.options import RoundOptions
+from adloco.library.presets import PRESETS, preset
 from adloco.library.replica import LossFn
-from adloco.library.settings import PRESETS, AdaptiveBatch, preset
+from adloco.library.settings import AdaptiveBatch
 
 
 class DiLoCo(AdLoCo):

@@ -91,7 +91,7 @@ class AdLoCo:
     """
 
     METHOD: ClassVar[str] = (
-        "adloco"  # the method's preset (adloco.library.settings.PRESETS) fills the dials left unset
+        "adloco"  # the method's preset (adloco.library.presets.PRESETS) fills the dials left unset
     )
     ddp = False  # DDP: gradients averaged every step instead of rounds of local steps
     stated_batch: int | None = None  # rows per step the user stated (DiLoCo's batch_size); None: unknown

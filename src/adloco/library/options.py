@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from adloco.library.fields import check_clip, check_round, choice, dial
+from adloco.library.presets import PRESETS, outer_note, preset
 from adloco.library.settings import (
-    PRESETS,
     AdaptiveBatch,
     Balance,
     InnerState,
@@ -30,8 +30,6 @@ from adloco.library.settings import (
     Switch,
     Sync,
     Wire,
-    outer_note,
-    preset,
 )
 
 __all__ = ["RoundOptions", "config_key", "method_trainers", "signature"]
@@ -48,7 +46,7 @@ def config_key(name: str) -> str | None:
 @dataclass(frozen=True)
 class RoundOptions:
     """The dials of an algorithm object's rounds, checked at construction (``ValueError`` naming the field
-    and what is allowed). A dial left None is the method's: its preset (:data:`adloco.library.settings.PRESETS`),
+    and what is allowed). A dial left None is the method's: its preset (:data:`adloco.library.presets.PRESETS`),
     which :meth:`for_method` fills in.
 
     Args:
@@ -141,8 +139,8 @@ class RoundOptions:
 
     def for_method(self, method: str) -> RoundOptions:
         """These options as ``method`` runs them: every dial left None takes the method's preset
-        (:func:`adloco.library.settings.preset`); the outer step the preset gives way to (a codec's own:
-        :func:`adloco.library.settings.preset_values`) is said in one log line. A dial
+        (:func:`adloco.library.presets.preset`); the outer step the preset gives way to (a codec's own:
+        :func:`adloco.library.presets.preset_values`) is said in one log line. A dial
         that is set is never replaced."""
         wire = self.wire if self.wire is not None else Wire()
         outer = self.outer

@@ -302,7 +302,7 @@ def _move(s: Setup, src: int, to: int) -> list[Any]:
     """θ (and the outer momentum, where the outer step keeps one) to a worker that (re)joins: one broadcast
     of θ's wire (``comm.theta_dtype``) from a worker that holds it (the engine's ``move``)."""
     from adloco.library.comm.codecs import of
-    from adloco.library.settings import preset_values
+    from adloco.library.presets import preset_values
 
     codec = of(s.wire.theta)
     payload = 4 * s.parameters if codec is None else codec.nbytes(s.parameters)
