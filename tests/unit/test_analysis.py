@@ -198,6 +198,7 @@ def test_the_estimators_target_follows_noise_rows_as_training_does() -> None:
     st = batching.TrainerStats(
         32, 1, 4, sigma2=8.0, gbar_sq=8.0 / 32, var_p=np.nan, orth_sq=np.nan, exact=False
     )
-    probed = analysis.Estimate.of(st, BatchConfig(eta=0.9), 10)
+    probed = analysis.Estimate.of(st, BatchConfig(eta=0.9, noise_rows="probed"), 10)
     requested = analysis.Estimate.of(st, BatchConfig(eta=0.9, noise_rows="requested"), 10)
     assert probed.target == pytest.approx(8 / 0.81) and requested.target == pytest.approx(10 / 0.81)
+    assert analysis.Estimate.of(st, BatchConfig(eta=0.9), 10) == requested  # the default (null)

@@ -505,12 +505,12 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "noise-rows-unknown",
         ["train", *S("logging.out_dir={tmp}/runs", "batch.noise_rows=all")],
-        "config: batch.noise_rows = 'all': must be one of 'probed', 'requested'",
+        "config: batch.noise_rows = 'all': must be one of 'probed', 'requested' or null",
     ),
     (
         "noise-rows-requested-without-the-norm-test",
         ["train", *S("logging.out_dir={tmp}/runs", "batch.test=inner_product", "batch.noise_rows=requested")],
-        "config: batch.noise_rows = 'requested': must be probed with batch.test = 'inner_product' (requested "
+        "config: batch.noise_rows = 'requested': must be probed or null with batch.test = 'inner_product' (requested "
         "changes the norm test alone)",
     ),
     (

@@ -618,6 +618,35 @@ def test_a_resumed_bench_whose_grid_finished_runs_the_seeds_its_selection_frees(
     assert [r["status"] for r in results["variants"]["adloco"]["runs"]] == ["ok", "ok"]
 
 
+@pytest.mark.parametrize("pinned", [True, False])
+def test_a_stopped_run_from_before_a_key_was_added_continues_as_it_ran(
+    fake: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    pinned: bool,
+) -> None:
+    """A run whose config.yaml was written before ``batch.noise_rows`` existed ran as ``probed``: --resume
+    continues it where the bench pins ``probed`` (its config as it resumes is the task's), and runs the task
+    afresh where the bench takes the default (null: requested), which the run never trained with."""
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True, "stop": ["adloco-s0"]}))
+    args = ("--methods", "adloco", "--seeds", "0")
+    config = {"batch": {"noise_rows": "probed"}} if pinned else None
+    code, out = fake_bench(tmp_path, *args, config=config)
+    assert code == 1
+    capsys.readouterr()
+    saved = out / "runs" / "adloco-s0-20260101-000000" / "config.yaml"
+    old = yaml.safe_load(saved.read_text())
+    del old["batch"]["noise_rows"]  # as the code before the key wrote it
+    saved.write_text(yaml.safe_dump(old))
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True}))
+    code, _ = fake_bench(tmp_path, *args, "--resume", config=config)
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert ("adloco seed 0 continued: adloco-s0-20260101-000000" in printed.out) is pinned
+    assert ("adloco seed 0 started" in printed.out) is not pinned
+
+
 def test_a_resumed_bench_continues_its_stopped_runs_from_their_checkpoints(
     fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -85,3 +85,20 @@ def test_the_defaults_the_long_grid_kept_are_the_ones_it_names() -> None:
     assert Switch().b_max is None and Switch().b_max_or_default == 8
     for key in ("algorithm.inner_steps", "switch.b_max", "batch.eta"):
         assert "Knobs chosen again at 8×" in REASONS[key][1], key
+
+
+def test_the_norm_test_counts_the_rows_requested_by_default_as_results_decided() -> None:
+    """RESULTS' section on the norm test's bound names the default it led to; the field holds it (null:
+    the requested rows, with the norm test), and `adloco config` says why under the key."""
+    from adloco.library.settings import AdaptiveBatch
+
+    text = RESULTS.read_text(encoding="utf-8")
+    section = text.split("#### The norm test's probe held AdLoCo's batch", 1)[1].split("\n#### ", 1)[0]
+    assert (
+        "**The default follows: `batch.noise_rows` is null, which is `requested` with the norm test.**"
+        in section
+    )
+    assert AdaptiveBatch().noise_rows is None
+    assert AdaptiveBatch().noise_of(4, 10) == 40  # the rows requested: 4 workers x 10
+    assert AdaptiveBatch(noise_rows="probed").noise_of(4, 10) is None
+    assert "Knobs chosen again at 8×" in REASONS["batch.noise_rows"][1]

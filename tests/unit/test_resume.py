@@ -361,3 +361,23 @@ def test_checkpoints_under_an_fsspec_url_resume_bit_for_bit(
     assert adloco("train", "--resume", str(run)) == 0
     assert weights(run) == weights(reference)
     assert [f.name for f in checkpoint.complete(run, url)] == ["round-000004", "round-000005"]
+
+
+def test_a_run_made_before_a_key_was_added_resumes_with_the_value_it_ran_with(tmp_path: Path) -> None:
+    """``batch.noise_rows`` came with the default ``probed`` and then became null (requested): a run
+    directory whose config.yaml lacks it ran as ``probed`` and resumes so; the same file as a new run's
+    --config takes today's default, and a value the run's file names is kept."""
+    import yaml
+
+    from adloco.config import dump_yaml, resolve
+
+    old = yaml.safe_load(dump_yaml(resolve()))
+    del old["batch"]["noise_rows"]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(old))
+    assert resolve(path, resuming=True).batch.noise_rows == "probed"
+    assert resolve(path).batch.noise_rows is None
+    assert resolve(path, ["batch.noise_rows=requested"], resuming=True).batch.noise_rows == "requested"
+    old["batch"]["noise_rows"] = None
+    path.write_text(yaml.safe_dump(old))
+    assert resolve(path, resuming=True).batch.noise_rows is None

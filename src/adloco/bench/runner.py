@@ -136,6 +136,18 @@ def _comparable(config: dict[str, Any]) -> dict[str, Any]:
     return c
 
 
+def _as_it_ran(folder: Path) -> dict[str, Any] | None:
+    """A run directory's config as ``adloco train --resume`` reads it (keys added since at the values it
+    ran with, :data:`adloco.config.load.ADDED`), as :func:`_comparable` compares it; None where it does not
+    read."""
+    from adloco.config import dump_yaml, resolve
+
+    try:
+        return _comparable(yaml.safe_load(dump_yaml(resolve(folder / "config.yaml", resuming=True))))
+    except (OSError, yaml.YAMLError, UserError):
+        return None
+
+
 def _tail(path: Path, n: int = TAIL) -> list[str]:
     try:
         return path.read_text(encoding="utf-8", errors="replace").splitlines()[-n:]
@@ -247,7 +259,7 @@ class Bench:
                 run = results.load(folder)
             except UserError:
                 continue
-            if _comparable(run.config) != expected:
+            if _as_it_ran(folder) != expected:
                 continue
             self.started += 1
             t.number, t.status, t.folder, t.run = self.started, "ok", folder, run
@@ -271,12 +283,9 @@ class Bench:
             return None
         expected = None
         for folder in _stopped_dirs(self.out / "runs", t.name):
-            try:
-                config = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
-            except (OSError, yaml.YAMLError):
-                continue
+            config = _as_it_ran(folder)
             expected = self.expected(t) if expected is None else expected
-            if not isinstance(config, dict) or _comparable(config) != expected:
+            if config is None or config != expected:
                 continue
             at = _newest_checkpoint(folder)
             if at is not None:

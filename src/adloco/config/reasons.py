@@ -58,16 +58,16 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "switch.b_max": (
         "null: on CUDA the largest micro-batch that fits, searched; on a CPU 8, which the short benches chose "
         "over 16, but on runs 8x and 16x longer 8 capped most of AdLoCo's steps (requests of 9-10 ran as 8) and "
-        "16 ended 1-4% lower with fewer bytes: set 16 or more for long runs on a CPU (or batch.noise_rows "
-        "requested, which lets requests grow past b_max by accumulation)",
+        "16 ended 1-4% lower with fewer bytes: set 16 or more for long runs on a CPU (batch.noise_rows, "
+        "requested by default, lets requests grow past b_max by accumulation)",
         (SCALING, KNOBS_LONG),
     ),
     "batch.noise_rows": (
-        "probed, the norm test as first specified, bounds its target by the rows probed: at eta 0.9 a request "
-        "of 10 on steps capped at 8 stayed at 10 for 539 rounds; requested let it grow (to 23-32), ending "
-        "AdLoCo's runs 1-7% lower with 0.42-0.57x the bytes (8x, 2 seeds; 16x, 1; llama-tiny on code); it "
-        "becomes the default once other corpora, sizes and the default eta 0.65 are measured: set it for long "
-        "runs",
+        "null, requested with the norm test: probed (the test as first specified) bounds its target by the "
+        "rows probed, and at eta 0.9 a request of 10 on steps capped at 8 stayed at 10 for 539 rounds; "
+        "requested ended each of 5 runs 1-7% lower, sooner, with 0.40-0.57x the bytes (llama-tiny on code "
+        "and prose, 8x and 16x, 2 seeds); the embedded default trains the same either way; a run made before "
+        "the key resumes with probed",
         (KNOBS_LONG,),
     ),
     "merge.every": ("merging every 3 rounds ended the embedded default at 421 against 324", (DEFAULT_RUN,)),

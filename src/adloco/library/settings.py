@@ -162,12 +162,13 @@ class AdaptiveBatch(Dial):
     exact_mean: bool = setting(
         False, "norm test: all-reduce the trainer's mean probe gradient (P values) instead of scalars only"
     )
-    noise_rows: Literal["probed", "requested"] = setting(
-        "probed",
+    noise_rows: Literal["probed", "requested"] | None = setting(
+        None,
         "norm test: whose noise σ̂²/B its estimate of E‖ḡ‖² holds (ALGORITHM.md §2.5): probed, B the rows "
         "probed, so T <= probed rows/η² and a request whose rows are not all probed (a step capped at "
-        "switch.b_max, rows outside the chunks) can stop growing; requested, B the larger of those and the "
-        "trainer's requested rows (T <= request/η²)",
+        "switch.b_max, rows outside the chunks) can stop growing (the norm test as first specified); "
+        "requested, B the larger of those and the trainer's requested rows (T <= request/η²); null: requested "
+        "with the norm test",
     )
     formula: Literal["spec", "reference"] = setting(
         "spec",
@@ -211,9 +212,9 @@ class AdaptiveBatch(Dial):
             "request: set batch.test none to follow a schedule)",
         )
         self.need(
-            self.noise_rows == "probed" or self.test == "norm",
+            self.noise_rows != "requested" or self.test == "norm",
             "noise_rows",
-            f"probed with batch.test = {self.test!r} (requested changes the norm test alone)",
+            f"probed or null with batch.test = {self.test!r} (requested changes the norm test alone)",
         )
         self.need(
             self.lr_scaling != "gain" or self.probing,
@@ -233,10 +234,10 @@ class AdaptiveBatch(Dial):
         return batching.Rule(self.test, self.eta, self.vartheta, self.nu, self.formula)
 
     def noise_of(self, workers: int, request: int) -> int | None:
-        """The requested rows whose noise the norm test reads (``noise_rows: requested``: ``workers`` ×
-        ``request``), or None for the rows probed; :meth:`adloco.library.algorithms.batching.Rule.target`'s
+        """The requested rows whose noise the norm test reads (``noise_rows: requested`` or null: ``workers``
+        × ``request``), or None for the rows probed; :meth:`adloco.library.algorithms.batching.Rule.target`'s
         ``rows``."""
-        return workers * request if self.noise_rows == "requested" else None
+        return None if self.noise_rows == "probed" else workers * request
 
 
 @dataclass(frozen=True)
