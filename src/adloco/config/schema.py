@@ -75,9 +75,7 @@ class DataConfig(Dial):
         allowed="between 0 and 1 (exclusive)",
     )
     max_examples: int | None = setting(
-        None,
-        "read at most this many documents (the paper's data_sample_size)",
-        at_least=2,
+        None, "read at most this many documents (the paper's data_sample_size)", at_least=2
     )
     subset_fraction: float = setting(
         1.0, "share of the training examples each trainer draws from (ALGORITHM.md §3)", above=0, at_most=1
