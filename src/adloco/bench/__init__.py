@@ -60,9 +60,9 @@ from adloco.bench.grid import (
     select,
     variants,
 )
-from adloco.bench.runner import TAIL, Bench, Terminated, eta, train_command
+from adloco.bench.runner import TAIL, Bench, Terminated, _comparable, eta, train_command
 from adloco.bench.writer import _finish, _plan, read_results, report_only
-from adloco.config import dump_yaml, resolve
+from adloco.config import Config, dump_yaml, resolve
 from adloco.errors import UserError
 
 __all__ = [
@@ -183,19 +183,47 @@ def prepare_data(cfg: Any) -> None:
         print(f"bench: preparing the data beforehand failed ({exc}); each run tries on its own", flush=True)
 
 
-def _check_resumable(out: Path, given: str | None, shared_yaml: str) -> None:
-    """--resume: ``out`` must be a bench folder made with the same shared settings."""
+def _check_resumable(out: Path, given: str | None, raw: dict[str, Any], shared: Config) -> None:
+    """--resume: ``out`` must be a bench folder made with the same shared settings: its shared.yaml this
+    command's config, or, where the text differs, the same bench section and the same run settings as the
+    bench ran them (a key added since at the value it ran with, :data:`adloco.config.load.ADDED`; a config
+    that now writes that value out). Then shared.yaml is written again as this command's."""
     if given is None:
         raise UserError("--resume: needs --out BENCH_DIR, the bench to go on with")
     if not (out / "shared.yaml").is_file() or not (out / "runs").is_dir():
         raise UserError(
             f"--out {given!r}: not a folder adloco bench made (no shared.yaml and runs/), nothing to resume"
         )
-    if (out / "shared.yaml").read_text(encoding="utf-8") != shared_yaml:
+    shared_yaml = yaml.safe_dump(raw, sort_keys=False)
+    if (out / "shared.yaml").read_text(encoding="utf-8") == shared_yaml:
+        return
+    why = _settings_differ(out, raw, shared)
+    if why is not None:
         raise UserError(
-            f"--resume: {given}/shared.yaml differs from this command's config (a bench goes on with the "
-            "settings it started with: run it with the command that made it, adding --resume)"
+            f"--resume: {given}/shared.yaml differs from this command's config{why} (a bench goes on with "
+            "the settings it started with: run it with the command that made it, adding --resume)"
         )
+    (out / "shared.yaml").write_text(shared_yaml, encoding="utf-8")
+    print(f"bench: {given}/shared.yaml written again: this command's config, the settings the bench ran with")
+
+
+def _settings_differ(out: Path, raw: dict[str, Any], shared: Config) -> str | None:
+    """Where the bench in ``out`` ran otherwise than ``raw`` and ``shared`` say, in words (' in KEY (A there,
+    B here)'; '' where how it ran does not read), or None where it ran the same."""
+    try:
+        stored = yaml.safe_load((out / "shared.yaml").read_text(encoding="utf-8")) or {}
+        was = yaml.safe_load(dump_yaml(resolve(out / "resolved.yaml", resuming=True)))
+    except (OSError, yaml.YAMLError, UserError, AttributeError):
+        return ""
+    if not isinstance(stored, dict) or stored.get("bench") != raw.get("bench"):
+        return " in its bench section"
+    now = yaml.safe_load(dump_yaml(shared))
+    for section, keys in _comparable(now).items():
+        for key, value in (keys or {}).items():
+            before = (_comparable(was).get(section) or {}).get(key)
+            if before != value:
+                return f" in {section}.{key} ({before!r} there, {value!r} here)"
+    return None
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -221,7 +249,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     out = Path(args.out or Path(shared.logging.out_dir) / f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
     shared_yaml = yaml.safe_dump(settings["raw"], sort_keys=False)
     if args.resume:
-        _check_resumable(out, args.out, shared_yaml)
+        _check_resumable(out, args.out, settings["raw"], shared)
     elif out.exists() and any(out.iterdir()):
         raise UserError(
             f"--out {str(out)!r}: exists and is not empty (nothing is overwritten; --resume goes on with "
