@@ -581,8 +581,10 @@ def test_a_bench_resumes_keeping_the_runs_that_finished(
         assert code == 2
         return capsys.readouterr().err.strip().removeprefix("adloco: error: ")
 
-    assert err("--resume", config={"bench": {"budget": 300}, "inner": {"lr": 0.1}}).startswith(
-        f"--resume: {out}/shared.yaml differs from this command's config"
+    assert err("--resume", config={"bench": {"budget": 300}, "inner": {"lr": 0.1}}) == (
+        f"--resume: {out}/shared.yaml differs from this command's config in inner.lr (0.004 there, 0.1 here) "
+        "(a bench goes on with the settings it started with: run it with the command that made it, adding "
+        "--resume)"
     )
     assert err().startswith(f"--out {str(out)!r}: exists and is not empty")
     assert main(["bench", "--resume", "--budget", "100"]) == 2
@@ -594,6 +596,33 @@ def test_a_bench_resumes_keeping_the_runs_that_finished(
     empty.mkdir()
     assert main(["bench", "--resume", "--budget", "100", "--out", str(empty)]) == 2
     assert "not a folder adloco bench made" in capsys.readouterr().err
+
+
+def test_a_bench_made_before_a_key_goes_on_under_a_config_that_writes_out_the_value_it_ran_with(
+    fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bench whose resolved.yaml predates ``batch.noise_rows`` ran as ``probed``: --resume under a config
+    that pins ``probed`` goes on (shared.yaml written again as the command's), and one that takes the
+    default now (null) is refused in one line naming the key."""
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True, "fail": ["diloco-s0"]}))
+    args = ("--methods", "adloco,diloco", "--seeds", "0")
+    code, out = fake_bench(tmp_path, *args)
+    assert code == 1
+    resolved = yaml.safe_load((out / "resolved.yaml").read_text())
+    del resolved["batch"]["noise_rows"]  # as the code before the key wrote it
+    (out / "resolved.yaml").write_text(yaml.safe_dump(resolved))
+    capsys.readouterr()
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True}))
+    assert fake_bench(tmp_path, *args, "--resume")[0] == 2
+    assert "differs from this command's config in batch.noise_rows ('probed' there, None here)" in (
+        capsys.readouterr().err
+    )
+    pinned = {"batch": {"noise_rows": "probed"}}
+    code, _ = fake_bench(tmp_path, *args, "--resume", config=pinned)
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "shared.yaml written again: this command's config" in printed.out
+    assert yaml.safe_load((out / "shared.yaml").read_text())["batch"] == {"noise_rows": "probed"}
 
 
 def test_a_resumed_bench_whose_grid_finished_runs_the_seeds_its_selection_frees(

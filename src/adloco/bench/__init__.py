@@ -184,10 +184,11 @@ def prepare_data(cfg: Any) -> None:
 
 
 def _check_resumable(out: Path, given: str | None, raw: dict[str, Any], shared: Config) -> None:
-    """--resume: ``out`` must be a bench folder made with the same shared settings: its shared.yaml this
-    command's config, or, where the text differs, the same bench section and the same run settings as the
-    bench ran them (a key added since at the value it ran with, :data:`adloco.config.load.ADDED`; a config
-    that now writes that value out). Then shared.yaml is written again as this command's."""
+    """--resume: ``out`` must be a bench folder made with the same shared settings: the run settings the
+    bench ran with (its resolved.yaml, a key added since read at the value it ran with,
+    :data:`adloco.config.load.ADDED`), so that a bench made before a default changed is not finished under
+    the new one. Where the text differs with the same settings (a config that now writes
+    that value out), shared.yaml and resolved.yaml are written again as this command's."""
     if given is None:
         raise UserError("--resume: needs --out BENCH_DIR, the bench to go on with")
     if not (out / "shared.yaml").is_file() or not (out / "runs").is_dir():
@@ -195,28 +196,28 @@ def _check_resumable(out: Path, given: str | None, raw: dict[str, Any], shared: 
             f"--out {given!r}: not a folder adloco bench made (no shared.yaml and runs/), nothing to resume"
         )
     shared_yaml = yaml.safe_dump(raw, sort_keys=False)
-    if (out / "shared.yaml").read_text(encoding="utf-8") == shared_yaml:
-        return
-    why = _settings_differ(out, raw, shared)
-    if why is not None:
+    same_text = (out / "shared.yaml").read_text(encoding="utf-8") == shared_yaml
+    why = _settings_differ(out, shared)
+    if why is not None and not (same_text and why == ""):  # a bench without resolved.yaml: its text decides
         raise UserError(
             f"--resume: {given}/shared.yaml differs from this command's config{why} (a bench goes on with "
             "the settings it started with: run it with the command that made it, adding --resume)"
         )
-    (out / "shared.yaml").write_text(shared_yaml, encoding="utf-8")
-    print(f"bench: {given}/shared.yaml written again: this command's config, the settings the bench ran with")
+    if not same_text:
+        (out / "shared.yaml").write_text(shared_yaml, encoding="utf-8")
+        (out / "resolved.yaml").write_text(dump_yaml(shared), encoding="utf-8")
+        print(
+            f"bench: {given}/shared.yaml written again: this command's config, the settings the bench ran with"
+        )
 
 
-def _settings_differ(out: Path, raw: dict[str, Any], shared: Config) -> str | None:
-    """Where the bench in ``out`` ran otherwise than ``raw`` and ``shared`` say, in words (' in KEY (A there,
+def _settings_differ(out: Path, shared: Config) -> str | None:
+    """Where the bench in ``out`` ran otherwise than ``shared`` says, in words (' in KEY (A there,
     B here)'; '' where how it ran does not read), or None where it ran the same."""
     try:
-        stored = yaml.safe_load((out / "shared.yaml").read_text(encoding="utf-8")) or {}
         was = yaml.safe_load(dump_yaml(resolve(out / "resolved.yaml", resuming=True)))
-    except (OSError, yaml.YAMLError, UserError, AttributeError):
+    except (OSError, yaml.YAMLError, UserError):
         return ""
-    if not isinstance(stored, dict) or stored.get("bench") != raw.get("bench"):
-        return " in its bench section"
     now = yaml.safe_load(dump_yaml(shared))
     for section, keys in _comparable(now).items():
         for key, value in (keys or {}).items():
