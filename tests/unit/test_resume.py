@@ -381,3 +381,29 @@ def test_a_run_made_before_a_key_was_added_resumes_with_the_value_it_ran_with(tm
     old["batch"]["noise_rows"] = None
     path.write_text(yaml.safe_dump(old))
     assert resolve(path, resuming=True).batch.noise_rows is None
+
+
+def test_a_checkpoint_from_before_a_key_was_added_holds_the_run_to_the_value_it_ran_with() -> None:
+    """The checkpoint's config of a run made before ``batch.noise_rows`` lacks it: the run ran as
+    ``probed``, so --resume may not switch it to ``requested`` (not a key a resumed run may change), and a
+    checkpoint read for analysis (:func:`adloco.config.load.as_it_ran`) reads ``probed`` too."""
+    from types import SimpleNamespace
+
+    from adloco.config import resolve
+    from adloco.config.load import as_it_ran
+    from adloco.engine.rundir import check_resumable
+    from adloco.errors import UserError
+
+    saved = resolve().to_dict()
+    del saved["batch"]["noise_rows"]
+    ck = SimpleNamespace(meta={"config": saved}, path=Path("ck"), round=1)
+    check_resumable(resolve(None, ["batch.noise_rows=probed"]), ck)  # type: ignore[arg-type]
+    with pytest.raises(
+        UserError, match=r"^--resume: batch\.noise_rows = 'requested' differs from the checkpoint's 'probed'"
+    ):
+        check_resumable(resolve(None, ["batch.noise_rows=requested"]), ck)  # type: ignore[arg-type]
+    with pytest.raises(
+        UserError, match=r"^--resume: batch\.noise_rows = None differs from the checkpoint's 'probed'"
+    ):
+        check_resumable(resolve(), ck)  # type: ignore[arg-type]
+    assert resolve(base=as_it_ran(saved)).batch.noise_rows == "probed"

@@ -60,7 +60,7 @@ from adloco.bench.grid import (
     select,
     variants,
 )
-from adloco.bench.runner import TAIL, Bench, Terminated, _comparable, eta, train_command
+from adloco.bench.runner import TAIL, Bench, Terminated, eta, train_command
 from adloco.bench.writer import _finish, _plan, read_results, report_only
 from adloco.config import Config, dump_yaml, resolve
 from adloco.errors import UserError
@@ -184,11 +184,11 @@ def prepare_data(cfg: Any) -> None:
 
 
 def _check_resumable(out: Path, given: str | None, raw: dict[str, Any], shared: Config) -> None:
-    """--resume: ``out`` must be a bench folder made with the same shared settings: the run settings the
-    bench ran with (its resolved.yaml, a key added since read at the value it ran with,
-    :data:`adloco.config.load.ADDED`), so that a bench made before a default changed is not finished under
-    the new one. Where the text differs with the same settings (a config that now writes
-    that value out), shared.yaml and resolved.yaml are written again as this command's."""
+    """--resume: ``out`` must be a bench folder made with the same shared settings. Its shared.yaml must be
+    this command's config, but for keys added since the bench began (:data:`adloco.config.load.ADDED`)
+    written out at the value it ran with (then shared.yaml and resolved.yaml are written again as this
+    command's); and a bench made before such a key is refused under a config that would now run it at
+    another value (its default changed), in one line naming the key."""
     if given is None:
         raise UserError("--resume: needs --out BENCH_DIR, the bench to go on with")
     if not (out / "shared.yaml").is_file() or not (out / "runs").is_dir():
@@ -196,35 +196,59 @@ def _check_resumable(out: Path, given: str | None, raw: dict[str, Any], shared: 
             f"--out {given!r}: not a folder adloco bench made (no shared.yaml and runs/), nothing to resume"
         )
     shared_yaml = yaml.safe_dump(raw, sort_keys=False)
-    same_text = (out / "shared.yaml").read_text(encoding="utf-8") == shared_yaml
-    why = _settings_differ(out, shared)
-    if why is not None and not (same_text and why == ""):  # a bench without resolved.yaml: its text decides
+    stored_text = (out / "shared.yaml").read_text(encoding="utf-8")
+    ran = _ran_with(out)  # the added keys as the bench ran them, where its resolved.yaml says
+    now = shared.to_dict()
+    for (section, key), was in ran.items():
+        if now[section][key] != was:
+            raise UserError(
+                f"--resume: {given} ran with {section}.{key}: {_word(was)}, whose default has changed since "
+                f"(now {_word(now[section][key])}): add `{key}: {_word(was)}` under `{section}:` to its "
+                f"config, or --set {section}.{key}={_word(was)}, to go on as it began"
+            )
+    if stored_text == shared_yaml:
+        return
+    stored = yaml.safe_load(stored_text) or {}
+    written_out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for section, key in ran:
+        if key in (written_out.get(section) or {}) and key not in (stored.get(section) or {}):
+            del written_out[section][key]
+            if not written_out[section]:
+                del written_out[section]
+    if written_out != stored:
         raise UserError(
-            f"--resume: {given}/shared.yaml differs from this command's config{why} (a bench goes on with "
-            "the settings it started with: run it with the command that made it, adding --resume)"
+            f"--resume: {given}/shared.yaml differs from this command's config (a bench goes on with the "
+            "settings it started with: run it with the command that made it, adding --resume)"
         )
-    if not same_text:
+    try:  # the same settings, written out: shared.yaml says them as this command does
         (out / "shared.yaml").write_text(shared_yaml, encoding="utf-8")
         (out / "resolved.yaml").write_text(dump_yaml(shared), encoding="utf-8")
-        print(
-            f"bench: {given}/shared.yaml written again: this command's config, the settings the bench ran with"
-        )
+    except OSError as exc:
+        raise UserError(f"--out {given!r}: cannot be written ({exc.strerror})") from None
+    print(f"bench: {given}/shared.yaml written again: this command's config, the settings the bench ran with")
 
 
-def _settings_differ(out: Path, shared: Config) -> str | None:
-    """Where the bench in ``out`` ran otherwise than ``shared`` says, in words (' in KEY (A there,
-    B here)'; '' where how it ran does not read), or None where it ran the same."""
+def _ran_with(out: Path) -> dict[tuple[str, str], Any]:
+    """The keys of :data:`adloco.config.load.ADDED` that the bench in ``out`` began before (its
+    resolved.yaml lacks them), each with the value it ran with; none where resolved.yaml does not read."""
+    from adloco.config.load import ADDED
+
     try:
-        was = yaml.safe_load(dump_yaml(resolve(out / "resolved.yaml", resuming=True)))
-    except (OSError, yaml.YAMLError, UserError):
-        return ""
-    now = yaml.safe_load(dump_yaml(shared))
-    for section, keys in _comparable(now).items():
-        for key, value in (keys or {}).items():
-            before = (_comparable(was).get(section) or {}).get(key)
-            if before != value:
-                return f" in {section}.{key} ({before!r} there, {value!r} here)"
-    return None
+        resolved = yaml.safe_load((out / "resolved.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    if not isinstance(resolved, dict):
+        return {}
+    return {
+        (section, key): value
+        for (section, key), value in ADDED.items()
+        if isinstance(resolved.get(section), dict) and key not in resolved[section]
+    }
+
+
+def _word(value: Any) -> str:
+    """A value as YAML writes it (null, not None)."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:

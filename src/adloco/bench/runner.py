@@ -136,7 +136,7 @@ def _comparable(config: dict[str, Any]) -> dict[str, Any]:
     return c
 
 
-def _as_it_ran(folder: Path) -> dict[str, Any] | None:
+def _config_as_resumed(folder: Path) -> dict[str, Any] | None:
     """A run directory's config as ``adloco train --resume`` reads it (keys added since at the values it
     ran with, :data:`adloco.config.load.ADDED`), as :func:`_comparable` compares it; None where it does not
     read."""
@@ -259,7 +259,7 @@ class Bench:
                 run = results.load(folder)
             except UserError:
                 continue
-            if _as_it_ran(folder) != expected:
+            if _config_as_resumed(folder) != expected:
                 continue
             self.started += 1
             t.number, t.status, t.folder, t.run = self.started, "ok", folder, run
@@ -283,7 +283,7 @@ class Bench:
             return None
         expected = None
         for folder in _stopped_dirs(self.out / "runs", t.name):
-            config = _as_it_ran(folder)
+            config = _config_as_resumed(folder)
             expected = self.expected(t) if expected is None else expected
             if config is None or config != expected:
                 continue

@@ -105,11 +105,15 @@ ADDED: dict[tuple[str, str], Any] = {
 }
 
 
-def _as_it_ran(sections: dict[str, dict[str, Any]]) -> None:
-    """A resuming run's own config.yaml, in place: each key of :data:`ADDED` it lacks takes the value the
-    run was made with, so a run goes on as it ran whatever the defaults have become since."""
+def as_it_ran(sections: dict[str, Any]) -> dict[str, Any]:
+    """A run's own config (its config.yaml, a checkpoint's), in place and returned: each key of
+    :data:`ADDED` it lacks takes the value the run was made with, so a run reads as it ran whatever the
+    defaults have become since."""
     for (section, key), value in ADDED.items():
-        sections.setdefault(section, {}).setdefault(key, value)
+        if not isinstance(sections.get(section), dict):
+            sections[section] = {}
+        sections[section].setdefault(key, value)
+    return sections
 
 
 def _moved_sync_keys(sections: dict[str, dict[str, Any]], every: bool) -> None:
@@ -295,7 +299,7 @@ def resolve(
             sections = _sections(raw, origin)
             _moved_sync_keys(sections, every=resuming and raw is not base)
             if resuming and raw is not base:
-                _as_it_ran(sections)
+                as_it_ran(sections)
             for section, keys in sections.items():
                 user.setdefault(section, {}).update(keys)
     for text in overrides or []:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from adloco import events
 from adloco.config import RESUMABLE, RESUMABLE_TEXT, Config, dump_yaml
+from adloco.config.load import ADDED
 from adloco.engine import checkpoint
 from adloco.engine.checkpoint.files import write_atomic
 from adloco.errors import UserError
@@ -39,7 +40,7 @@ def check_resumable(cfg: Config, ck: checkpoint.Checkpoint) -> None:
     for section, values in now.items():
         for key, value in values.items():
             path = f"{section}.{key}"
-            old = (saved.get(section) or {}).get(key, value)
+            old = (saved.get(section) or {}).get(key, ADDED.get((section, key), value))  # as it ran
             if old != value and not any(
                 path == r or (r.endswith(".") and path.startswith(r)) for r in RESUMABLE
             ):
