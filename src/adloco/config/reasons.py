@@ -65,7 +65,7 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "batch.noise_rows": (
         "null, requested with the norm test: probed (the test as first specified) bounds its target by the "
         "rows probed, and at eta 0.9 a request of 10 on steps capped at 8 stayed at 10 for 539 rounds; "
-        "requested ended each of 6 runs 1-18% lower, sooner, with 0.30-0.57x the bytes (llama-tiny on code "
+        "requested ended each of 7 runs 1-18% lower, sooner, with 0.30-0.57x the bytes (llama-tiny on code "
         "and prose, 8x to the compute-optimal 52x, 1-2 seeds); the embedded default trains the same either "
         "way; a run made before the key resumes with probed",
         (KNOBS_LONG,),
