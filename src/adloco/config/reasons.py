@@ -30,7 +30,7 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "inner.optimizer": (
         "AdamW stays: Muon ended 6-round runs at 0.47-0.69x AdamW's perplexity (1.4M and 11M parameters), "
-        "8x longer runs at 0.54-0.92x (both corpora, both methods and the batch schedule), 16x at 0.55-0.90x "
+        "8x longer runs at 0.54-0.92x (both corpora, both methods and the batch schedule), 16x at 0.55-0.91x "
         "and the compute-optimal budget at 0.85x (the schedule), "
         "the batch schedule with Muon lowest of all, but it cannot be "
         "captured in CUDA graphs (on by default on a GPU, where they run workers side by side) nor sharded, "
