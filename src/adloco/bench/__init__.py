@@ -63,6 +63,7 @@ from adloco.bench.grid import (
 from adloco.bench.runner import TAIL, Bench, Terminated, eta, train_command
 from adloco.bench.writer import _finish, _plan, read_results, report_only
 from adloco.config import Config, dump_yaml, resolve
+from adloco.config.load import yaml_value
 from adloco.errors import UserError
 
 __all__ = [
@@ -202,9 +203,9 @@ def _check_resumable(out: Path, given: str | None, raw: dict[str, Any], shared: 
     for (section, key), was in ran.items():
         if now[section][key] != was:
             raise UserError(
-                f"--resume: {given} ran with {section}.{key}: {_word(was)}, whose default has changed since "
-                f"(now {_word(now[section][key])}): add `{key}: {_word(was)}` under `{section}:` to its "
-                f"config, or --set {section}.{key}={_word(was)}, to go on as it began"
+                f"--resume: {given} ran with {section}.{key}: {yaml_value(was)}, whose default has changed since "
+                f"(now {yaml_value(now[section][key])}): add `{key}: {yaml_value(was)}` under `{section}:` to its "
+                f"config, or --set {section}.{key}={yaml_value(was)}, to go on as it began"
             )
     if stored_text == shared_yaml:
         return
@@ -244,11 +245,6 @@ def _ran_with(out: Path) -> dict[tuple[str, str], Any]:
         for (section, key), value in ADDED.items()
         if isinstance(resolved.get(section), dict) and key not in resolved[section]
     }
-
-
-def _word(value: Any) -> str:
-    """A value as YAML writes it (null, not None)."""
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:

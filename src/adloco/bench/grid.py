@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from adloco.config import load_yaml, parse_override, resolve
+from adloco.config.load import yaml_value
 from adloco.errors import UserError
 from adloco.library.settings import METHODS
 
@@ -100,7 +99,7 @@ def _grid_keys(
             vals = values if isinstance(values, list) else [values]
             if not vals:
                 raise UserError(f"{where}: bench.sweep.{m}.{k}: no values")
-            out[m][_key(str(k), f"{where}: bench.sweep.{m}")] = [_yaml_value(v) for v in vals]
+            out[m][_key(str(k), f"{where}: bench.sweep.{m}")] = [yaml_value(v) for v in vals]
     for text in getattr(args, "sweep", None) or []:
         if "=" not in text:
             raise UserError(f"--sweep {text!r}: must look like section.key=v1,v2,...")
@@ -139,7 +138,7 @@ def _derived(bench: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
             raise UserError(f"{here}.set: a mapping of section.key to a value")
         out[name] = {
             "from": spec["from"],
-            "sets": [f"{_key(str(k), here + '.set')}={_yaml_value(v)}" for k, v in pins.items()],
+            "sets": [f"{_key(str(k), here + '.set')}={yaml_value(v)}" for k, v in pins.items()],
         }
     return out
 
@@ -211,7 +210,7 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, 
 
     def sets(method: str) -> list[str]:
         method = derived[method]["from"] if method in derived else method
-        own = [f"{k}={_yaml_value(v)}" for k, v in (per_method.get(method) or {}).items()]
+        own = [f"{k}={yaml_value(v)}" for k, v in (per_method.get(method) or {}).items()]
         return [f"algorithm.method={method}", *own, *args.overrides, f"algorithm.budget={int(budget)}"]
 
     out += [(m, sets(m)) for m in methods]
@@ -285,10 +284,6 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, 
 def _get(cfg: Any, key: str) -> Any:
     section, _, name = key.partition(".")
     return getattr(getattr(cfg, section), name)
-
-
-def _yaml_value(v: Any) -> str:
-    return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()
 
 
 @dataclass

@@ -106,14 +106,20 @@ ADDED: dict[tuple[str, str], Any] = {
 
 
 def as_it_ran(sections: dict[str, Any]) -> dict[str, Any]:
-    """A run's own config (its config.yaml, a checkpoint's), in place and returned: each key of
-    :data:`ADDED` it lacks takes the value the run was made with, so a run reads as it ran whatever the
-    defaults have become since."""
+    """A run's own config (its config.yaml, a checkpoint's), copied: each key of :data:`ADDED` it lacks
+    takes the value the run was made with, so a run reads as it ran whatever the defaults have become
+    since."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in sections.items()}
     for (section, key), value in ADDED.items():
-        if not isinstance(sections.get(section), dict):
-            sections[section] = {}
-        sections[section].setdefault(key, value)
-    return sections
+        if not isinstance(out.get(section), dict):
+            out[section] = {}
+        out[section].setdefault(key, value)
+    return out
+
+
+def yaml_value(value: Any) -> str:
+    """A value as YAML writes it in a line (null, not None; a string unquoted where YAML allows)."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
 def _moved_sync_keys(sections: dict[str, dict[str, Any]], every: bool) -> None:
@@ -299,7 +305,7 @@ def resolve(
             sections = _sections(raw, origin)
             _moved_sync_keys(sections, every=resuming and raw is not base)
             if resuming and raw is not base:
-                as_it_ran(sections)
+                sections = as_it_ran(sections)
             for section, keys in sections.items():
                 user.setdefault(section, {}).update(keys)
     for text in overrides or []:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from adloco import events
 from adloco.config import RESUMABLE, RESUMABLE_TEXT, Config, dump_yaml
-from adloco.config.load import ADDED
+from adloco.config.load import as_it_ran
 from adloco.engine import checkpoint
 from adloco.engine.checkpoint.files import write_atomic
 from adloco.errors import UserError
@@ -36,11 +36,12 @@ def check_resumable(cfg: Config, ck: checkpoint.Checkpoint) -> None:
     saved = ck.meta.get("config")
     if not isinstance(saved, dict):
         raise UserError(f"checkpoint {str(ck.path)!r}: holds no config (not written by this adloco)")
+    saved = as_it_ran(saved)  # a key added since reads as the value the run was made with
     now = cfg.to_dict()
     for section, values in now.items():
         for key, value in values.items():
             path = f"{section}.{key}"
-            old = (saved.get(section) or {}).get(key, ADDED.get((section, key), value))  # as it ran
+            old = (saved.get(section) or {}).get(key, value)
             if old != value and not any(
                 path == r or (r.endswith(".") and path.startswith(r)) for r in RESUMABLE
             ):

@@ -138,7 +138,7 @@ def load_model(
     saved = ck.meta.get("config")
     if not isinstance(saved, dict):
         raise UserError(f"--checkpoint {str(ck.path)!r}: holds no config (not written by this adloco)")
-    cfg = resolve(base=as_it_ran({k: dict(v) if isinstance(v, dict) else v for k, v in saved.items()}))
+    cfg = resolve(base=as_it_ran(saved))
     data = prepare(cfg.data, cfg.model.task, cfg.model.trust_remote_code, log=log)
     factory = factory_for(cfg.model, cfg.data.seq_len, data)
     flat = FlatModule(factory.build(cfg.algorithm.seed).to(device))
