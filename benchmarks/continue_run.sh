@@ -23,5 +23,11 @@ if PYTHONPATH=$code/src adloco train --resume "$dst" --set algorithm.budget="$bu
     >> "$out/$name.log" 2>&1; then
     echo "$name: done $(date -u +%H:%M)"
 else
-    echo "$name: FAILED (exit $?, $out/$name.log)"; exit 1
+    rc=$?
+    # 143 and 130: stopped by SIGTERM or Ctrl-C, its checkpoint written; the same command goes on from it
+    case $rc in
+        143|130) echo "$name: stopped $(date -u +%H:%M), goes on from its newest checkpoint" ;;
+        *) echo "$name: FAILED (exit $rc, $out/$name.log)" ;;
+    esac
+    exit 1
 fi
