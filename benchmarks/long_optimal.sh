@@ -9,25 +9,25 @@
 # 1); stopped and started again, a run goes on from its newest checkpoint (every 10 rounds), so the bench
 # may span several sittings. Run from the repository root.
 set -u
-: "${GRID:?a checkout of 1e2cb00}"
+bad() { echo "long_optimal.sh: $1" >&2; exit 2; }
+[ -n "${GRID:-}" ] || bad "GRID: unset; a checkout of 1e2cb00"
 SEED=${SEED:-0}
-case $SEED in 0|1) ;; *) echo "long_optimal.sh: SEED=$SEED: 0 or 1" >&2; exit 2 ;; esac
+case $SEED in 0|1) ;; *) bad "SEED=$SEED: 0 or 1" ;; esac
+[ "$SEED" = 0 ] || [ -n "${REQUESTED:-}" ] || bad "REQUESTED: unset; with SEED=1, a checkout of 1e2cb00 with the batch.noise_rows commit"
 B=benchmarks/out/long16-tiny-stdlib/runs
 E=benchmarks/out/long16-extended/runs
 OUT=benchmarks/out/optimal-tiny-stdlib
-C="bash benchmarks/continue_run.sh"
-if [ "$SEED" = 1 ]; then
-: "${REQUESTED:?with SEED=1, a checkout of 1e2cb00 with the batch.noise_rows commit}"
-cat <<LIST | xargs -P "${JOBS:-1}" -I{} bash -c '{}'
-$C diloco-s1 $B/diloco-s1-20261129-055410 $GRID $OUT 215220 1200
-$C adloco-requested-s1 $E/adloco-requested-s1 $REQUESTED $OUT 215220 1200
-$C diloco-schedule-s1 $B/diloco-schedule-s1-20261129-062727 $GRID $OUT 215220 1200
-LIST
-exit
-fi
-cat <<LIST | xargs -P "${JOBS:-1}" -I{} bash -c '{}'
-$C diloco-s0 $B/diloco-s0-20261129-024124 $GRID $OUT 215220 1200
-$C adloco-s0 $B/adloco-s0-20261129-021241 $GRID $OUT 215220 1200
-$C diloco-schedule-s0 $B/diloco-schedule-s0-20261129-033135 $GRID $OUT 215220 1200
-$C schedule-muon-s0 $E/schedule-muon-s0 $GRID $OUT 215220 1200
-LIST
+# name, the 16x run it continues, the code it was made with
+runs() {
+    if [ "$SEED" = 1 ]; then
+        echo "diloco-s1 $B/diloco-s1-20261129-055410 $GRID"
+        echo "adloco-requested-s1 $E/adloco-requested-s1 $REQUESTED"
+        echo "diloco-schedule-s1 $B/diloco-schedule-s1-20261129-062727 $GRID"
+    else
+        echo "diloco-s0 $B/diloco-s0-20261129-024124 $GRID"
+        echo "adloco-s0 $B/adloco-s0-20261129-021241 $GRID"
+        echo "diloco-schedule-s0 $B/diloco-schedule-s0-20261129-033135 $GRID"
+        echo "schedule-muon-s0 $E/schedule-muon-s0 $GRID"
+    fi
+}
+runs | xargs -P "${JOBS:-1}" -I{} bash -c "bash benchmarks/continue_run.sh {} $OUT 215220 1200"
