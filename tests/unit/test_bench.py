@@ -371,9 +371,9 @@ def test_derived_variants_and_rules_refuse_bad_input(
         ({"variants": {"diloco": {"from": "diloco"}}}, "adloco,diloco", "bench.variants.diloco: a new name"),
         ({"variants": {"x": {"from": "sgd"}}}, "adloco", "bench.variants.x: holds from (one of adloco"),
         (
-            {"variants": {"x": {"from": "diloco"}}},
+            {"variants": {"x": {"from": "diloco"}}, "sweep": {"diloco": {"outer.lr": [0.5, 0.7]}}},
             "adloco,x",
-            "x starts from diloco's selected setting: name",
+            "x starts from diloco's selected setting, so with a grid for diloco, --methods must include diloco",
         ),
         ({"select": {"diloco": "fast"}}, "diloco", "bench.select: a mapping of variants (diloco) to a rule"),
         ({"target": "ddp"}, "diloco", "bench.target = 'ddp': a perplexity, or one of --methods (diloco)"),
@@ -383,7 +383,10 @@ def test_derived_variants_and_rules_refuse_bad_input(
             "bench.select.diloco = 'time': needs a target",
         ),
         (
-            {"variants": {"x": {"from": "diloco", "set": {"batch.schedule": "ramp"}}}},
+            {
+                "variants": {"x": {"from": "diloco", "set": {"batch.schedule": "ramp"}}},
+                "sweep": {"diloco": {"inner.lr": [0.002, 0.004]}},
+            },
             "adloco,x",
             "x starts from diloco's",
         ),
@@ -399,6 +402,33 @@ def test_derived_variants_and_rules_refuse_bad_input(
         code, _ = fake_bench(where, "--methods", methods, config={"bench": {"budget": 300, **section}})
         err = capsys.readouterr().err
         assert code == 2 and message in err, (section, err)
+
+
+def test_a_variant_runs_alone_when_its_parent_has_one_setting(
+    fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing to choose: the variant runs without its parent, at the parent's pins and its own sets,
+    the config it would have beside its parent (but for its name and folder)."""
+    config = {
+        "bench": {
+            "budget": 300,
+            "methods": {"diloco": {"outer.lr": 0.3}},
+            "variants": {"sched": {"from": "diloco", "set": {"batch.schedule": "ramp"}}},
+        }
+    }
+    configs = {}
+    for methods in ("sched", "diloco,sched"):
+        where = tmp_path / methods.replace(",", "-")
+        where.mkdir()
+        code, out = fake_bench(where, "--methods", methods, "--seeds", "0", config=config)
+        assert code == 0, capsys.readouterr().err
+        runs = {p.name.removesuffix("-20260101-000000"): p for p in (out / "runs").iterdir()}
+        assert set(runs) == {"sched-s0"} | ({"diloco-s0"} if "," in methods else set())
+        cfg = yaml.safe_load((runs["sched-s0"] / "config.yaml").read_text())
+        del cfg["logging"]["out_dir"]
+        configs[methods] = cfg
+    assert configs["sched"] == configs["diloco,sched"]
+    assert configs["sched"]["outer"]["lr"] == "0.3" and configs["sched"]["batch"]["schedule"] == "ramp"
 
 
 def test_settings_pinned_in_the_bench_section_are_reported(

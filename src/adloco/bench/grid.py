@@ -198,12 +198,6 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, 
     keys = _grid_keys(args, bench, where, derived)
     out: list[tuple[str, list[str]]] = []
     methods = _split(args.methods, [*METHODS, *derived], "methods")
-    for name in methods:
-        if name in derived and derived[name]["from"] not in methods:
-            raise UserError(
-                f"--methods {args.methods!r}: {name} starts from {derived[name]['from']}'s selected setting: "
-                f"name {derived[name]['from']} too"
-            )
     ablations = _split(args.ablations, ABLATIONS, "ablations")
     if not methods and not ablations:
         raise UserError("--methods: nothing to run")
@@ -215,7 +209,10 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, 
 
     out += [(m, sets(m)) for m in methods]
     out += [(f"adloco-{a}", sets("adloco") + ABLATIONS[a]) for a in ablations]
-    owners = [*methods, *(["adloco"] if ablations else [])]
+    # a derived variant starts from its parent's one setting, or from its grid's choice: the parent's
+    # grid is known even where the parent does not run (as AdLoCo's for ablations)
+    parents = [derived[m]["from"] for m in methods if m in derived]
+    owners = [*methods, *(["adloco"] if ablations else []), *parents]
     grids: dict[str, list[Setting]] = {}
     for m in dict.fromkeys(owners):
         names = list(keys[m])
@@ -223,6 +220,13 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, 
         grids[m] = [
             Setting(i, [f"{k}={v}" for k, v in zip(names, c, strict=True)]) for i, c in enumerate(combos)
         ]
+    for name in methods:
+        parent = derived[name]["from"] if name in derived else None
+        if parent is not None and parent not in methods and len(grids[parent]) > 1:
+            raise UserError(
+                f"--methods {args.methods!r}: {name} starts from {parent}'s selected setting, so with a "
+                f"grid for {parent}, --methods must include {parent}"
+            )
     if ablations and len(grids["adloco"]) > 1 and "adloco" not in methods:
         raise UserError(
             "--ablations: they start from AdLoCo's selected setting, so with a grid for adloco, "
