@@ -13,11 +13,19 @@ import tempfile
 from pathlib import Path
 
 _TMP = Path(tempfile.mkdtemp(prefix="adloco-tests-"))
+# The adloco cache (tokenized corpora) is one for the session: pytest-xdist's workers, children of the
+# process that made it, share it, so the default corpus is tokenized once (its builds take a lock), not
+# once a worker. A pytest started inside a test (its parent is not that process) makes its own.
+if os.environ.get("ADLOCO_TESTS_CACHE_OWNER") == str(os.getppid()):
+    _CACHE, _OWN_CACHE = Path(os.environ["ADLOCO_TESTS_CACHE"]), False
+else:
+    _CACHE, _OWN_CACHE = Path(tempfile.mkdtemp(prefix="adloco-tests-cache-")), True
+    os.environ["ADLOCO_TESTS_CACHE"], os.environ["ADLOCO_TESTS_CACHE_OWNER"] = str(_CACHE), str(os.getpid())
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_HOME"] = str(_TMP / "hf")
-os.environ["ADLOCO_CACHE"] = str(_TMP / "cache")
+os.environ["ADLOCO_CACHE"] = str(_CACHE)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # the trackers never send anything: W&B offline, MLflow in the run directory's own file store
 os.environ["WANDB_MODE"] = "offline"
@@ -32,10 +40,12 @@ torch.set_num_threads(1)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """The private Hugging Face home and cache go with the session (each xdist worker has its own)."""
+    """The private Hugging Face home (each xdist worker has its own) and the cache go with the session."""
     import shutil
 
     shutil.rmtree(_TMP, ignore_errors=True)
+    if _OWN_CACHE:
+        shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -182,6 +182,38 @@ def test_cache_is_reused_and_keyed_by_content(
     assert len(third.train) + len(third.val) != len(first.train) + len(first.val)
 
 
+def test_runs_that_start_together_tokenize_a_corpus_once(tmp_path: Path, folder: Path) -> None:
+    """A run that finds its cache entry being built by another process waits for it, saying so in one line,
+    and reads what that process wrote: a bench's jobs (or a test session's workers) tokenize a corpus once."""
+    import fcntl
+    import shutil
+    import subprocess
+    import sys
+
+    c = cfg(tmp_path, folder)
+    prepare(cfg(tmp_path, folder, cache_dir=str(tmp_path / "elsewhere")), log=quiet)  # the entry, built apart
+    (built,) = (
+        p for p in (tmp_path / "elsewhere" / "data").iterdir() if not p.name.startswith(".")
+    )  # its lock
+    entry = tmp_path / "cache" / "data" / built.name
+    entry.parent.mkdir(parents=True)
+    code = (
+        "from adloco.config import DataConfig; from adloco.data.tokens import prepare; "
+        f"d = prepare(DataConfig(**{c.__dict__!r}), log=lambda m: print(m, flush=True)); print('trained', d.n_train)"
+    )
+    with open(entry.parent / f".{entry.name}.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process is building the entry
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert child.stdout is not None
+        first = child.stdout.readline()
+        assert first == f"waiting for another process that is building the same cache entry ({entry})\n"
+        shutil.copytree(built, entry)  # ... which finishes it
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    rest = child.stdout.read()
+    assert child.wait(timeout=60) == 0
+    assert rest.startswith("trained ") and "tokeniz" not in rest and "reading" not in rest  # read, not built
+
+
 def test_classification_data_with_string_labels(tmp_path: Path) -> None:
     f = tmp_path / "reviews.jsonl"
     f.write_text(

@@ -14,12 +14,13 @@ padded per batch to the longest row.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from adloco.config import DataConfig
-from adloco.data.sources import Document, make_source
+from adloco.data.sources import Document, Source, make_source
 from adloco.errors import UserError
 from adloco.models import hub
 
@@ -74,6 +75,36 @@ def _atomic_dir(final: Path, fill: Callable[[Path], None]) -> None:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _one_builder(folder: Path, log: Callable[[str], None]) -> Iterator[None]:
+    """Hold the lock of the cache entry ``folder`` while one process builds it: runs that start together on
+    one machine (a bench's jobs, a test session's workers) tokenize a corpus once, the others wait and read
+    it. Where the lock cannot be taken (no fcntl, a read-only or lockless file system) the build goes on
+    unlocked, as before: :func:`_atomic_dir` keeps concurrent builders safe, only slower."""
+    try:
+        import fcntl
+
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(folder.parent / f".{folder.name}.lock", "a+")  # noqa: SIM115 - held across the yield
+    except (ImportError, OSError):
+        yield
+        return
+    with handle:
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log(f"waiting for another process that is building the same cache entry ({folder})")
+                fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:
+            yield
+            return
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -298,71 +329,10 @@ def prepare(
     key = hashlib.sha256("\n".join(key_parts).encode()).hexdigest()[:32]
     folder = cache_root(cfg.cache_dir) / "data" / key
     if not (folder / "meta.json").is_file():
-        pretrained = not cfg.tokenizer.startswith("bpe:")
-        if pretrained:  # before the data is read: a tokenizer that does not load fails at once
-            tokenizer = load_pretrained_tokenizer(cfg.tokenizer, trust_remote_code)
-        log(f"reading {source.description}")
-        train_docs, val_docs = source.load(cfg, need_label=task == "classification")
-        if not pretrained:
-            asked = int(cfg.tokenizer[4:])
-            log(f"training a byte-level BPE tokenizer (up to {asked} tokens) on {len(train_docs)} documents")
-            tokenizer = _train_bpe(train_docs, asked, cfg.seq_len)
-            got = len(tokenizer)
-            short = (
-                f", fewer than the {asked} asked: the corpus is too small for more merges"
-                if got < asked
-                else ""
-            )
-            log(f"tokenizer: a vocabulary of {got} tokens{short}")
-        eos, pad = _special_ids(tokenizer, task, cfg.tokenizer)
-        log(f"tokenizing {len(train_docs) + len(val_docs)} documents (cached for later runs)")
-
-        def fill(d: Path) -> None:
-            meta: dict[str, Any] = {
-                "task": task,
-                "eos_id": eos,
-                "pad_id": pad,
-                "vocab_size": len(tokenizer),
-                "documents": [len(train_docs), len(val_docs)],
-                "source": source.description,
-            }
-            dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max else np.uint32
-            top = 0
-            if task == "causal_lm":
-                for name, docs in (("train", train_docs), ("val", val_docs)):
-                    parts: list[np.ndarray] = []
-                    for i in range(0, len(docs), 256):
-                        for ids in _encode(tokenizer, [x.text for x in docs[i : i + 256]], special=False):
-                            parts.append(np.asarray([*ids, eos], dtype=dtype))
-                    arr = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-                    top = max(top, int(arr.max()) if len(arr) else 0)
-                    np.save(d / f"{name}.npy", arr)
-            else:
-                names: list[str] | None = None
-                for name, docs in (("train", train_docs), ("val", val_docs)):
-                    mat = np.full((len(docs), cfg.seq_len), pad, dtype=np.int32)
-                    lens = np.zeros(len(docs), dtype=np.int32)
-                    for i in range(0, len(docs), 256):
-                        enc = _encode(
-                            tokenizer,
-                            [x.text for x in docs[i : i + 256]],
-                            special=True,
-                            max_length=cfg.seq_len,
-                        )
-                        for j, row in enumerate(enc):
-                            mat[i + j, : len(row)] = row
-                            lens[i + j] = max(1, len(row))
-                    labels, names = _label_ids(docs, names)
-                    top = max(top, int(mat.max()) if mat.size else 0)
-                    np.save(d / f"{name}_ids.npy", mat)
-                    np.save(d / f"{name}_lens.npy", lens)
-                    np.save(d / f"{name}_labels.npy", labels)
-                meta["label_names"] = names
-            meta["max_token_id"] = top
-            tokenizer.save_pretrained(d / "tokenizer")
-            (d / "meta.json").write_text(json.dumps(meta))
-
-        _atomic_dir(folder, fill)
+        with _one_builder(folder, log):
+            # another process may have built it while this one waited for the lock
+            if not (folder / "meta.json").is_file():
+                _build(folder, cfg, task, source, trust_remote_code, log)
     data = _open_cached(folder, cfg, task, trust_remote_code)
     if task == "causal_lm" and data.n_train < 1:
         assert isinstance(data, LMData)
@@ -377,6 +347,80 @@ def prepare(
             + (" or lower data.seq_len" if task == "causal_lm" else " or set data.val_split")
         )
     return data
+
+
+def _build(
+    folder: Path,
+    cfg: DataConfig,
+    task: str,
+    source: Source,
+    trust_remote_code: bool,
+    log: Callable[[str], None],
+) -> None:
+    """Read, split, train or load the tokenizer, tokenize, and write ``folder`` (atomically)."""
+    pretrained = not cfg.tokenizer.startswith("bpe:")
+    if pretrained:  # before the data is read: a tokenizer that does not load fails at once
+        tokenizer = load_pretrained_tokenizer(cfg.tokenizer, trust_remote_code)
+    log(f"reading {source.description}")
+    train_docs, val_docs = source.load(cfg, need_label=task == "classification")
+    if not pretrained:
+        asked = int(cfg.tokenizer[4:])
+        log(f"training a byte-level BPE tokenizer (up to {asked} tokens) on {len(train_docs)} documents")
+        tokenizer = _train_bpe(train_docs, asked, cfg.seq_len)
+        got = len(tokenizer)
+        short = (
+            f", fewer than the {asked} asked: the corpus is too small for more merges" if got < asked else ""
+        )
+        log(f"tokenizer: a vocabulary of {got} tokens{short}")
+    eos, pad = _special_ids(tokenizer, task, cfg.tokenizer)
+    log(f"tokenizing {len(train_docs) + len(val_docs)} documents (cached for later runs)")
+
+    def fill(d: Path) -> None:
+        meta: dict[str, Any] = {
+            "task": task,
+            "eos_id": eos,
+            "pad_id": pad,
+            "vocab_size": len(tokenizer),
+            "documents": [len(train_docs), len(val_docs)],
+            "source": source.description,
+        }
+        dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max else np.uint32
+        top = 0
+        if task == "causal_lm":
+            for name, docs in (("train", train_docs), ("val", val_docs)):
+                parts: list[np.ndarray] = []
+                for i in range(0, len(docs), 256):
+                    for ids in _encode(tokenizer, [x.text for x in docs[i : i + 256]], special=False):
+                        parts.append(np.asarray([*ids, eos], dtype=dtype))
+                arr = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+                top = max(top, int(arr.max()) if len(arr) else 0)
+                np.save(d / f"{name}.npy", arr)
+        else:
+            names: list[str] | None = None
+            for name, docs in (("train", train_docs), ("val", val_docs)):
+                mat = np.full((len(docs), cfg.seq_len), pad, dtype=np.int32)
+                lens = np.zeros(len(docs), dtype=np.int32)
+                for i in range(0, len(docs), 256):
+                    enc = _encode(
+                        tokenizer,
+                        [x.text for x in docs[i : i + 256]],
+                        special=True,
+                        max_length=cfg.seq_len,
+                    )
+                    for j, row in enumerate(enc):
+                        mat[i + j, : len(row)] = row
+                        lens[i + j] = max(1, len(row))
+                labels, names = _label_ids(docs, names)
+                top = max(top, int(mat.max()) if mat.size else 0)
+                np.save(d / f"{name}_ids.npy", mat)
+                np.save(d / f"{name}_lens.npy", lens)
+                np.save(d / f"{name}_labels.npy", labels)
+            meta["label_names"] = names
+        meta["max_token_id"] = top
+        tokenizer.save_pretrained(d / "tokenizer")
+        (d / "meta.json").write_text(json.dumps(meta))
+
+    _atomic_dir(folder, fill)
 
 
 def _open_cached(folder: Path, cfg: DataConfig, task: str, trust_remote_code: bool) -> Data:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from adloco.library.fields import D
-from adloco.library.settings import METHODS, Outer, Wire
+from adloco.library.settings import METHODS, Outer, Wire, codec_rules
 
 # :mod:`adloco.config` adds LocalSGD's inner SGD, which only the application builds.
 _ONE_TRAINER_CONSTANT_BATCH: dict[str, dict[str, Any]] = {
@@ -42,9 +42,7 @@ def preset_values(
     is unstable under ``sync.overlap`` delayed (:meth:`Outer.stale_momentum`)."""
     values = dict((PRESETS if table is None else table)[method].get(section, {}))
     if section == Outer.SECTION and values.get("optimizer") in ("sgd", "nesterov"):
-        from adloco.library.comm.codecs import rules
-
-        own = rules(dtype)
+        own = codec_rules(dtype)
         if own is not None and own.outer:
             values = {**{k: v for k, v in values.items() if k not in own.outer}, **own.outer}
     return values
@@ -65,9 +63,7 @@ def outer_note(method: str, outer: Outer, wire: Wire) -> str | None:
     preset = dict(PRESETS[method].get(Outer.SECTION, {}))
     if preset.get("optimizer") not in ("sgd", "nesterov") or outer.optimizer != "sgd":
         return None
-    from adloco.library.comm.codecs import rules
-
-    own = rules(wire.dtype)
+    own = codec_rules(wire.dtype)
     if own is None or own.outer.get("optimizer") != "sgd" or outer.lr != own.outer.get("lr", outer.lr):
         return None  # the preset, or an lr the user chose
     return (

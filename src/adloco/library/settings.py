@@ -25,6 +25,21 @@ from typing import Any, ClassVar, Literal
 from adloco.library.algorithms import batching
 from adloco.library.fields import NAMED, Dial, load_named, setting
 
+if typing.TYPE_CHECKING:
+    from adloco.library.comm.codecs import Codec
+
+
+def codec_rules(dtype: str) -> type[Codec] | None:
+    """:func:`adloco.library.comm.codecs.rules` (the class of the codec registered as ``dtype``; None for
+    float32), without importing the codecs, and with them torch, for float32: a config that only resolves
+    (``adloco config``, a refusal, a bench's plan) stays a fraction of a second."""
+    if dtype == "float32":
+        return None
+    from adloco.library.comm.codecs import rules
+
+    return rules(dtype)
+
+
 _MAX_BLOCK = 1 << 24  # the most values a codec's block may hold (16,777,216), for every codec
 
 
@@ -395,11 +410,11 @@ class Wire(Dial):
         """The rules across the codec and the round: a codec whose values are not summed (gathered, with its
         error feedback) cannot carry the probe's shared mean or DDP's gradients, which have no error
         feedback (ValueError naming the key)."""
-        from adloco.library.comm.codecs import CODECS, rules
-
-        own = rules(self.dtype)
+        own = codec_rules(self.dtype)
         if own is None or own.sums:
             return
+        from adloco.library.comm.codecs import CODECS
+
         sums = words(["float32", *(n for n, c in CODECS.items() if c.sums)])
         if ddp:
             raise ValueError(
@@ -421,9 +436,7 @@ class Wire(Dial):
         """Whether each worker keeps error feedback of its Δ: ``error_feedback``, or where it is null the
         codec's default (:attr:`adloco.library.comm.codecs.Codec.feedback`: on for topk, whose Δ is mostly dropped
         each round; off for the others). Never for float32, where nothing is dropped."""
-        from adloco.library.comm.codecs import rules
-
-        own = rules(self.dtype)
+        own = codec_rules(self.dtype)
         if own is None:
             return False
         return self.error_feedback if self.error_feedback is not None else own.feedback
@@ -431,9 +444,7 @@ class Wire(Dial):
     @property
     def decay(self) -> float:
         """β of the error feedback (``error_decay``, or the codec's where it is null; 1 for float32)."""
-        from adloco.library.comm.codecs import rules
-
-        own = rules(self.dtype)
+        own = codec_rules(self.dtype)
         if self.error_decay is not None:
             return self.error_decay
         return own.error_decay if own is not None else 1.0
@@ -447,11 +458,9 @@ class Wire(Dial):
     def theta_wire(self) -> str:
         """The dtype θ travels as: ``theta_dtype``, or where it is null Δ's where its codec carries θ, else
         the codec's choice for θ (:attr:`adloco.library.comm.codecs.Codec.theta`; topk: int4)."""
-        from adloco.library.comm.codecs import rules
-
         if self.theta_dtype is not None:
             return self.theta_dtype
-        own = rules(self.dtype)
+        own = codec_rules(self.dtype)
         if own is None:
             return "float32"
         if own.theta is not None:
