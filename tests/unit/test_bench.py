@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from adloco import bench
+from adloco.bench import writer
 from adloco.cli import main
 from adloco.report import markdown as reporting
 from adloco.report import plots, results
@@ -111,6 +112,8 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(bench, "train_command", lambda: [sys.executable, str(script)])
     monkeypatch.setattr(bench, "prepare_data", lambda cfg: None)
     monkeypatch.delenv("FAKE_BENCH", raising=False)
+    # the plots are drawn by the one test that looks at them (each bench's ten take 5 s, most of a test's)
+    monkeypatch.setattr(writer, "draw", lambda *a, **k: [])
     return script
 
 
@@ -257,7 +260,10 @@ def test_eta_spreads_the_remaining_runs_over_the_jobs() -> None:
 # -- the bench, with the stand-in for `adloco train` --------------------------------------------------
 
 
-def test_seeds_and_a_grid_end_to_end(fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_seeds_and_a_grid_end_to_end(
+    fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer, "draw", plots.draw)  # this test looks at the plots
     config = {"bench": {"budget": 300, "sweep": {"diloco": {"outer.lr": [0.3, 0.5, 0.7]}}}}
     code, out = fake_bench(
         tmp_path,
