@@ -192,9 +192,8 @@ def test_runs_that_start_together_tokenize_a_corpus_once(tmp_path: Path, folder:
 
     c = cfg(tmp_path, folder)
     prepare(cfg(tmp_path, folder, cache_dir=str(tmp_path / "elsewhere")), log=quiet)  # the entry, built apart
-    (built,) = (
-        p for p in (tmp_path / "elsewhere" / "data").iterdir() if not p.name.startswith(".")
-    )  # its lock
+    # the entry's folder (beside it, its hidden lock file)
+    (built,) = (p for p in (tmp_path / "elsewhere" / "data").iterdir() if not p.name.startswith("."))
     entry = tmp_path / "cache" / "data" / built.name
     entry.parent.mkdir(parents=True)
     code = (

@@ -31,8 +31,8 @@ if typing.TYPE_CHECKING:
 
 def codec_rules(dtype: str) -> type[Codec] | None:
     """:func:`adloco.library.comm.codecs.rules` (the class of the codec registered as ``dtype``; None for
-    float32), without importing the codecs, and with them torch, for float32: a config that only resolves
-    (``adloco config``, a refusal, a bench's plan) stays a fraction of a second."""
+    float32), without importing the codecs, and with them torch, for float32: resolving a config
+    (``adloco config``, a bench's plan) stays under a second."""
     if dtype == "float32":
         return None
     from adloco.library.comm.codecs import rules
