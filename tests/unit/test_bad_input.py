@@ -772,6 +772,11 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: inner.muon_adjust_lr = 'keller': must be one of 'match_rms_adamw', 'original'",
     ),
     (
+        "muon-ns-dtype-unknown",
+        ["train", *S("logging.out_dir={tmp}/runs", "inner.muon_ns_dtype=float16")],
+        "config: inner.muon_ns_dtype = 'float16': must be one of 'bfloat16', 'float32'",
+    ),
+    (
         "cuda-graphs-fp16",
         ["train", *S("logging.out_dir={tmp}/runs", "runtime.cuda_graphs=true", "model.precision=fp16")],
         "config: model.precision = 'fp16': must be fp32 or bf16 with runtime.cuda_graphs (fp16's loss scaling decides on the host whether a step is skipped)",

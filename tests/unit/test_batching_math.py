@@ -464,3 +464,30 @@ def test_the_requested_rows_keep_the_gradient_estimate() -> None:
     # with the trainer's mean all-reduced (batch.exact_mean, the paper estimator) ‖ḡ‖² is exact: the same
     exact = TrainerStats(st.n, st.c, st.workers, st.sigma2, st.gbar_sq, math.nan, math.nan, True)
     assert Rule("norm", 0.9, VARTHETA, NU).target(exact, rows=40) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("eta", [1.0, 1.3])
+def test_at_eta_one_or_more_the_norm_test_never_lifts_a_request_past_its_ceiling(eta: float) -> None:
+    """What a run at batch.eta >= 1 is told at its start (:func:`adloco.library.batch_tests.norm_test_ceiling`):
+    over noise alone and with a signal, the rows probed or requested, one or several workers, a request
+    whose rows are all probed or a request of 1 probed by an extra batch of 8 rows, the next request never
+    exceeds max(b, ceil(8/η²)) and, when the rows probed are not more than the request's, never grows."""
+    from adloco.library.batch_tests import norm_test_ceiling
+    from adloco.library.settings import AdaptiveBatch
+
+    rule = Rule("norm", eta, VARTHETA, NU)
+    rng = np.random.default_rng(0)
+    for trial in range(40):
+        workers, signal = 1 + trial % 4, (0.0, 0.3, 3.0)[trial % 3]
+        for b, k, c in ((1, 8, 1), (4, 4, 1), (10, 8, 1), (16, 8, 2)):  # (1, 8, 1): the extra probe batch
+            st = pool([_worker_stats(signal + rng.normal(size=(k, 7)), c) for _ in range(workers)])
+            assert st is not None
+            ceiling = norm_test_ceiling(AdaptiveBatch(eta=eta, initial=b, max=64))
+            assert ceiling == max(b, math.ceil(8 / eta**2))
+            for rows in (None, workers * b):
+                request = rule.decide(b, st, cap=64, rows=rows).request
+                assert request <= ceiling
+                if k * c <= b:
+                    assert request == b
+    assert norm_test_ceiling(AdaptiveBatch(eta=0.99)) is None
+    assert norm_test_ceiling(AdaptiveBatch(eta=1.0, test="inner_product")) is None

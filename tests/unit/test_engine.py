@@ -365,3 +365,40 @@ def test_your_own_loop_gives_adloco_trains_parameters_bit_for_bit() -> None:
     assert (
         algo.totals.bytes == d.algo.totals.bytes + algo.totals.by_kind["init"]
     )  # the library syncs θ at start
+
+
+def test_a_norm_test_at_eta_one_says_at_the_start_that_the_batch_cannot_grow(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """batch.eta >= 1 with the norm test: one line at the start says the requests stay where they start
+    (ALGORITHM.md §2.5), and they do; below 1 nothing is said and they grow."""
+    import logging
+
+    def requests(eta: float, initial: int) -> tuple[set[int], str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="adloco"):
+            cfg = tiny_config(
+                algorithm={"rounds": 3, "trainers": 1, "workers": 2},
+                batch={"eta": eta, "initial": initial, "max": 64},
+                switch={"b_max": 64},
+                merge={"policy": "none"},
+            )
+            c = driver(cfg)
+            said = " ".join(r.getMessage() for r in caplog.records if "batch.eta" in r.getMessage())
+            seen = {
+                e[k]
+                for _ in range(3)
+                for e in run_round(c)["events"]
+                if e["event"] == "trainer"
+                for k in ("request", "request_next")
+            }
+        return seen, said
+
+    seen, said = requests(1.0, 8)
+    assert seen == {8}
+    assert said.startswith("batch.eta 1 with the norm test: the test's target is bounded by")
+    assert "the batch stays at batch.initial (8) all run; η below 1 lets it grow" in said
+    seen, said = requests(1.0, 1)
+    assert max(seen) <= 8 and "or reaches 8 at most where a step has one row" in said
+    seen, said = requests(0.3, 8)
+    assert said == "" and max(seen) > 8

@@ -8,6 +8,7 @@ and what cannot work (a CUDA graph)."""
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from torch import nn
 
 from adloco import AdaptiveBatch, AdLoCo, DiLoCo, Merging
 from adloco.library.graphs import capturable
-from adloco.library.optim import CombinedOptimizer, is_muon, muon_adamw, muon_split
+from adloco.library.optim import CombinedOptimizer, Muon, is_muon, muon_adamw, muon_split, newton_schulz
 from tests.toy import hooked_rounds
 from tests.toy_lm import TinyLM, diloco, lm_loss, muon_diloco, run, tiny, tokens
 
@@ -98,6 +99,85 @@ def test_a_combined_state_dict_resumes_bit_for_bit_and_it_copies_deeply() -> Non
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
     twin = copy.deepcopy(oa)
     assert len(twin.state) == len(oa.state) and twin.optimizers[0].param_groups[0] is twin.param_groups[0]
+
+
+def _muon_steps(make: Any, start: torch.Tensor, grads: list[torch.Tensor]) -> torch.Tensor:
+    p = nn.Parameter(start.clone())
+    opt = make([p])
+    for g in grads:
+        p.grad = g.clone()
+        opt.step()
+    return p.detach()
+
+
+@pytest.mark.parametrize(
+    ("nesterov", "adjust", "shape"), [(True, "match_rms_adamw", (6, 10)), (False, "original", (12, 5))]
+)
+def test_muon_orthogonalizes_in_bfloat16_as_torch_and_in_float32_the_same_step(
+    nesterov: bool, adjust: str, shape: tuple[int, int]
+) -> None:
+    """``Muon(ns_dtype="bfloat16")`` is torch's step bit for bit; ``float32`` is the same step written out
+    (momentum, Nesterov or not, the lr adjustment, decoupled weight decay), the Newton–Schulz iterations in
+    float32: within float32's rounding of it in float64, and apart from torch's by bfloat16's rounding."""
+    gen = torch.Generator().manual_seed(0)
+    start = torch.randn(*shape, generator=gen)
+    grads = [torch.randn(*shape, generator=gen) for _ in range(3)]
+    kw: dict[str, Any] = dict(lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov, adjust_lr_fn=adjust)
+    torchs = _muon_steps(lambda ps: torch.optim.Muon(ps, **kw), start, grads)
+    assert torch.equal(_muon_steps(lambda ps: Muon(ps, **kw), start, grads), torchs)
+    f32 = _muon_steps(lambda ps: Muon(ps, ns_dtype="float32", **kw), start, grads)
+    # the step written out in float64
+    p, buf = start.double(), torch.zeros(shape, dtype=torch.float64)
+    rows, cols = shape
+    factor = 0.2 * math.sqrt(max(rows, cols)) if adjust == "match_rms_adamw" else math.sqrt(max(1, rows / cols))
+    for g in grads:
+        g = g.double()
+        buf = 0.9 * buf + 0.1 * g
+        update = g + 0.9 * (buf - g) if nesterov else buf
+        o = newton_schulz(update, (3.4445, -4.775, 2.0315), 5, 1e-7, torch.float64)
+        p = p * (1 - 0.02 * 0.1) - 0.02 * factor * o
+    assert torch.allclose(f32.double(), p, atol=1e-6, rtol=0)
+    moved = (p - start.double()).abs().max().item()
+    off = (torchs.double() - p).abs().max().item()
+    assert 1e-5 < off < 0.05 * moved  # bfloat16's rounding, not another step
+    with pytest.raises(ValueError, match="ns_dtype = 'float16'"):
+        Muon([nn.Parameter(start.clone())], ns_dtype="float16")  # type: ignore[arg-type]
+
+
+def test_inner_muon_ns_dtype_reaches_every_workers_muon_and_the_first_lines() -> None:
+    from adloco.engine.describe import describe_run
+    from tests.helpers import driver, run_round, tiny_config
+
+    cfg = tiny_config(inner={"optimizer": "muon", "muon_ns_dtype": "float32"}, algorithm={"rounds": 1})
+    c = driver(cfg)
+    calls: list[str] = []
+    for rep in c.algo.replicas.values():
+        muon = rep.optimizer.optimizers[1]  # type: ignore[attr-defined]
+        assert isinstance(muon, Muon) and muon.ns_dtype == "float32"
+        muon.register_step_pre_hook(lambda opt, *_: calls.append("step"))
+    run_round(c)
+    assert len(calls) == cfg.algorithm.workers * cfg.algorithm.inner_steps  # the hooks run once a step
+    assert "Muon lr ×1, Newton–Schulz in float32" in describe_run(cfg, 1, "data", "cpu")[1]
+    default = driver(tiny_config(inner={"optimizer": "muon"}, algorithm={"rounds": 1}))
+    assert all(r.optimizer.optimizers[1].ns_dtype == "bfloat16" for r in default.algo.replicas.values())  # type: ignore[attr-defined]
+
+
+def test_muon_in_bfloat16_on_a_cpu_that_emulates_it_is_said_at_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    from adloco.engine.describe import muon_note
+    from adloco.library import optim
+    from tests.helpers import tiny_config
+
+    muon, fast = tiny_config(inner={"optimizer": "muon"}), tiny_config(
+        inner={"optimizer": "muon", "muon_ns_dtype": "float32"}
+    )
+    monkeypatch.setattr(optim, "emulates_bfloat16", lambda: True)
+    note = muon_note(muon, "cpu")
+    assert note is not None and note.startswith("inner.muon_ns_dtype bfloat16 on a CPU without native bfloat16")
+    assert note.endswith("inner.muon_ns_dtype float32 runs them natively")
+    assert muon_note(fast, "cpu") is None and muon_note(muon, "cuda") is None
+    assert muon_note(tiny_config(), "cpu") is None
+    monkeypatch.setattr(optim, "emulates_bfloat16", lambda: False)
+    assert muon_note(muon, "cpu") is None
 
 
 def test_a_parameter_in_two_optimizers_or_something_else_is_refused() -> None:

@@ -19,10 +19,25 @@ def inner_text(cfg: Config) -> str:
     i = cfg.inner
     words = [f"{_name(i.optimizer)} lr {i.lr:g}", f"{i.schedule} schedule"]
     if i.optimizer == "muon":
-        words.append(f"Muon lr ×{i.muon_lr_ratio:g}")
+        words.append(f"Muon lr ×{i.muon_lr_ratio:g}, Newton–Schulz in {i.muon_ns_dtype}")
     if i.state != "keep":
         words.append(f"state {i.state}")
     return ", ".join(words)
+
+
+def muon_note(cfg: Config, device_type: str) -> str | None:
+    """One line where Muon orthogonalizes in bfloat16 on a CPU that emulates bfloat16 matmuls (no
+    AVX512-BF16 or AMX): its Newton–Schulz iterations then cost several times a float32 step; else None."""
+    from adloco.library.optim import emulates_bfloat16
+
+    i = cfg.inner
+    if i.optimizer != "muon" or i.muon_ns_dtype != "bfloat16" or device_type != "cpu" or not emulates_bfloat16():
+        return None
+    return (
+        "inner.muon_ns_dtype bfloat16 on a CPU without native bfloat16 matmuls (no AVX512-BF16 or AMX): Muon's "
+        "Newton–Schulz iterations run emulated, at several times a float32 step's cost (benchmarks/RESULTS.md, "
+        "Muon's Newton–Schulz on a CPU); inner.muon_ns_dtype float32 runs them natively"
+    )
 
 
 def outer_text(cfg: Config) -> str:

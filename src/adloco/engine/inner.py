@@ -32,6 +32,7 @@ def make_optimizer(flat: FlatModule, cfg: InnerConfig, capturable: bool = False)
             momentum=cfg.muon_momentum,
             lr_ratio=cfg.muon_lr_ratio,
             adjust_lr=cfg.muon_adjust_lr,
+            ns_dtype=cfg.muon_ns_dtype,
         )
     groups = [
         {"params": [p], "weight_decay": cfg.weight_decay if decay else 0.0}

@@ -27,7 +27,7 @@ from adloco.data.tokens import Data, prepare
 from adloco.engine import compiling, rundir
 from adloco.engine.checkpoint.files import Folder
 from adloco.engine.checkpoint.saver import Checkpointer
-from adloco.engine.describe import describe_run
+from adloco.engine.describe import describe_run, muon_note
 from adloco.engine.driver import Driver, TooManyBadRounds
 from adloco.engine.placement import Placement, place
 from adloco.engine.signals import Signals
@@ -207,6 +207,8 @@ class Run:
         ):
             self.say(line)
         if (note := outer_note(a.method, cfg.outer, cfg.comm)) is not None:
+            self.say(note)
+        if (note := muon_note(cfg, device.type)) is not None:
             self.say(note)
         return driver
 

@@ -26,6 +26,19 @@ from adloco.library.trainer import Trainer
 log = logging.getLogger("adloco")
 
 
+def norm_test_ceiling(batch: AdaptiveBatch) -> int | None:
+    """The largest request the norm test can ever set when it cannot grow freely (η >= 1), else None.
+
+    Its target is bounded by the rows a worker's statistics stand for over η² (ALGORITHM.md §2.5): T <=
+    n·c/(M η²) with the rows probed, T <= max(n·c/M, b)/η² with the rows requested (the ``paper`` estimator:
+    e/η², e <= b). A worker probes at most max(b, ``probe_chunks``) rows (more than its request only in the
+    extra probe batch of a one-row step), so at η >= 1, T <= max(b, probe_chunks/η²) and the next request,
+    max(b, ceil(T)), never exceeds max(b, ceil(probe_chunks/η²)): from ``initial`` no request passes that."""
+    if batch.test != "norm" or batch.eta < 1:
+        return None
+    return max(batch.initial, math.ceil(batch.probe_chunks / batch.eta**2))
+
+
 class BatchTests:
     """The trainers' batch tests, with what they need from this process: the ``batch`` dial, the
     communicator, this process's replicas (their probe gradients), the algorithm's reducer ``reduce(workers,
@@ -43,8 +56,19 @@ class BatchTests:
         self.reduce, self.scratch, self.n_params = reduce, scratch, scratch.numel()
 
     def warn(self, members: Mapping[int, list[int]]) -> None:
-        """Say when the ``paper`` estimator cannot test a trainer yet (it needs two workers)."""
+        """Say when the ``paper`` estimator cannot test a trainer yet (it needs two workers), and when the norm
+        test cannot grow a request (:func:`norm_test_ceiling`)."""
         b = self.batch
+        ceiling = norm_test_ceiling(b)
+        if ceiling is not None:
+            where = f"the batch stays at batch.initial ({b.initial})" + (
+                " all run" if ceiling <= b.initial else f", or reaches {ceiling} at most where a step has one row"
+            )
+            log.warning(
+                f"batch.eta {b.eta:g} with the norm test: the test's target is bounded by a worker's rows over "
+                "η² (ALGORITHM.md §2.5), at η >= 1 by the request itself (by batch.probe_chunks/η² where a step "
+                f"has one row): {where}; η below 1 lets it grow (the paper's: 0.8)"
+            )
         if b.estimator == "paper" and b.probing and min(map(len, members.values())) < 2:
             log.warning(
                 "batch estimator 'paper' needs two or more workers per trainer: a trainer with one worker "

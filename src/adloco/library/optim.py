@@ -7,10 +7,15 @@ Jordan et al. 2024; "Muon is Scalable for LLM Training", arXiv 2502.16982) ortho
 step with AdamW, as Keller Jordan's reference, Moonlight and torch's own documentation split them. The
 two optimizers become one through :class:`CombinedOptimizer`; :func:`muon_adamw` builds the usual pair
 for a model, :func:`muon_split` only says which parameters go where (to build your own).
+
+:class:`Muon` is ``torch.optim.Muon`` with one choice added, the dtype of its Newton–Schulz iterations:
+torch's runs them in bfloat16 always, which a CPU without native bfloat16 matmuls (no AVX512-BF16 or AMX)
+emulates at many times a float32 matmul's cost (RESULTS, "Muon's Newton–Schulz on a CPU").
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Any, Literal
@@ -19,6 +24,81 @@ import torch
 from torch import nn
 
 MuonAdjust = Literal["match_rms_adamw", "original"]
+NsDtype = Literal["bfloat16", "float32"]
+NS_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def emulates_bfloat16() -> bool:
+    """Whether this machine's CPU lacks native bfloat16 matmuls (no AVX512-BF16 or AMX), so that it
+    emulates them at many times a float32 matmul's cost; True where torch cannot say."""
+    try:
+        return not bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return True
+
+
+def newton_schulz(
+    update: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float, dtype: torch.dtype
+) -> torch.Tensor:
+    """Muon's quintic Newton–Schulz iteration on a 2-D ``update``, in ``dtype``: the arithmetic of
+    ``torch.optim.Muon``'s (the wide orientation, the Frobenius normalization, ``steps`` iterations of X <-
+    aX + (bA + cA²)X with A = XXᵀ), which fixes bfloat16."""
+    a, b, c = coefficients
+    x = update.to(dtype)
+    tall = update.size(0) > update.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+def _lr_factor(adjust: str | None, shape: torch.Size) -> float:
+    """torch.optim.Muon's ``adjust_lr_fn``: the factor of the lr for a matrix of ``shape``."""
+    rows, cols = shape[:2]
+    if adjust is None or adjust == "original":
+        return math.sqrt(max(1.0, rows / cols))
+    if adjust == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    return 1.0
+
+
+class Muon(torch.optim.Muon):
+    """``torch.optim.Muon`` whose Newton–Schulz iterations run in ``ns_dtype`` (torch has no option for it):
+    torch's step (momentum, Nesterov, coefficients, lr adjustment, decoupled weight decay), with the
+    iterations in bfloat16 equal to torch's bit for bit, or in float32, which a CPU without native bfloat16
+    matmuls runs many times faster. The step is written out here rather than delegated, so that torch's
+    step hooks run once. The state and the param groups are torch's: a checkpoint loads into either."""
+
+    def __init__(self, params: Any, *, ns_dtype: NsDtype = "bfloat16", **kwargs: Any) -> None:
+        if ns_dtype not in NS_DTYPES:
+            raise ValueError(f"Muon ns_dtype = {ns_dtype!r}: one of {', '.join(NS_DTYPES)}")
+        super().__init__(params, **kwargs)
+        self.ns_dtype: NsDtype = ns_dtype
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        dtype = NS_DTYPES[self.ns_dtype]
+        for group in self.param_groups:
+            params: list[torch.Tensor] = []
+            grads: list[torch.Tensor] = []
+            bufs: list[torch.Tensor] = []
+            if self._init_group(group, params, grads, bufs):
+                raise ValueError("Muon: complex parameters are not supported")
+            lr, wd, momentum = float(group["lr"]), group["weight_decay"], group["momentum"]
+            for param, grad, buf in zip(params, grads, bufs, strict=True):
+                buf.lerp_(grad, 1 - momentum)
+                update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+                update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
+                param.mul_(1 - lr * wd)
+                param.add_(update, alpha=-lr * _lr_factor(group["adjust_lr_fn"], param.shape))
+        return loss
 
 
 class _State(MutableMapping[torch.Tensor, Any]):
@@ -184,6 +264,7 @@ def muon_adamw(
     lr_ratio: float = 1.0,
     adjust_lr: MuonAdjust = "match_rms_adamw",
     adamw: Sequence[str] = (),
+    ns_dtype: NsDtype = "bfloat16",
 ) -> CombinedOptimizer:
     """Muon on ``model``'s hidden matrices and AdamW on the rest (:func:`muon_split`), as one optimizer.
 
@@ -193,8 +274,9 @@ def muon_adamw(
     decoupled ``weight_decay``, and ``adjust_lr`` (torch's ``adjust_lr_fn``): ``match_rms_adamw`` scales
     each matrix's step to AdamW's RMS (0.2·√max(A, B); Moonlight), so that AdamW's lr and weight decay
     carry over and ``lr_ratio`` 1 is the start; ``original`` is Keller Jordan's √max(1, A/B), whose lr is
-    about 0.02 (``lr_ratio`` = 0.02 / lr). The AdamW groups come first (a worker reports the first group's
-    lr)."""
+    about 0.02 (``lr_ratio`` = 0.02 / lr). ``ns_dtype``: the dtype of Muon's Newton–Schulz iterations
+    (:class:`Muon`): bfloat16, torch's, or float32 for a CPU that emulates bfloat16 (:func:`emulates_bfloat16`).
+    The AdamW groups come first (a worker reports the first group's lr)."""
     matrices, rest = muon_split(model, adamw)
     if not matrices:
         raise ValueError("inner.optimizer = 'muon': the model has no hidden 2-D matrices for Muon to step")
@@ -204,8 +286,9 @@ def muon_adamw(
     parts: list[torch.optim.Optimizer] = []
     if groups:
         parts.append(torch.optim.AdamW(groups, lr=lr, betas=betas))
-    muon = torch.optim.Muon(
+    muon = Muon(
         matrices,
+        ns_dtype=ns_dtype,
         lr=lr * lr_ratio,
         weight_decay=weight_decay,
         momentum=momentum,
