@@ -12,6 +12,7 @@ DEFAULT_RUN = "How the embedded default was chosen"
 COMPARED = "The methods compared, tuned, over three seeds"
 SCALING = "Does AdLoCo pay as models grow?"
 MUON = "Muon as the inner optimizer"
+MUON_NS = "Muon's Newton–Schulz on a CPU"
 SPARSE = "SparseLoCo's codec"
 LONG = "Compression on long runs"
 DILOCO_OUTER = "DiLoCo's outer step: the preset"
@@ -34,9 +35,14 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
         "and the compute-optimal budget at 0.85x (the schedule), "
         "the batch schedule with Muon lowest of all, but it cannot be "
         "captured in CUDA graphs (on by default on a GPU, where they run workers side by side) nor sharded, "
-        "its wins are per example on a CPU, and models past 11M parameters are not measured; choose it "
-        "with inner.optimizer muon",
-        (MUON, LONG, KNOBS_LONG),
+        "its wins are per example on a CPU, where its step costs 1.3-2.7x AdamW's at 11M parameters (float32 "
+        "iterations), and models past 11M parameters are not measured; choose it with inner.optimizer muon",
+        (MUON, LONG, KNOBS_LONG, MUON_NS),
+    ),
+    "inner.muon_ns_dtype": (
+        "bfloat16 is torch's and runs natively on a GPU; on a CPU without AVX512-BF16 or AMX it is emulated "
+        "(a llama-10m step 9-38x AdamW's, float32 1.3-2.7x) and a run says so at its start: set float32 there",
+        (MUON_NS,),
     ),
     "inner.lr": (
         "best per example on the embedded default (2e-3 ended level on more examples); the benches' best "
