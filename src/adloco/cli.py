@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from adloco import __version__
 from adloco.args import add_config_option, add_set_option
-from adloco.errors import UserError
+from adloco.errors import PeerFailed, UserError
 
 EXIT_BAD_INPUT = 2
 EXIT_DISTRIBUTED = 3
@@ -181,8 +181,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         if args.debug:
             raise
-        from adloco.engine.dist.join import PeerFailed
-
         if not isinstance(exc, PeerFailed) and (rank == 0 or _after_start(exc)):
             prefix = f"rank {rank}: " if distributed and rank != 0 else ""
             print(f"adloco: error: {prefix}{exc}", file=sys.stderr, flush=True)

@@ -33,6 +33,22 @@ def test_a_config_resolves_without_torch_unless_a_codec_is_named() -> None:
     assert out.stdout.strip() == "False", out.stderr[-2000:]
 
 
+def test_adloco_train_refuses_a_bad_key_without_importing_torch() -> None:
+    """A config `adloco train` refuses is said before anything imports torch (a second, where importing
+    torch to say it took four)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from adloco.cli import main; "
+        "code = main(['train', '--set', 'inner.muon_ns_dtype=float16', '--set', 'runtime.shards=0']); "
+        "print(code, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "2 False", out.stderr[-2000:]
+    assert out.stderr.startswith("adloco: error: config: ")
+
+
 def test_the_bench_config_resolves_for_every_variant() -> None:
     import argparse
 

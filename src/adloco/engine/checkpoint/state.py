@@ -23,7 +23,7 @@ import torch
 from adloco.engine.checkpoint import storage
 from adloco.engine.checkpoint.files import Checkpoint, verify
 from adloco.engine.driver import rng_state, set_rng_state
-from adloco.errors import UserError
+from adloco.errors import PeerFailed, UserError
 
 if TYPE_CHECKING:
     from adloco.engine.driver import Driver
@@ -55,8 +55,6 @@ def refuse(comm: Comm, message: str, kind: type[UserError] = UserError) -> UserE
     """A refusal every rank reached together: said by the root rank, the others exit quietly."""
     if comm.rank == comm.root or comm.world == 1:
         return kind(message)
-    from adloco.engine.dist.join import PeerFailed
-
     return PeerFailed(message)
 
 

@@ -28,14 +28,10 @@ from adloco.library.comm.base import CommFailure
 from adloco.library.comm.torchdist import TorchDistComm, first_sentence
 from adloco.engine.dist.env import LOOPBACK_ENV, STORE_ENV
 from adloco.config.checks import uses_cuda
-from adloco.errors import UserError
+from adloco.errors import PeerFailed, UserError
 
 T = TypeVar("T")
 _STARTUP_KEY = "adloco/startup"
-
-
-class PeerFailed(UserError):
-    """Another rank failed at start-up and already said why; this one exits quietly."""
 
 
 # --------------------------------------------------------------------------------------------------
