@@ -157,7 +157,7 @@ class InnerConfig(Dial):
     muon_ns_dtype: Literal["bfloat16", "float32"] = setting(
         "bfloat16",
         "muon: the dtype of Muon's Newton–Schulz iterations: bfloat16 (torch.optim.Muon's, for GPUs); float32, "
-        "for a CPU without AVX512-BF16 or AMX, which emulates bfloat16 matmuls (a step of llama-10m 9x faster "
+        "for a CPU without AVX512-BF16 or AMX, which emulates bfloat16 matmuls (a step of llama-10m 7-14x faster "
         "on the CPU of RESULTS)",
     )
     warmup_fraction: float = setting(
