@@ -40,8 +40,9 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
         (MUON, LONG, KNOBS_LONG, MUON_NS),
     ),
     "inner.muon_ns_dtype": (
-        "bfloat16 is torch's and runs natively on a GPU; on a CPU without AVX512-BF16 or AMX it is emulated "
-        "(a llama-10m step 9-38x AdamW's, float32 1.3-2.7x) and a run says so at its start: set float32 there",
+        "bfloat16 is torch's, runs natively on a GPU and made every Muon run published before this key; on a "
+        "CPU without AVX512-BF16 or AMX it is emulated (a llama-10m step 9-38x AdamW's, float32 1.3-2.7x, "
+        "training alike) and a run says so at its start: set float32 there",
         (MUON_NS,),
     ),
     "inner.lr": (
