@@ -48,6 +48,15 @@ def optimizer(kind: str, model: torch.nn.Module) -> torch.optim.Optimizer:
     return muon_adamw(model, 2e-3, ns_dtype=kind.removeprefix("muon-"))  # type: ignore[arg-type]
 
 
+def timed_step(model: torch.nn.Module, opt: torch.optim.Optimizer, ids: torch.Tensor) -> float:
+    """Seconds of one inner step: forward, backward, the optimizer's step."""
+    start = time.perf_counter()
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="llama-tiny,llama-10m")
@@ -62,12 +71,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.blocks < 1 or args.warmup < 0:
         print("muon_ns.py: --blocks must be >= 1 and --warmup >= 0", file=sys.stderr)
         return 2
+    from adloco.models.sizing import SHAPES
+
+    names = args.models.split(",")
+    if bad := [n for n in names if n not in SHAPES]:
+        print(f"muon_ns.py: --models {bad[0]!r}: one of {', '.join(SHAPES)}", file=sys.stderr)
+        return 2
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1:
+        print(f"muon_ns.py: --batches {args.batches!r}: whole numbers >= 1, comma-separated", file=sys.stderr)
+        return 2
     torch.set_num_threads(1)
     rows = []
-    for name in args.models.split(","):
+    for name in names:
         cfg = resolve(overrides=[f"model.name={name}"])
         factory = ModelFactory(cfg.model, VOCAB, SEQ, 0, 0)
-        for batch in (int(b) for b in args.batches.split(",")):
+        for batch in batches:
             gen = torch.Generator().manual_seed(0)
             blocks = [torch.randint(0, VOCAB, (batch, SEQ), generator=gen) for _ in range(4)]
             runs = {}
@@ -76,29 +98,22 @@ def main(argv: list[str] | None = None) -> int:
                 model.train()
                 runs[kind] = (model, optimizer(kind, model))
 
-            def step(kind: str, i: int) -> float:
-                model, opt = runs[kind]
-                ids = blocks[i % len(blocks)]
-                start = time.perf_counter()
-                model(input_ids=ids, labels=ids).loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                return time.perf_counter() - start
-
             for kind in OPTIMIZERS:
                 for i in range(args.warmup):
-                    step(kind, i)
+                    timed_step(*runs[kind], blocks[i % len(blocks)])
             times: dict[str, list[float]] = {k: [] for k in OPTIMIZERS}
             for block in range(args.blocks):
                 order = OPTIMIZERS[block % 3 :] + OPTIMIZERS[: block % 3]
                 for kind in order:
-                    times[kind].append(step(kind, block))
+                    times[kind].append(timed_step(*runs[kind], blocks[block % len(blocks)]))
             median = {k: statistics.median(v) for k, v in times.items()}
             row = {"model": name, "batch": batch, **{f"{k}_s": median[k] for k in OPTIMIZERS}}
             rows.append(row)
             print(
                 f"{name} batch {batch}: "
-                + ", ".join(f"{k} {median[k]:.3f} s ({median[k] / median['adamw']:.2f}x)" for k in OPTIMIZERS),
+                + ", ".join(
+                    f"{k} {median[k]:.3f} s ({median[k] / median['adamw']:.2f}x)" for k in OPTIMIZERS
+                ),
                 flush=True,
             )
     print()
@@ -112,7 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"torch": torch.__version__, "machine": platform.machine(), "emulates_bfloat16": emulates_bfloat16()}
+        meta = {
+            "torch": torch.__version__,
+            "machine": platform.machine(),
+            "emulates_bfloat16": emulates_bfloat16(),
+        }
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n", encoding="utf-8")
     return 0
 

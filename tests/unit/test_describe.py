@@ -105,3 +105,34 @@ def test_a_run_says_which_outer_step_the_codec_brought(
         "SparseLoCo's"
     )
     assert out[start + 4].startswith("run directory ")
+
+
+def test_a_run_says_which_inner_keys_its_optimizer_does_not_read(
+    tmp_path: Path, text_corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An inner key set away from its default that the inner optimizer in effect does not read (Muon's with
+    AdamW, SGD's momentum) is said in one line at the start, kept as set: a bench's shared --set reaches
+    the variants that read it, so it is not refused."""
+    from adloco.config import resolve
+    from adloco.engine.describe import unread_note
+
+    sets = S(
+        f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", *TINY_QUIET, "logging.progress=plain"
+    )
+    assert main(["train", *sets, *S("inner.muon_ns_dtype=float32", "algorithm.rounds=1")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    start = next(i for i, x in enumerate(out) if x.startswith("adloco: llama-micro"))
+    assert out[start + 3] == (
+        "inner.optimizer adamw does not read inner.muon_ns_dtype float32 (read by muon): kept as set, with no "
+        "effect"
+    )
+    assert out[start + 4].startswith("run directory ")
+    said = unread_note(
+        resolve(None, ["algorithm.method=localsgd", "inner.betas=[0.8,0.9]", "inner.momentum=0.5"])
+    )
+    assert (
+        said
+        == "inner.optimizer sgd does not read inner.betas [0.8, 0.9] (read by adamw or muon): kept as set, with no effect"
+    )
+    assert unread_note(resolve(None, ["inner.optimizer=muon", "inner.muon_ns_dtype=float32"])) is None
+    assert unread_note(resolve(None, [])) is None

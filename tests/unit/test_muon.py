@@ -129,7 +129,9 @@ def test_muon_orthogonalizes_in_bfloat16_as_torch_and_in_float32_the_same_step(
     # the step written out in float64
     p, buf = start.double(), torch.zeros(shape, dtype=torch.float64)
     rows, cols = shape
-    factor = 0.2 * math.sqrt(max(rows, cols)) if adjust == "match_rms_adamw" else math.sqrt(max(1, rows / cols))
+    factor = (
+        0.2 * math.sqrt(max(rows, cols)) if adjust == "match_rms_adamw" else math.sqrt(max(1, rows / cols))
+    )
     for g in grads:
         g = g.double()
         buf = 0.9 * buf + 0.1 * g
@@ -162,17 +164,22 @@ def test_inner_muon_ns_dtype_reaches_every_workers_muon_and_the_first_lines() ->
     assert all(r.optimizer.optimizers[1].ns_dtype == "bfloat16" for r in default.algo.replicas.values())  # type: ignore[attr-defined]
 
 
-def test_muon_in_bfloat16_on_a_cpu_that_emulates_it_is_said_at_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_muon_in_bfloat16_on_a_cpu_that_emulates_it_is_said_at_the_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from adloco.engine.describe import muon_note
     from adloco.library import optim
     from tests.helpers import tiny_config
 
-    muon, fast = tiny_config(inner={"optimizer": "muon"}), tiny_config(
-        inner={"optimizer": "muon", "muon_ns_dtype": "float32"}
+    muon, fast = (
+        tiny_config(inner={"optimizer": "muon"}),
+        tiny_config(inner={"optimizer": "muon", "muon_ns_dtype": "float32"}),
     )
     monkeypatch.setattr(optim, "emulates_bfloat16", lambda: True)
     note = muon_note(muon, "cpu")
-    assert note is not None and note.startswith("inner.muon_ns_dtype bfloat16 on a CPU without native bfloat16")
+    assert note is not None and note.startswith(
+        "inner.muon_ns_dtype bfloat16 on a CPU without native bfloat16"
+    )
     assert note.endswith("inner.muon_ns_dtype float32 runs them natively")
     assert muon_note(fast, "cpu") is None and muon_note(muon, "cuda") is None
     assert muon_note(tiny_config(), "cpu") is None
@@ -336,3 +343,47 @@ def test_a_muon_alone_that_leaves_parameters_out_is_refused_naming_the_list() ->
         r"a list per model: Muon on the matrices, AdamW on the rest\)$",
     ):
         diloco(ms, muons)
+
+
+def test_the_newton_schulz_benchmark_times_the_three_steps_and_refuses_bad_input(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """benchmarks/muon_ns.py (RESULTS, "Muon's Newton–Schulz on a CPU") on the smallest model: a row of
+    seconds a step for AdamW and Muon in both dtypes, in its table and its JSON; bad input in one line."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "muon_ns.py"
+    spec = importlib.util.spec_from_file_location("muon_ns", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    threads = torch.get_num_threads()
+    try:
+        out = tmp_path / "ns.json"
+        args = [
+            "--models",
+            "llama-micro",
+            "--batches",
+            "2",
+            "--blocks",
+            "1",
+            "--warmup",
+            "0",
+            "--json",
+            str(out),
+        ]
+        assert bench.main(args) == 0
+        (row,) = json.loads(out.read_text())["rows"]
+        assert row["model"] == "llama-micro" and all(row[f"{k}_s"] > 0 for k in bench.OPTIMIZERS)
+        assert "| `llama-micro` | 2 |" in capsys.readouterr().out
+        for bad, said in (
+            (["--models", "llama-huge"], "--models 'llama-huge': one of"),
+            (["--batches", "0"], "--batches '0': whole numbers >= 1"),
+            (["--blocks", "0"], "--blocks must be >= 1"),
+        ):
+            assert bench.main(bad) == 2
+            assert said in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(threads)

@@ -25,13 +25,44 @@ def inner_text(cfg: Config) -> str:
     return ", ".join(words)
 
 
+# The inner keys one optimizer reads and another does not: which inner.optimizer values read each.
+READ_BY = {
+    "momentum": ("sgd",),
+    "betas": ("adamw", "muon"),
+    "muon_lr_ratio": ("muon",),
+    "muon_momentum": ("muon",),
+    "muon_adjust_lr": ("muon",),
+    "muon_ns_dtype": ("muon",),
+}
+
+
+def unread_note(cfg: Config) -> str | None:
+    """One line naming the inner keys set away from their defaults that the inner optimizer in effect does
+    not read (``inner.muon_ns_dtype`` with AdamW, ``inner.momentum`` with Muon): kept as set, said, not
+    refused, so that a bench's shared ``--set`` can reach the variants that read it; else None."""
+    i, default = cfg.inner, type(cfg.inner)()
+    unread = [
+        f"inner.{key} {getattr(i, key)} (read by {' or '.join(readers)})"
+        for key, readers in READ_BY.items()
+        if i.optimizer not in readers and getattr(i, key) != getattr(default, key)
+    ]
+    if not unread:
+        return None
+    return f"inner.optimizer {i.optimizer} does not read {', '.join(unread)}: kept as set, with no effect"
+
+
 def muon_note(cfg: Config, device_type: str) -> str | None:
     """One line where Muon orthogonalizes in bfloat16 on a CPU that emulates bfloat16 matmuls (no
     AVX512-BF16 or AMX): its Newton–Schulz iterations then cost several times a float32 step; else None."""
     from adloco.library.optim import emulates_bfloat16
 
     i = cfg.inner
-    if i.optimizer != "muon" or i.muon_ns_dtype != "bfloat16" or device_type != "cpu" or not emulates_bfloat16():
+    if (
+        i.optimizer != "muon"
+        or i.muon_ns_dtype != "bfloat16"
+        or device_type != "cpu"
+        or not emulates_bfloat16()
+    ):
         return None
     return (
         "inner.muon_ns_dtype bfloat16 on a CPU without native bfloat16 matmuls (no AVX512-BF16 or AMX): Muon's "

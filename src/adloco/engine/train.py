@@ -27,7 +27,7 @@ from adloco.data.tokens import Data, prepare
 from adloco.engine import compiling, rundir
 from adloco.engine.checkpoint.files import Folder
 from adloco.engine.checkpoint.saver import Checkpointer
-from adloco.engine.describe import describe_run, muon_note
+from adloco.engine.describe import describe_run, muon_note, unread_note
 from adloco.engine.driver import Driver, TooManyBadRounds
 from adloco.engine.placement import Placement, place
 from adloco.engine.signals import Signals
@@ -208,8 +208,9 @@ class Run:
             self.say(line)
         if (note := outer_note(a.method, cfg.outer, cfg.comm)) is not None:
             self.say(note)
-        if (note := muon_note(cfg, device.type)) is not None:
-            self.say(note)
+        for note in (muon_note(cfg, device.type), unread_note(cfg)):
+            if note is not None:
+                self.say(note)
         return driver
 
     def _rounds(self, driver: Driver, sink: MetricsSink) -> Summary:

@@ -62,7 +62,9 @@ class BatchTests:
         ceiling = norm_test_ceiling(b)
         if ceiling is not None:
             where = f"the batch stays at batch.initial ({b.initial})" + (
-                " all run" if ceiling <= b.initial else f", or reaches {ceiling} at most where a step has one row"
+                " all run"
+                if ceiling <= b.initial
+                else f", or reaches {ceiling} at most where a step has one row"
             )
             log.warning(
                 f"batch.eta {b.eta:g} with the norm test: the test's target is bounded by a worker's rows over "

@@ -95,7 +95,9 @@ class Muon(torch.optim.Muon):
             for param, grad, buf in zip(params, grads, bufs, strict=True):
                 buf.lerp_(grad, 1 - momentum)
                 update = grad.lerp(buf, momentum) if group["nesterov"] else buf
-                update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
+                update = newton_schulz(
+                    update, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype
+                )
                 param.mul_(1 - lr * wd)
                 param.add_(update, alpha=-lr * _lr_factor(group["adjust_lr_fn"], param.shape))
         return loss
