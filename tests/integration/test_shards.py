@@ -58,6 +58,17 @@ def test_two_workers_of_two_shards_give_the_run_of_two_unsharded_workers(
     _resumes(tmp_path)
 
 
+def test_muon_on_workers_of_two_shards_gives_the_unsharded_run(tmp_path: Path, text_corpus: Path) -> None:
+    """inner.optimizer muon on sharded workers: the matrices are DTensors, whose products gather each
+    matrix, so every shard orthogonalizes the whole of it; the run of unsharded workers within float32
+    rounding (the Newton–Schulz iterations in float32: in bfloat16 the two agree to bfloat16's rounding,
+    0.3% of a parameter here), and its checkpoint (Muon's momentum, in shards) resumes as AdamW's does."""
+    muon = ["inner.optimizer=muon", "inner.muon_ns_dtype=float32"]
+    a, b = _pair(tmp_path, text_corpus, ["algorithm.method=adloco", *ADLOCO, *muon])
+    _same_run(a, b)
+    _resumes(tmp_path)
+
+
 def _same_run(a: dict, b: dict) -> None:
     assert b["rounds"] == a["rounds"]  # requests and allocation, every round
     assert b["merges"] == a["merges"]

@@ -752,11 +752,6 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: runtime.cuda_graphs = True: must be false or auto with inner.optimizer muon (torch.optim.Muon reads its learning rate on the host at every step)",
     ),
     (
-        "muon-sharded",
-        ["train", *S("logging.out_dir={tmp}/runs", "inner.optimizer=muon", "runtime.shards=2")],
-        "config: runtime.shards = 2: must be 1 with inner.optimizer muon (Muon orthogonalizes whole matrices; a sharded worker holds pieces)",
-    ),
-    (
         "muon-lr-ratio-zero",
         ["train", *S("logging.out_dir={tmp}/runs", "inner.muon_lr_ratio=0")],
         "config: inner.muon_lr_ratio = 0.0: must be in (0, 1000]",

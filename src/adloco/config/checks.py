@@ -147,8 +147,8 @@ def check_checkpoint_dir(where: str) -> None:
 
 def check_muon(cfg: Config) -> None:
     """inner.optimizer muon: what Muon cannot do (ALGORITHM.md §1): be captured in a CUDA graph (it reads
-    its learning rate on the host), or step a worker sharded over processes (it orthogonalizes whole
-    matrices)."""
+    its learning rate on the host). A worker sharded over processes steps it on DTensors, whose products
+    gather each matrix (tests/integration/test_shards.py)."""
     if cfg.inner.optimizer != "muon":
         return
     rt = cfg.runtime
@@ -157,12 +157,6 @@ def check_muon(cfg: Config) -> None:
         "runtime.cuda_graphs",
         rt.cuda_graphs,
         "false or auto with inner.optimizer muon (torch.optim.Muon reads its learning rate on the host at every step)",
-    )
-    _need(
-        rt.shards == 1,
-        "runtime.shards",
-        rt.shards,
-        "1 with inner.optimizer muon (Muon orthogonalizes whole matrices; a sharded worker holds pieces)",
     )
 
 

@@ -34,7 +34,7 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
         "8x longer runs at 0.54-0.92x (both corpora, both methods and the batch schedule), 16x at 0.55-0.91x "
         "and the compute-optimal budget at 0.85x (the schedule), "
         "the batch schedule with Muon lowest of all, but it cannot be "
-        "captured in CUDA graphs (on by default on a GPU, where they run workers side by side) nor sharded, "
+        "captured in CUDA graphs (on by default on a GPU, where they run workers side by side), "
         "its wins are per example on a CPU, where its step costs 1.3-2.7x AdamW's at 11M parameters (float32 "
         "iterations), and models past 11M parameters are not measured; choose it with inner.optimizer muon",
         (MUON, LONG, KNOBS_LONG, MUON_NS),

@@ -17,12 +17,12 @@ def make_optimizer(flat: FlatModule, cfg: InnerConfig, capturable: bool = False)
     counts on the device and the fused kernel, SGD fused (both take their lr as a device tensor).
 
     ``muon`` needs matrices: Muon on the model's own hidden matrices (views of the flat buffer, shaped) and
-    AdamW on the rest, as one optimizer (:func:`adloco.library.optim.muon_adamw`); neither captured nor sharded."""
+    AdamW on the rest, as one optimizer (:func:`adloco.library.optim.muon_adamw`); not captured. On a
+    sharded worker the matrices are the module's DTensors (:class:`adloco.library.optim.Muon`)."""
     if cfg.optimizer == "muon":
-        if capturable or not flat.aliased:
+        if capturable:
             raise ValueError(
-                "inner.optimizer = 'muon': not with runtime.cuda_graphs or runtime.shards > 1 (Muon reads its "
-                "learning rate on the host and orthogonalizes whole matrices)"
+                "inner.optimizer = 'muon': not with runtime.cuda_graphs (Muon reads its learning rate on the host)"
             )
         return muon_adamw(
             flat.module,

@@ -70,7 +70,9 @@ class Muon(torch.optim.Muon):
     torch's step (momentum, Nesterov, coefficients, lr adjustment, decoupled weight decay), with the
     iterations in bfloat16 equal to torch's bit for bit, or in float32, which a CPU without native bfloat16
     matmuls runs many times faster. The step is written out here rather than delegated, so that torch's
-    step hooks run once. The state and the param groups are torch's: a checkpoint loads into either."""
+    step hooks run once. The state and the param groups are torch's: a checkpoint loads into either. On a
+    worker sharded with ``fully_shard`` its matrices are DTensors, whose products gather each matrix, so
+    every shard orthogonalizes the whole of it and keeps its rows (as torch's Muon does there)."""
 
     def __init__(self, params: Any, *, ns_dtype: NsDtype = "bfloat16", **kwargs: Any) -> None:
         if ns_dtype not in NS_DTYPES:

@@ -27,7 +27,7 @@ from adloco.library.comm.base import Shards
 from adloco.library.fields import check_clip, choice
 from adloco.library.flat import FlatModule, flatten, like
 from adloco.library.graphs import GraphedStep, capturable, state_pointers, to_device
-from adloco.library.optim import CombinedOptimizer, is_muon
+from adloco.library.optim import CombinedOptimizer
 from adloco.library.settings import Precision
 from adloco.library.snapshot import InnerSnapshot
 
@@ -124,11 +124,6 @@ class Replica:
             raise ValueError(
                 "model: a model sharded with fully_shard needs a communicator over its mesh, and a "
                 "communicator over a mesh a sharded model (TorchDistComm(mesh=...))"
-            )
-        if self.shards.size > 1 and is_muon(optimizer):
-            raise ValueError(
-                "inner_optimizer: torch.optim.Muon orthogonalizes whole matrices, and a worker sharded with "
-                "fully_shard holds pieces of them; use AdamW with sharded workers (runtime.shards 1 for Muon)"
             )
         self.optimizer = optimizer
         self.loss_fn: LossFn = loss_fn or hf_loss
