@@ -12,8 +12,8 @@ blocks time one step of every optimizer back to back, the order rotated block to
 the machine's speed hits them alike. Reported: the median seconds a step over blocks, and its ratio to
 AdamW's. One thread (``torch.set_num_threads(1)``), as a bench run on one core; run it on a quiet machine.
 
-Command (about 4 minutes on the 2-core CPU machine):
-    .venv/bin/python benchmarks/muon_ns.py --json benchmarks/out/muon_ns.json
+Command (RESULTS' table; about 9 minutes on the 2-core CPU machine, most of it Muon in bfloat16 at 11M):
+    .venv/bin/python benchmarks/muon_ns.py --blocks 5 --warmup 1 --json benchmarks/out/muon_ns.json
 Options: ``--models``, ``--batches``, ``--blocks``, ``--warmup``; ``--quick`` for a smoke check.
 """
 
