@@ -273,6 +273,17 @@ def md_multi(r: dict[str, Any]) -> list[str]:
         "",
         f"`adloco train` with runtime.cuda_graphs, 4 workers of llama-tiny: exit {cli.get('rc')}, validation perplexity {_ppl(cli)}.",
     ]
+    for graphs, rec in (r.get("cli_muon") or {}).items():
+        trained = sum(x.get("train_s") or 0 for x in rec.get("rounds") or [])
+        L += [
+            "",
+            f"The same with `inner.optimizer: muon`, runtime.cuda_graphs {graphs}: "
+            + (
+                str(rec["skipped"])
+                if "skipped" in rec
+                else f"exit {rec.get('rc')}, validation perplexity {_ppl(rec)}, {trained:.2f} s training."
+            ),
+        ]
     for line in (r.get("summary") or {}).get("lines", []):
         L += ["", line]
     micro = r.get("micro") or {}

@@ -364,6 +364,25 @@ def sec_multi(ctx: Ctx, box: float) -> dict[str, Any]:
         cli["expected"] = "runtime.cuda_graphs needs CUDA: refused on CPU with exit code 2"
     r["cli"] = cli
     ctx.say(f"  adloco train with runtime.cuda_graphs (4 workers): rc {cli['rc']}, ppl {_ppl(cli)}")
+    # Muon inside the graphs (its lr a device tensor), against Muon stepped eagerly one worker after another:
+    # what Muon costs a GPU run per second, the question its being the default waits on
+    r["cli_muon"] = {}
+    for graphs in ("true", "false") if ctx.cuda else ("true",):
+        left = end - time.time() - 20
+        if left < 15:
+            r["cli_muon"][graphs] = {"skipped": "no time left in the section"}
+            break
+        rec = _slim(
+            ctx.cli(
+                f"muon-graphs-{graphs}",
+                {**sets, "inner.optimizer": "muon", "runtime.cuda_graphs": graphs},
+                min(90.0, left),
+            )
+        )
+        r["cli_muon"][graphs] = rec
+        ctx.say(
+            f"  ... with Muon, runtime.cuda_graphs {graphs}: rc {rec['rc']}, ppl {_ppl(rec)}, train {_train_s(rec)} s"
+        )
     r["micro"] = ctx.child("multi", max(10.0, end - time.time()))
     summary = summarize_multi(r)
     r["summary"] = summary
@@ -374,6 +393,12 @@ def sec_multi(ctx: Ctx, box: float) -> dict[str, Any]:
     ):
         raise SectionError(r["engine"].get("error") or r["micro"]["error"], r)
     return r
+
+
+def _train_s(rec: dict[str, Any]) -> float | None:
+    """The seconds a run's rounds trained (their train_s summed), or None."""
+    got = [x["train_s"] for x in rec.get("rounds") or [] if isinstance(x.get("train_s"), (int, float))]
+    return round(sum(got), 3) if got else None
 
 
 TARGETS = {"llama-tiny": 6.0, "llama-10m": 2.5}  # x one sequential worker's examples/s, 4 workers at once

@@ -747,11 +747,6 @@ CASES: list[tuple[str, list[str], str]] = [
         "config: inner.optimizer = 'lion': must be one of 'adamw', 'sgd', 'muon'",
     ),
     (
-        "muon-in-a-cuda-graph",
-        ["train", *S("logging.out_dir={tmp}/runs", "inner.optimizer=muon", "runtime.cuda_graphs=true")],
-        "config: runtime.cuda_graphs = True: must be false or auto with inner.optimizer muon (torch.optim.Muon reads its learning rate on the host at every step)",
-    ),
-    (
         "muon-lr-ratio-zero",
         ["train", *S("logging.out_dir={tmp}/runs", "inner.muon_lr_ratio=0")],
         "config: inner.muon_lr_ratio = 0.0: must be in (0, 1000]",

@@ -90,6 +90,30 @@ def test_a_captured_step_is_the_eager_step_and_reads_each_steps_lr_and_batch() -
     assert np.allclose(la, lb, rtol=1e-5)
 
 
+def test_a_captured_muon_step_is_the_eager_step_and_reads_each_steps_lr() -> None:
+    """Muon with AdamW beside it (``muon_adamw(..., capturable=True)``), as the run builds it under
+    ``runtime.cuda_graphs``: captured (emulated), its lr a device tensor each step, against the same pair
+    stepped eagerly at the Python float: within float tolerance; at lr 0 nothing moves (both parts'
+    weight decay scales by the lr)."""
+    from adloco.library.optim import muon_adamw
+
+    plan = [(8, 1e-2, 8), (8, 5e-3, 8), (8, 2e-2, 4), (8, 0.0, 4), (8, 1e-2, 4), (8, 1e-3, 4)]
+    reps = []
+    for _ in range(2):
+        model = mlp(6)
+        reps.append(Replica(model, muon_adamw(model, 1e-2, ns_dtype="float32", capturable=True), mse))
+    a, b = reps
+    g = emulated(a)
+    for i, step in enumerate(plan):
+        before = a.flat.param.clone()
+        la, lb = steps(a, [step], first=i), steps(b, [step], first=i)
+        assert np.allclose(la, lb, rtol=1e-5)
+        if step[1] == 0.0:
+            assert torch.equal(a.flat.param, before)
+    assert (g.captures, g.replays) == (2, 4)
+    torch.testing.assert_close(a.flat.param, b.flat.param, rtol=1e-5, atol=1e-6)
+
+
 def test_a_new_layout_or_reset_state_is_captured_again() -> None:
     m = mlp(1)
     rep = Replica(m, adamw(m), mse)
@@ -394,11 +418,21 @@ def test_cuda_graphs_without_cuda_is_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: a CUDA graph is captured")
-def test_on_cuda_a_captured_step_replays_the_eager_step() -> None:
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_on_cuda_a_captured_step_replays_the_eager_step(optimizer: str) -> None:
+    """AdamW, and Muon beside it (its lr a device tensor; float32 iterations, so that bfloat16's rounding
+    hides nothing): the captured step is the eager step of the same optimizer."""
+    from adloco.library.optim import muon_adamw
+
+    def make(model: nn.Module) -> torch.optim.Optimizer:
+        if optimizer == "muon":
+            return muon_adamw(model, 1e-2, ns_dtype="float32", capturable=True)
+        return adamw(model)
+
     dev = torch.device("cuda")
     a_model, b_model = mlp(6).to(dev), mlp(6).to(dev)
-    a = Replica(a_model, adamw(a_model), mse, clip=0.5, cuda_graphs=True)
-    b = Replica(b_model, adamw(b_model), mse, clip=0.5)
+    a = Replica(a_model, make(a_model), mse, clip=0.5, cuda_graphs=True)
+    b = Replica(b_model, make(b_model), mse, clip=0.5)
     scratch = torch.zeros(a.flat.numel, device=dev)
     for i in range(6):
         for rep in (a, b):

@@ -3,7 +3,7 @@ and AdamW on the rest, as one optimizer (:class:`adloco.library.optim.CombinedOp
 worker's optimizer goes through: the split, its steps, torch's state dict, the flat inner state of
 checkpoints and resume (bit for bit), the round's snapshot and undo, a reset, the lr multiplier, the hooked
 form, a user's own pair passed as a list, the gradient probe (which reads gradients, not the optimizer),
-and what cannot work (a CUDA graph)."""
+and a CUDA graph (the lr as a device tensor)."""
 
 from __future__ import annotations
 
@@ -302,10 +302,46 @@ def test_the_probe_reads_gradients_whatever_the_optimizer() -> None:
     assert a.last_report is not None and all(t.reason != "no-statistics" for t in a.last_report.trainers)
 
 
-def test_muon_is_not_captured_in_a_cuda_graph() -> None:
+def test_muon_takes_its_lr_as_a_device_tensor_and_reads_nothing_on_the_host() -> None:
+    """What lets a CUDA graph hold Muon's step (ALGORITHM.md §14): at a 0-dim tensor lr the step is the
+    step at the same Python float, within float rounding, and reads no value on the host: it runs on
+    meta tensors, which hold none (torch's Muon, ``float(lr)``, cannot). ``capturable`` says so of the
+    pair built with ``capturable=True``, and names what stands in the way otherwise."""
+    for ns in ("float32", "bfloat16"):
+        a = TinyLM()
+        b = copy.deepcopy(a)
+        oa, ob = muon_adamw(a, 1e-2, ns_dtype=ns), muon_adamw(b, 1e-2, ns_dtype=ns)
+        for h, lr in enumerate((1e-2, 3e-3, 2e-2)):
+            for m, o in ((a, oa), (b, ob)):
+                m.zero_grad()
+                lm_loss(m, tokens(3, 9, h, 16)).backward()
+                for g in o.optimizers[-1].param_groups:
+                    g["lr"] = lr if m is a else torch.tensor(lr)
+                o.step()
+        for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+            torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)
+    meta = [torch.empty(24, 16, device="meta", requires_grad=True) for _ in range(2)]
+    for p in meta:
+        p.grad = torch.empty_like(p)
+    for cls, kw in ((Muon, {"ns_dtype": "float32"}), (torch.optim.Muon, {})):
+        o = cls(meta, lr=1e-2, weight_decay=0.1, **kw)
+        o.param_groups[0]["lr"] = torch.tensor(1e-2, device="meta")  # as Replica.device_lrs sets it
+        if cls is Muon:
+            o.step()
+        else:
+            with pytest.raises(RuntimeError, match="meta"):  # its float(lr): no value to read on meta
+                o.step()
     m = TinyLM()
-    why = capturable(muon_adamw(m, 1e-3))
-    assert why is not None and "Muon" in why and "cuda_graphs off" in why
+    assert capturable(muon_adamw(m, 1e-3, capturable=True)) is None
+    from adloco.config import InnerConfig
+    from adloco.engine.inner import make_optimizer
+    from adloco.library.flat import flatten
+
+    built = make_optimizer(flatten(TinyLM()), InnerConfig(optimizer="muon"), capturable=True)
+    assert is_muon(built) and capturable(built) is None  # what runtime.cuda_graphs builds
+    assert "AdamW needs capturable=True" in (capturable(muon_adamw(m, 1e-3)) or "")
+    theirs = capturable(CombinedOptimizer(*own_pair(TinyLM())))
+    assert theirs is not None and theirs.startswith("torch.optim.Muon reads its learning rate on the host")
 
 
 def test_adloco_train_with_inner_optimizer_muon() -> None:

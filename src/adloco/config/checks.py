@@ -85,7 +85,6 @@ def check(cfg: Config, resuming: bool = False) -> None:
     check_sites(cfg.network.sites, a.workers)
     check_checkpoint_dir(cfg.checkpoint.dir)
     check_compute(cfg)
-    check_muon(cfg)
     check_wd_scaling(cfg)
     outer = outer_state(cfg)
     try:
@@ -143,21 +142,6 @@ def check_checkpoint_dir(where: str) -> None:
             f"config: checkpoint.dir = {where!r}: the filesystem for {protocol!r} needs a package that is not "
             f"installed ({exc})"
         ) from None
-
-
-def check_muon(cfg: Config) -> None:
-    """inner.optimizer muon: what Muon cannot do (ALGORITHM.md §1): be captured in a CUDA graph (it reads
-    its learning rate on the host). A worker sharded over processes steps it on DTensors, whose products
-    gather each matrix (tests/integration/test_shards.py)."""
-    if cfg.inner.optimizer != "muon":
-        return
-    rt = cfg.runtime
-    _need(
-        rt.cuda_graphs is not True,
-        "runtime.cuda_graphs",
-        rt.cuda_graphs,
-        "false or auto with inner.optimizer muon (torch.optim.Muon reads its learning rate on the host at every step)",
-    )
 
 
 def check_wd_scaling(cfg: Config) -> None:
@@ -241,7 +225,6 @@ def _graph_obstacles(cfg: Config) -> list[tuple[bool, str]]:
             rt.compile and rt.compile_mode in ("reduce-overhead", "max-autotune"),
             f"runtime.compile_mode {rt.compile_mode}: it captures CUDA graphs of its own",
         ),
-        (cfg.inner.optimizer == "muon", "inner.optimizer muon: it reads its learning rate on the host"),
         (
             cfg.batch.wd_scaling != "none",
             f"batch.wd_scaling {cfg.batch.wd_scaling}: a captured step keeps its weight decay",

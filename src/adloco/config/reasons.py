@@ -33,10 +33,10 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
         "AdamW stays: Muon ended 6-round runs at 0.47-0.69x AdamW's perplexity (1.4M and 11M parameters), "
         "8x longer runs at 0.54-0.92x (both corpora, both methods and the batch schedule), 16x at 0.55-0.91x "
         "and the compute-optimal budget at 0.85x (the schedule), "
-        "the batch schedule with Muon lowest of all, but it cannot be "
-        "captured in CUDA graphs (on by default on a GPU, where they run workers side by side), "
-        "its wins are per example on a CPU, where its step costs 1.3-2.7x AdamW's at 11M parameters (float32 "
-        "iterations), and models past 11M parameters are not measured; choose it with inner.optimizer muon",
+        "the batch schedule with Muon lowest of all, but its wins are per example on a CPU, where its step "
+        "costs 1.3-2.7x AdamW's at 11M parameters (float32 iterations); its capture in the CUDA graphs that "
+        "run a GPU's workers side by side (its lr a device tensor) is tested on a CPU, not yet run or timed "
+        "on a GPU; models past 11M parameters are not measured; choose it with inner.optimizer muon",
         (MUON, LONG, KNOBS_LONG, MUON_NS),
     ),
     "inner.muon_ns_dtype": (

@@ -256,8 +256,9 @@ class RuntimeConfig(Dial):
         "auto",
         "each worker's inner step captured as a CUDA graph and replayed on its own stream, so the workers of "
         "a process train at once on their GPU (ALGORITHM.md §14); the inner optimizer becomes capturable and "
-        "fused (within float tolerance of a run without); not with fp16, ddp, runtime.shards > 1, "
-        "inner.optimizer muon, batch.wd_scaling timescale or a compile_mode that captures graphs itself. auto: "
+        "fused (within float tolerance of a run without; Muon takes its lr as a device tensor); not with "
+        "fp16, ddp, runtime.shards > 1, batch.wd_scaling timescale or a compile_mode that captures graphs "
+        "itself. auto: "
         "on where the run is on CUDA and none of those stands in the way (the run's first lines say which, "
         "and why); true: on, refused in one line where it cannot work; false: off",
     )

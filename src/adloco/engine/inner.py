@@ -17,13 +17,10 @@ def make_optimizer(flat: FlatModule, cfg: InnerConfig, capturable: bool = False)
     counts on the device and the fused kernel, SGD fused (both take their lr as a device tensor).
 
     ``muon`` needs matrices: Muon on the model's own hidden matrices (views of the flat buffer, shaped) and
-    AdamW on the rest, as one optimizer (:func:`adloco.library.optim.muon_adamw`); not captured. On a
-    sharded worker the matrices are the module's DTensors (:class:`adloco.library.optim.Muon`)."""
+    AdamW on the rest, as one optimizer (:func:`adloco.library.optim.muon_adamw`; captured with the AdamW
+    part as above, Muon taking its lr as a device tensor). On a sharded worker the matrices are the
+    module's DTensors (:class:`adloco.library.optim.Muon`)."""
     if cfg.optimizer == "muon":
-        if capturable:
-            raise ValueError(
-                "inner.optimizer = 'muon': not with runtime.cuda_graphs (Muon reads its learning rate on the host)"
-            )
         return muon_adamw(
             flat.module,
             cfg.lr,
@@ -33,6 +30,7 @@ def make_optimizer(flat: FlatModule, cfg: InnerConfig, capturable: bool = False)
             lr_ratio=cfg.muon_lr_ratio,
             adjust_lr=cfg.muon_adjust_lr,
             ns_dtype=cfg.muon_ns_dtype,
+            capturable=capturable,
         )
     groups = [
         {"params": [p], "weight_decay": cfg.weight_decay if decay else 0.0}

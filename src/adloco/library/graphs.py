@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from adloco.library.optim import CombinedOptimizer
+from adloco.library.optim import CombinedOptimizer, Muon
 
 log = logging.getLogger("adloco")
 
@@ -210,14 +210,17 @@ def state_pointers(optimizer: torch.optim.Optimizer, *tensors: torch.Tensor) -> 
 def capturable(optimizer: torch.optim.Optimizer) -> str | None:
     """Why ``optimizer`` cannot be stepped inside a CUDA graph, or None when it can: an Adam-family
     optimizer needs ``capturable=True`` (its step counts on the device); a learning rate must reach the
-    step as a tensor, which torch allows with ``capturable`` or ``fused``."""
-    if isinstance(optimizer, CombinedOptimizer):  # Muon's reason first: no setting of it is capturable
-        parts = sorted(optimizer.optimizers, key=lambda o: not isinstance(o, torch.optim.Muon))
+    step as a tensor, which torch allows with ``capturable`` or ``fused``, and
+    :class:`adloco.library.optim.Muon` always (``torch.optim.Muon`` reads it on the host)."""
+    if isinstance(optimizer, CombinedOptimizer):  # torch's Muon's reason first: no setting of it helps
+        parts = sorted(optimizer.optimizers, key=lambda o: type(o) is not torch.optim.Muon)
         return next((why for o in parts if (why := capturable(o)) is not None), None)
+    if isinstance(optimizer, Muon):  # its lr read as a device tensor: nothing on the host
+        return None
     if isinstance(optimizer, torch.optim.Muon):
         return (
-            "torch.optim.Muon reads its learning rate on the host at every step and has no capturable form; "
-            "turn cuda_graphs off to train with Muon"
+            "torch.optim.Muon reads its learning rate on the host at every step; adloco.library.optim.Muon "
+            "(the same step) takes it as a device tensor"
         )
     groups = optimizer.param_groups
     if all(g.get("capturable") for g in groups):

@@ -72,7 +72,11 @@ class Muon(torch.optim.Muon):
     matmuls runs many times faster. The step is written out here rather than delegated, so that torch's
     step hooks run once. The state and the param groups are torch's: a checkpoint loads into either. On a
     worker sharded with ``fully_shard`` its matrices are DTensors, whose products gather each matrix, so
-    every shard orthogonalizes the whole of it and keeps its rows (as torch's Muon does there)."""
+    every shard orthogonalizes the whole of it and keeps its rows (as torch's Muon does there).
+
+    Its learning rate may be a 0-dim tensor on the parameters' device (as ``Replica.device_lrs`` sets it
+    for a CUDA graph): the step then reads nothing on the host, so it can be captured, which torch's Muon
+    (``float(lr)`` at every step) cannot; within float rounding of the step at the same Python float."""
 
     def __init__(self, params: Any, *, ns_dtype: NsDtype = "bfloat16", **kwargs: Any) -> None:
         if ns_dtype not in NS_DTYPES:
@@ -93,15 +97,22 @@ class Muon(torch.optim.Muon):
             bufs: list[torch.Tensor] = []
             if self._init_group(group, params, grads, bufs):
                 raise ValueError("Muon: complex parameters are not supported")
-            lr, wd, momentum = float(group["lr"]), group["weight_decay"], group["momentum"]
+            lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
+            on_device = isinstance(lr, torch.Tensor)  # a CUDA graph's lr, read at each replay
+            if not on_device:
+                lr = float(lr)
             for param, grad, buf in zip(params, grads, bufs, strict=True):
                 buf.lerp_(grad, 1 - momentum)
                 update = grad.lerp(buf, momentum) if group["nesterov"] else buf
                 update = newton_schulz(
                     update, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype
                 )
+                factor = _lr_factor(group["adjust_lr_fn"], param.shape)
                 param.mul_(1 - lr * wd)
-                param.add_(update, alpha=-lr * _lr_factor(group["adjust_lr_fn"], param.shape))
+                if on_device:  # tensor arithmetic only: nothing is read on the host
+                    param.sub_(update.to(param.dtype) * (lr * factor))
+                else:
+                    param.add_(update, alpha=-lr * factor)
         return loss
 
 
@@ -269,6 +280,7 @@ def muon_adamw(
     adjust_lr: MuonAdjust = "match_rms_adamw",
     adamw: Sequence[str] = (),
     ns_dtype: NsDtype = "bfloat16",
+    capturable: bool = False,
 ) -> CombinedOptimizer:
     """Muon on ``model``'s hidden matrices and AdamW on the rest (:func:`muon_split`), as one optimizer.
 
@@ -280,7 +292,9 @@ def muon_adamw(
     carry over and ``lr_ratio`` 1 is the start; ``original`` is Keller Jordan's √max(1, A/B), whose lr is
     about 0.02 (``lr_ratio`` = 0.02 / lr). ``ns_dtype``: the dtype of Muon's Newton–Schulz iterations
     (:class:`Muon`): bfloat16, torch's, or float32 for a CPU that emulates bfloat16 (:func:`emulates_bfloat16`).
-    The AdamW groups come first (a worker reports the first group's lr)."""
+    ``capturable``: the AdamW part fused and capturable, so that the pair steps inside a CUDA graph
+    (:class:`Muon` takes its lr as a device tensor as it is). The AdamW groups come first (a worker
+    reports the first group's lr)."""
     matrices, rest = muon_split(model, adamw)
     if not matrices:
         raise ValueError("inner.optimizer = 'muon': the model has no hidden 2-D matrices for Muon to step")
@@ -289,7 +303,8 @@ def muon_adamw(
     groups = [{"params": ps, "weight_decay": wd} for ps, wd in ((decay, weight_decay), (plain, 0.0)) if ps]
     parts: list[torch.optim.Optimizer] = []
     if groups:
-        parts.append(torch.optim.AdamW(groups, lr=lr, betas=betas))
+        graph = {"capturable": True, "fused": True} if capturable else {}
+        parts.append(torch.optim.AdamW(groups, lr=lr, betas=betas, **graph))
     muon = Muon(
         matrices,
         ns_dtype=ns_dtype,
