@@ -281,7 +281,8 @@ def md_multi(r: dict[str, Any]) -> list[str]:
             + (
                 str(rec["skipped"])
                 if "skipped" in rec
-                else f"exit {rec.get('rc')}, validation perplexity {_ppl(rec)}, {trained:.2f} s training."
+                else f"exit {rec.get('rc')}, validation perplexity {_ppl(rec)}, {trained:.2f} s training"
+                + ("; a capture failed (its steps ran eagerly)." if rec.get("capture_failed") else ".")
             ),
         ]
     for line in (r.get("summary") or {}).get("lines", []):

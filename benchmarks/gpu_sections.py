@@ -377,11 +377,15 @@ def sec_multi(ctx: Ctx, box: float) -> dict[str, Any]:
                 f"muon-graphs-{graphs}",
                 {**sets, "inner.optimizer": "muon", "runtime.cuda_graphs": graphs},
                 min(90.0, left),
+                keep_output=True,
             )
         )
+        # a capture that fails runs the step eagerly from then on: the timing would be eager steps'
+        rec["capture_failed"] = "could not be captured" in rec.pop("full_output", "")
         r["cli_muon"][graphs] = rec
         ctx.say(
-            f"  ... with Muon, runtime.cuda_graphs {graphs}: rc {rec['rc']}, ppl {_ppl(rec)}, train {_train_s(rec)} s"
+            f"  ... with Muon, runtime.cuda_graphs {graphs}: rc {rec['rc']}, ppl {_ppl(rec)}, "
+            f"train {_train_s(rec)} s, a capture failed: {rec['capture_failed']}"
         )
     r["micro"] = ctx.child("multi", max(10.0, end - time.time()))
     summary = summarize_multi(r)

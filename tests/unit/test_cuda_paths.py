@@ -90,9 +90,11 @@ def test_cuda_adloco_train_with_muon_captures_its_workers_as_without_graphs(
     run trains, and it ends where the same run without graphs ends, within the float tolerance of fused
     against foreach AdamW on the embeddings and head (float32 Newton–Schulz: bfloat16's rounding would
     hide a wrong step less well)."""
-    sets = {"inner__optimizer": "muon", "inner__muon_ns_dtype": "float32"}
+    # DiLoCo: no batch test whose discrete decisions a float-level difference could flip
+    sets = {"inner__optimizer": "muon", "inner__muon_ns_dtype": "float32", "algorithm__method": "diloco"}
     run, out = train_with_output(tmp_path / "graphs", tiny_run(text_corpus, **sets))
-    assert out.splitlines()[0] == "cuda graphs: on (auto: CUDA)"
+    assert out.splitlines()[0] == "cuda graphs: on (auto: CUDA, 2 workers on one device)"
+    assert "could not be captured" not in out  # a failed capture runs eagerly: it would equal the eager run
     eager = train_once(tmp_path / "eager", tiny_run(text_corpus, runtime__cuda_graphs="false", **sets))
     s, e = summary(run), summary(eager)
     assert math.isfinite(s["final_val_loss"]) and s["final_val_ppl"] < s["initial_val_ppl"]

@@ -110,7 +110,7 @@ class Muon(torch.optim.Muon):
                 factor = _lr_factor(group["adjust_lr_fn"], param.shape)
                 param.mul_(1 - lr * wd)
                 if on_device:  # tensor arithmetic only: nothing is read on the host
-                    param.sub_(update.to(param.dtype) * (lr * factor))
+                    param.addcmul_(update, lr * factor, value=-1)  # one rounding, as add_(alpha=)
                 else:
                     param.add_(update, alpha=-lr * factor)
         return loss
