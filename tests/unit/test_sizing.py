@@ -33,6 +33,8 @@ def test_the_estimate_counts_replicas_optimizer_state_and_one_step() -> None:
     step = sizing.estimate(10, 1, micro_batch=2, step_rows=8, seq_len=16, per_token=100)
     assert step.step == 2 * 16 * 100 + 8 * 16 * 8 and step.total == step.state + step.step
     assert sizing.optimizer_buffers("adamw") == 2 and sizing.optimizer_buffers("sgd", 0.9) == 1
+    assert sizing.optimizer_buffers("sgd", 0.0) == 0
+    assert sizing.optimizer_buffers("muon", 0.0) == 1  # its own momentum, whatever SGD's inner.momentum says
     probes = sizing.estimate(1000, replicas=2, optimizer="sgd", momentum=0.9, probe_gradients=8)
     assert probes.state == 2 * ((2 + 1 + 8) * 4 * 1000 + objects)
 

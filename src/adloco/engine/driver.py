@@ -32,7 +32,7 @@ from adloco.library.comm.base import Comm
 from adloco.library.method import RoundAborted
 from adloco.library.replica import Replica
 from adloco.library.round import RoundReport, Traffic
-from adloco.models import ModelFactory
+from adloco.models import ModelFactory, sizing
 from adloco.profile import AUTO, RoundSums, StepProfile
 from adloco.telemetry import trace
 from adloco.telemetry.metrics import MetricsSink
@@ -131,7 +131,7 @@ class Driver:
         rep = view.replica(w0)
         free, _ = torch.cuda.mem_get_info(self.device)
         i, b, P = cfg.inner, cfg.batch, view.first.flat.numel
-        buffers = 2 if i.optimizer == "adamw" else (1 if i.momentum > 0 else 0)
+        buffers = sizing.optimizer_buffers(i.optimizer, i.momentum)
         probe = view.plans[w0].probe
         kept = (
             0

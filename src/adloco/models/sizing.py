@@ -73,9 +73,13 @@ def activation_bytes_per_token(shape: Mapping[str, Any], vocab_size: int) -> int
 
 
 def optimizer_buffers(optimizer: str, momentum: float = 0.0) -> int:
-    """Per-parameter state buffers of the inner optimizer: AdamW two, SGD one with momentum."""
+    """Per-parameter state buffers of the inner optimizer: AdamW two, SGD one with momentum (``momentum``),
+    Muon one (its momentum on the hidden matrices; the AdamW beside it keeps two on the embeddings, head,
+    norms and biases, not counted: a lower bound)."""
     if optimizer == "adamw":
         return 2
+    if optimizer == "muon":
+        return 1
     return 1 if momentum > 0 else 0
 
 
