@@ -127,15 +127,23 @@ def test_a_new_layout_or_reset_state_is_captured_again() -> None:
     assert (g.captures, g.replays) == (3, 4)
 
 
-def test_workers_at_once_give_the_run_without_graphs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_workers_at_once_give_the_run_without_graphs(tmp_path: Path, optimizer: str) -> None:
     """DiLoCo with two workers in one process, three rounds with a snapshot each: the emulated graphs
-    against no graphs, with the same (capturable, fused) optimizer: equal within float tolerance."""
+    against no graphs, with the same (capturable, fused) optimizer: equal within float tolerance. Muon
+    beside AdamW as ``inner.optimizer: muon`` builds it under graphs (float32 iterations)."""
+    from adloco.library.optim import muon_adamw
+
+    def make(model: nn.Module) -> torch.optim.Optimizer:
+        if optimizer == "muon":
+            return muon_adamw(model, 1e-2, ns_dtype="float32", capturable=True)
+        return adamw(model)
 
     def run(graphs: bool) -> torch.Tensor:
         models = [mlp(2), mlp(2)]
         algo = DiLoCo(
             models,
-            [adamw(m) for m in models],
+            [make(m) for m in models],
             inner_steps=4,
             comm=InProcessComm(2),
             loss_fn=mse,
