@@ -674,6 +674,67 @@ def test_a_bench_made_before_a_key_goes_on_under_a_config_that_writes_out_the_va
     assert yaml.safe_load((out / "resolved.yaml").read_text())["batch"]["noise_rows"] == "probed"
 
 
+def test_a_bench_resumed_where_a_value_would_resolve_otherwise_is_refused_naming_it(
+    fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The config file the same, a value the bench's resolved.yaml holds that this command would run
+    otherwise (a default changed since the bench began, a --set dropped or changed) is refused in one line
+    naming the key, before anything is written or run; the --set it names goes on, keeping the finished
+    runs; where runs log and their thread count may differ."""
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True, "fail": ["diloco-s0"]}))
+    args = ("--methods", "adloco,diloco", "--seeds", "0")
+    code, out = fake_bench(tmp_path, *args, "--set", "inner.optimizer=muon")
+    assert code == 1
+    capsys.readouterr()
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True}))
+    before = {p: p.read_bytes() for p in [out / "shared.yaml", out / "resolved.yaml"]}
+    runs_before = sorted(p.name for p in (out / "runs").iterdir())
+
+    def refused(*more: str) -> str:
+        assert fake_bench(tmp_path, *args, "--resume", *more)[0] == 2
+        assert {p: p.read_bytes() for p in before} == before
+        assert sorted(p.name for p in (out / "runs").iterdir()) == runs_before
+        return capsys.readouterr().err.strip()
+
+    assert refused() == (  # the --set that began it, left out (as a default changed since would be)
+        f"adloco: error: --resume: {out} ran with inner.optimizer: muon; this command would run adamw (its "
+        "default has changed since, or the command that began the bench set it): --set inner.optimizer=muon "
+        "goes on as it began"
+    )
+    assert refused("--set", "inner.optimizer=adamw") == (
+        f"adloco: error: --resume: {out} ran with inner.optimizer: muon; this command sets adamw: a bench goes "
+        "on with the settings it began with: --set inner.optimizer=muon goes on as it began"
+    )
+    # a default that changed: the bench's resolved.yaml (and its runs') as older code resolved inner.lr
+    resolved = yaml.safe_load((out / "resolved.yaml").read_text())
+    default_lr = resolved["inner"]["lr"]
+    resolved["inner"]["lr"] = default_lr * 2
+    (out / "resolved.yaml").write_text(yaml.safe_dump(resolved))
+    before[out / "resolved.yaml"] = (out / "resolved.yaml").read_bytes()
+    for saved in (out / "runs").glob("*/config.yaml"):
+        run_config = yaml.safe_load(saved.read_text())
+        run_config["inner"]["lr"] = default_lr * 2
+        saved.write_text(yaml.safe_dump(run_config))
+    assert (
+        f"ran with inner.lr: {default_lr * 2:g}; this command would run {default_lr:g} (its default"
+        in refused("--set", "inner.optimizer=muon")
+    )
+    code, _ = fake_bench(
+        tmp_path,
+        *args,
+        "--resume",
+        "--set",
+        "inner.optimizer=muon",
+        "--set",
+        f"inner.lr={default_lr * 2}",
+        "--set",
+        "runtime.threads=1",
+    )
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "adloco seed 0 finished before" in printed.out and "diloco seed 0 started" in printed.out
+
+
 def test_a_resumed_bench_whose_grid_finished_runs_the_seeds_its_selection_frees(
     fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -184,12 +184,17 @@ def prepare_data(cfg: Any) -> None:
         print(f"bench: preparing the data beforehand failed ({exc}); each run tries on its own", flush=True)
 
 
-def _check_resumable(out: Path, given: str | None, raw: dict[str, Any], shared: Config) -> None:
+def _check_resumable(
+    out: Path, given: str | None, raw: dict[str, Any], shared: Config, overrides: list[str]
+) -> None:
     """--resume: ``out`` must be a bench folder made with the same shared settings. Its shared.yaml must be
     this command's config, but for keys added since the bench began (:data:`adloco.config.load.ADDED`)
     written out at the value it ran with (then shared.yaml and resolved.yaml are written again as this
     command's); and a bench made before such a key is refused under a config that would now run it at
-    another value (its default changed), in one line naming the key."""
+    another value (its default changed), in one line naming the key. So is one whose resolved.yaml holds
+    any other value this command would run otherwise (a default changed since, or a ``--set`` given then
+    and not now, or now with another value): its runs would start over under settings it did not begin
+    with."""
     if given is None:
         raise UserError("--resume: needs --out BENCH_DIR, the bench to go on with")
     if not (out / "shared.yaml").is_file() or not (out / "runs").is_dir():
@@ -207,26 +212,71 @@ def _check_resumable(out: Path, given: str | None, raw: dict[str, Any], shared: 
                 f"(now {yaml_value(now[section][key])}): add `{key}: {yaml_value(was)}` under `{section}:` to its "
                 f"config, or --set {section}.{key}={yaml_value(was)}, to go on as it began"
             )
+    if stored_text != shared_yaml:
+        stored = yaml.safe_load(stored_text) or {}
+        written_out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+        for section, key in ran:
+            if key in (written_out.get(section) or {}) and key not in (stored.get(section) or {}):
+                del written_out[section][key]
+                if not written_out[section]:
+                    del written_out[section]
+        if written_out != stored:
+            raise UserError(
+                f"--resume: {given}/shared.yaml differs from this command's config (a bench goes on with the "
+                "settings it started with: run it with the command that made it, adding --resume)"
+            )
+    # the same config file: a value resolved otherwise comes from a default or a --set
+    _check_same_resolution(out, given, yaml.safe_load(dump_yaml(shared)), overrides)
     if stored_text == shared_yaml:
         return
-    stored = yaml.safe_load(stored_text) or {}
-    written_out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
-    for section, key in ran:
-        if key in (written_out.get(section) or {}) and key not in (stored.get(section) or {}):
-            del written_out[section][key]
-            if not written_out[section]:
-                del written_out[section]
-    if written_out != stored:
-        raise UserError(
-            f"--resume: {given}/shared.yaml differs from this command's config (a bench goes on with the "
-            "settings it started with: run it with the command that made it, adding --resume)"
-        )
     try:  # the same settings, written out: shared.yaml says them as this command does
         (out / "shared.yaml").write_text(shared_yaml, encoding="utf-8")
         (out / "resolved.yaml").write_text(dump_yaml(shared), encoding="utf-8")
     except OSError as exc:
         raise UserError(f"--out {given!r}: cannot be written ({exc.strerror})") from None
     print(f"bench: {given}/shared.yaml written again: this command's config, the settings the bench ran with")
+
+
+# what a bench may go on with at another value: where runs log, and how many threads each uses (a run's
+# results do not depend on them; the runner compares runs without them too)
+_FREE_ON_RESUME = ("logging.", "runtime.threads")
+
+
+def _check_same_resolution(out: Path, given: str, now: dict[str, Any], overrides: list[str]) -> None:
+    """The bench's resolved.yaml against this command's resolution (``now``), key by key, its config file
+    being the same (keys resolved.yaml lacks are :data:`adloco.config.load.ADDED`'s business): the first
+    key whose value differs is refused in one line, saying how to go on as the bench began."""
+    try:
+        stored = yaml.safe_load((out / "resolved.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return
+    if not isinstance(stored, dict):
+        return
+    named = {o.split("=", 1)[0].strip() for o in overrides}
+    for section, values in now.items():
+        was_section = stored.get(section)
+        if not isinstance(values, dict) or not isinstance(was_section, dict):
+            continue
+        for key, value in values.items():
+            name = f"{section}.{key}"
+            if key not in was_section or name.startswith(_FREE_ON_RESUME):
+                continue
+            was = was_section[key]
+            if was == value:
+                continue
+            if name in named:
+                why = (
+                    f"this command sets {yaml_value(value)}: a bench goes on with the settings it began with"
+                )
+            else:
+                why = (
+                    f"this command would run {yaml_value(value)} (its default has changed since, or the command "
+                    "that began the bench set it)"
+                )
+            raise UserError(
+                f"--resume: {given} ran with {name}: {yaml_value(was)}; {why}: --set {name}={yaml_value(was)} "
+                "goes on as it began"
+            )
 
 
 def _ran_with(out: Path) -> dict[tuple[str, str], Any]:
@@ -270,7 +320,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     out = Path(args.out or Path(shared.logging.out_dir) / f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
     shared_yaml = yaml.safe_dump(settings["raw"], sort_keys=False)
     if args.resume:
-        _check_resumable(out, args.out, settings["raw"], shared)
+        _check_resumable(out, args.out, settings["raw"], shared, args.overrides)
     elif out.exists() and any(out.iterdir()):
         raise UserError(
             f"--out {str(out)!r}: exists and is not empty (nothing is overwritten; --resume goes on with "
