@@ -764,7 +764,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "muon-ns-dtype-unknown",
         ["train", *S("logging.out_dir={tmp}/runs", "inner.muon_ns_dtype=float16")],
-        "config: inner.muon_ns_dtype = 'float16': must be one of 'bfloat16', 'float32'",
+        "config: inner.muon_ns_dtype = 'float16': must be one of 'auto', 'bfloat16', 'float32'",
     ),
     (
         "cuda-graphs-fp16",

@@ -735,6 +735,39 @@ def test_a_bench_resumed_where_a_value_would_resolve_otherwise_is_refused_naming
     assert "adloco seed 0 finished before" in printed.out and "diloco seed 0 started" in printed.out
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_changed_default_of_a_key_no_run_reads_leaves_a_bench_to_go_on(
+    fake: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    optimizer: str,
+) -> None:
+    """A bench begun when ``inner.muon_ns_dtype``'s default was bfloat16 (its resolved.yaml and its runs'
+    configs say so; now auto) goes on with its finished runs where none of its runs reads the key (AdamW),
+    and is refused in one line naming it where they do (Muon), until the --set named goes on."""
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True, "fail": ["diloco-s0"]}))
+    args = ("--methods", "adloco,diloco", "--seeds", "0", "--set", f"inner.optimizer={optimizer}")
+    code, out = fake_bench(tmp_path, *args)
+    assert code == 1
+    for saved in [out / "resolved.yaml", *(out / "runs").glob("*/config.yaml")]:
+        config = yaml.safe_load(saved.read_text())
+        assert config["inner"]["muon_ns_dtype"] == "auto"
+        config["inner"]["muon_ns_dtype"] = "bfloat16"  # as the code before auto wrote it
+        saved.write_text(yaml.safe_dump(config))
+    capsys.readouterr()
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True}))
+    code, _ = fake_bench(tmp_path, *args, "--resume")
+    printed = capsys.readouterr()
+    if optimizer == "muon":
+        assert code == 2
+        assert "ran with inner.muon_ns_dtype: bfloat16; this command would run auto" in printed.err
+        code, _ = fake_bench(tmp_path, *args, "--set", "inner.muon_ns_dtype=bfloat16", "--resume")
+        printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "adloco seed 0 finished before" in printed.out and "diloco seed 0 started" in printed.out
+
+
 def test_a_resumed_bench_whose_grid_finished_runs_the_seeds_its_selection_frees(
     fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

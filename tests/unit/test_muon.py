@@ -124,7 +124,7 @@ def test_muon_orthogonalizes_in_bfloat16_as_torch_and_in_float32_the_same_step(
     grads = [torch.randn(*shape, generator=gen) for _ in range(3)]
     kw: dict[str, Any] = dict(lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov, adjust_lr_fn=adjust)
     torchs = _muon_steps(lambda ps: torch.optim.Muon(ps, **kw), start, grads)
-    assert torch.equal(_muon_steps(lambda ps: Muon(ps, **kw), start, grads), torchs)
+    assert torch.equal(_muon_steps(lambda ps: Muon(ps, ns_dtype="bfloat16", **kw), start, grads), torchs)
     f32 = _muon_steps(lambda ps: Muon(ps, ns_dtype="float32", **kw), start, grads)
     # the step written out in float64
     p, buf = start.double(), torch.zeros(shape, dtype=torch.float64)
@@ -161,7 +161,38 @@ def test_inner_muon_ns_dtype_reaches_every_workers_muon_and_the_first_lines() ->
     assert len(calls) == cfg.algorithm.workers * cfg.algorithm.inner_steps  # the hooks run once a step
     assert "Muon lr ×1, Newton–Schulz in float32" in describe_run(cfg, 1, "data", "cpu")[1]
     default = driver(tiny_config(inner={"optimizer": "muon"}, algorithm={"rounds": 1}))
-    assert all(r.optimizer.optimizers[1].ns_dtype == "bfloat16" for r in default.algo.replicas.values())  # type: ignore[attr-defined]
+    assert all(r.optimizer.optimizers[1].ns_dtype == "auto" for r in default.algo.replicas.values())  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("emulates", [True, False])
+def test_muon_auto_orthogonalizes_in_float32_on_a_cpu_that_emulates_bfloat16_else_in_bfloat16(
+    monkeypatch: pytest.MonkeyPatch, emulates: bool
+) -> None:
+    """``ns_dtype="auto"`` (``inner.muon_ns_dtype``'s default) is the float32 step bit for bit on a CPU
+    without native bfloat16 matmuls and torch's bfloat16 step elsewhere; a run's first lines say which."""
+    from adloco.config import resolve
+    from adloco.engine.describe import describe_run, muon_note
+    from adloco.library import optim
+
+    monkeypatch.setattr(optim, "emulates_bfloat16", lambda: emulates)
+    gen = torch.Generator().manual_seed(1)
+    start = torch.randn(6, 10, generator=gen)
+    grads = [torch.randn(6, 10, generator=gen) for _ in range(3)]
+    kw: dict[str, Any] = dict(lr=0.02, weight_decay=0.1, momentum=0.9)
+    auto = _muon_steps(lambda ps: Muon(ps, **kw), start, grads)
+    same = "float32" if emulates else "bfloat16"
+    other = "bfloat16" if emulates else "float32"
+    assert torch.equal(auto, _muon_steps(lambda ps: Muon(ps, ns_dtype=same, **kw), start, grads))  # type: ignore[arg-type]
+    assert not torch.equal(auto, _muon_steps(lambda ps: Muon(ps, ns_dtype=other, **kw), start, grads))  # type: ignore[arg-type]
+    assert optim.ns_dtype_for("auto", "cuda") == "bfloat16"  # a GPU computes bfloat16 natively
+    assert optim.ns_dtype_for("bfloat16", "cpu") == "bfloat16"  # a setting is itself
+    cfg = resolve(None, ["inner.optimizer=muon"])
+    said = "float32 (auto, a CPU without native bfloat16 matmuls)" if emulates else "bfloat16 (auto)"
+    assert describe_run(cfg, 1, "data", "cpu", device_type="cpu")[1].endswith(
+        f"Newton–Schulz in {said}; outer average (θ ← the workers' mean)"
+    )
+    assert "Newton–Schulz in bfloat16 (auto);" in describe_run(cfg, 1, "data", "cuda", device_type="cuda")[1]
+    assert muon_note(cfg, "cpu") is None  # auto chose; nothing to warn of
 
 
 def test_muon_in_bfloat16_on_a_cpu_that_emulates_it_is_said_at_the_start(
@@ -172,7 +203,7 @@ def test_muon_in_bfloat16_on_a_cpu_that_emulates_it_is_said_at_the_start(
     from tests.helpers import tiny_config
 
     muon, fast = (
-        tiny_config(inner={"optimizer": "muon"}),
+        tiny_config(inner={"optimizer": "muon", "muon_ns_dtype": "bfloat16"}),
         tiny_config(inner={"optimizer": "muon", "muon_ns_dtype": "float32"}),
     )
     monkeypatch.setattr(optim, "emulates_bfloat16", lambda: True)

@@ -185,7 +185,12 @@ def prepare_data(cfg: Any) -> None:
 
 
 def _check_resumable(
-    out: Path, given: str | None, raw: dict[str, Any], shared: Config, overrides: list[str]
+    out: Path,
+    given: str | None,
+    raw: dict[str, Any],
+    shared: Config,
+    overrides: list[str],
+    optimizers: set[str],
 ) -> None:
     """--resume: ``out`` must be a bench folder made with the same shared settings. Its shared.yaml must be
     this command's config, but for keys added since the bench began (:data:`adloco.config.load.ADDED`)
@@ -194,7 +199,8 @@ def _check_resumable(
     another value (its default changed), in one line naming the key. So is one whose resolved.yaml holds
     any other value this command would run otherwise (a default changed since, or a ``--set`` given then
     and not now, or now with another value): its runs would start over under settings it did not begin
-    with."""
+    with. An inner key none of the bench's inner ``optimizers`` reads may differ (a run's config is
+    compared without it too)."""
     if given is None:
         raise UserError("--resume: needs --out BENCH_DIR, the bench to go on with")
     if not (out / "shared.yaml").is_file() or not (out / "runs").is_dir():
@@ -226,7 +232,7 @@ def _check_resumable(
                 "settings it started with: run it with the command that made it, adding --resume)"
             )
     # the same config file: a value resolved otherwise comes from a default or a --set
-    _check_same_resolution(out, given, yaml.safe_load(dump_yaml(shared)), overrides)
+    _check_same_resolution(out, given, yaml.safe_load(dump_yaml(shared)), overrides, optimizers)
     if stored_text == shared_yaml:
         return
     try:  # the same settings, written out: shared.yaml says them as this command does
@@ -242,7 +248,9 @@ def _check_resumable(
 _FREE_ON_RESUME = ("logging.", "runtime.threads")
 
 
-def _check_same_resolution(out: Path, given: str, now: dict[str, Any], overrides: list[str]) -> None:
+def _check_same_resolution(
+    out: Path, given: str, now: dict[str, Any], overrides: list[str], optimizers: set[str]
+) -> None:
     """The bench's resolved.yaml against this command's resolution (``now``), key by key, its config file
     being the same (keys resolved.yaml lacks are :data:`adloco.config.load.ADDED`'s business): the first
     key whose value differs is refused in one line, saying how to go on as the bench began."""
@@ -252,6 +260,8 @@ def _check_same_resolution(out: Path, given: str, now: dict[str, Any], overrides
         return
     if not isinstance(stored, dict):
         return
+    from adloco.engine.describe import READ_BY
+
     named = {o.split("=", 1)[0].strip() for o in overrides}
     for section, values in now.items():
         was_section = stored.get(section)
@@ -261,6 +271,8 @@ def _check_same_resolution(out: Path, given: str, now: dict[str, Any], overrides
             name = f"{section}.{key}"
             if key not in was_section or name.startswith(_FREE_ON_RESUME):
                 continue
+            if section == "inner" and key in READ_BY and not optimizers & set(READ_BY[key]):
+                continue  # read by no run of the bench
             was = was_section[key]
             if was == value:
                 continue
@@ -277,6 +289,22 @@ def _check_same_resolution(out: Path, given: str, now: dict[str, Any], overrides
                 f"--resume: {given} ran with {name}: {yaml_value(was)}; {why}: --set {name}={yaml_value(was)} "
                 "goes on as it began"
             )
+
+
+def _optimizers(
+    shared: Config, overrides: list[str], todo: list[tuple[str, list[str]]], settings: dict[str, Any]
+) -> set[str]:
+    """The inner optimizers a bench's runs use: the shared config's and each one a variant, a grid or a
+    derived variant sets."""
+    texts = [*overrides, *(s for _, sets in todo for s in sets)]
+    texts += [s for grid in settings["grids"].values() for point in grid for s in point.sets]
+    texts += [s for d in settings.get("derived", {}).values() for s in d["sets"]]
+    found = {str(shared.inner.optimizer)}
+    for text in texts:
+        key, _, value = text.partition("=")
+        if key.strip() == "inner.optimizer":
+            found.add(value.strip())
+    return found
 
 
 def _ran_with(out: Path) -> dict[tuple[str, str], Any]:
@@ -320,7 +348,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     out = Path(args.out or Path(shared.logging.out_dir) / f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
     shared_yaml = yaml.safe_dump(settings["raw"], sort_keys=False)
     if args.resume:
-        _check_resumable(out, args.out, settings["raw"], shared, args.overrides)
+        _check_resumable(
+            out,
+            args.out,
+            settings["raw"],
+            shared,
+            args.overrides,
+            _optimizers(shared, args.overrides, todo, settings),
+        )
     elif out.exists() and any(out.iterdir()):
         raise UserError(
             f"--out {str(out)!r}: exists and is not empty (nothing is overwritten; --resume goes on with "

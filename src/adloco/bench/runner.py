@@ -130,9 +130,15 @@ def _newest_checkpoint(folder: Path) -> str | None:
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
-    """A run's config without what does not change its results: where it logs, and its thread count."""
+    """A run's config without what does not change its results: where it logs, its thread count, and the
+    inner keys its inner optimizer does not read (Muon's with AdamW: a default of theirs changed since
+    leaves an AdamW run as it was)."""
+    from adloco.engine.describe import READ_BY
+
     c = {k: v for k, v in config.items() if k != "logging"}
     c["runtime"] = {k: v for k, v in dict(c.get("runtime") or {}).items() if k != "threads"}
+    inner = dict(c.get("inner") or {})
+    c["inner"] = {k: v for k, v in inner.items() if k not in READ_BY or inner.get("optimizer") in READ_BY[k]}
     return c
 
 

@@ -154,11 +154,11 @@ class InnerConfig(Dial):
         "muon: torch's adjust_lr_fn: match_rms_adamw scales each matrix's step to AdamW's RMS (0.2·√max(A, B), "
         "so AdamW's lr and weight decay carry over); original: Keller Jordan's √max(1, A/B)",
     )
-    muon_ns_dtype: Literal["bfloat16", "float32"] = setting(
-        "bfloat16",
+    muon_ns_dtype: Literal["auto", "bfloat16", "float32"] = setting(
+        "auto",
         "muon: the dtype of Muon's Newton–Schulz iterations: bfloat16 (torch.optim.Muon's, for GPUs); float32, "
         "for a CPU without AVX512-BF16 or AMX, which emulates bfloat16 matmuls (a step of llama-10m 7-14x faster "
-        "on the CPU of RESULTS)",
+        "on the CPU of RESULTS); auto: bfloat16, but float32 on such a CPU (the run's first lines say which)",
     )
     warmup_fraction: float = setting(
         0.05, "linear warmup over this share of all inner steps", at_least=0, below=1

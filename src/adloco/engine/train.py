@@ -203,7 +203,12 @@ class Run:
             follows = " (fewer while other work holds cores)" if self.where.threads is not None else ""
             where += f", {torch.get_num_threads()} thread(s){follows}"
         for line in describe_run(
-            cfg, driver.n_params, f"{data.n_train} train / {data.n_val} validation {unit}", where, procs
+            cfg,
+            driver.n_params,
+            f"{data.n_train} train / {data.n_val} validation {unit}",
+            where,
+            procs,
+            device_type=device.type,
         ):
             self.say(line)
         if (note := outer_note(a.method, cfg.outer, cfg.comm)) is not None:

@@ -15,6 +15,7 @@ emulates at many times a float32 matmul's cost (RESULTS, "Muon's Newton–Schulz
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Iterator, MutableMapping, Sequence
@@ -24,10 +25,12 @@ import torch
 from torch import nn
 
 MuonAdjust = Literal["match_rms_adamw", "original"]
-NsDtype = Literal["bfloat16", "float32"]
+NsDtype = Literal["auto", "bfloat16", "float32"]
 NS_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+NS_CHOICES = ("auto", *NS_DTYPES)
 
 
+@functools.cache
 def emulates_bfloat16() -> bool:
     """Whether this machine's CPU lacks native bfloat16 matmuls (no AVX512-BF16 or AMX), so that it
     emulates them at many times a float32 matmul's cost; True where torch cannot say."""
@@ -35,6 +38,16 @@ def emulates_bfloat16() -> bool:
         return not bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return True
+
+
+def ns_dtype_for(ns_dtype: str, device_type: str) -> str:
+    """The dtype Muon's Newton–Schulz iterations run in on a ``device_type`` device: ``auto`` is bfloat16
+    (torch's) wherever it is computed natively, float32 on a CPU that emulates bfloat16 matmuls
+    (:func:`emulates_bfloat16`), where it trains alike at several times less cost (benchmarks/RESULTS.md,
+    Muon's Newton–Schulz on a CPU); bfloat16 and float32 are themselves."""
+    if ns_dtype != "auto":
+        return ns_dtype
+    return "float32" if device_type == "cpu" and emulates_bfloat16() else "bfloat16"
 
 
 def newton_schulz(
@@ -69,7 +82,8 @@ class Muon(torch.optim.Muon):
     """``torch.optim.Muon`` whose Newton–Schulz iterations run in ``ns_dtype`` (torch has no option for it):
     torch's step (momentum, Nesterov, coefficients, lr adjustment, decoupled weight decay), with the
     iterations in bfloat16 equal to torch's bit for bit, or in float32, which a CPU without native bfloat16
-    matmuls runs many times faster. The step is written out here rather than delegated, so that torch's
+    matmuls runs many times faster; ``auto`` (the default) is bfloat16 but on such a CPU, where it is
+    float32 (:func:`ns_dtype_for`, read from the parameters' device at each step). The step is written out here rather than delegated, so that torch's
     step hooks run once. The state and the param groups are torch's: a checkpoint loads into either. On a
     worker sharded with ``fully_shard`` its matrices are DTensors, whose products gather each matrix, so
     every shard orthogonalizes the whole of it and keeps its rows (as torch's Muon does there).
@@ -78,9 +92,9 @@ class Muon(torch.optim.Muon):
     for a CUDA graph): the step then reads nothing on the host, so it can be captured, which torch's Muon
     (``float(lr)`` at every step) cannot; within float rounding of the step at the same Python float."""
 
-    def __init__(self, params: Any, *, ns_dtype: NsDtype = "bfloat16", **kwargs: Any) -> None:
-        if ns_dtype not in NS_DTYPES:
-            raise ValueError(f"Muon ns_dtype = {ns_dtype!r}: one of {', '.join(NS_DTYPES)}")
+    def __init__(self, params: Any, *, ns_dtype: NsDtype = "auto", **kwargs: Any) -> None:
+        if ns_dtype not in NS_CHOICES:
+            raise ValueError(f"Muon ns_dtype = {ns_dtype!r}: one of {', '.join(NS_CHOICES)}")
         super().__init__(params, **kwargs)
         self.ns_dtype: NsDtype = ns_dtype
 
@@ -90,13 +104,15 @@ class Muon(torch.optim.Muon):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        dtype = NS_DTYPES[self.ns_dtype]
         for group in self.param_groups:
             params: list[torch.Tensor] = []
             grads: list[torch.Tensor] = []
             bufs: list[torch.Tensor] = []
             if self._init_group(group, params, grads, bufs):
                 raise ValueError("Muon: complex parameters are not supported")
+            if not params:
+                continue
+            dtype = NS_DTYPES[ns_dtype_for(self.ns_dtype, params[0].device.type)]
             lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
             on_device = isinstance(lr, torch.Tensor)  # a CUDA graph's lr, read at each replay
             if not on_device:
@@ -279,7 +295,7 @@ def muon_adamw(
     lr_ratio: float = 1.0,
     adjust_lr: MuonAdjust = "match_rms_adamw",
     adamw: Sequence[str] = (),
-    ns_dtype: NsDtype = "bfloat16",
+    ns_dtype: NsDtype = "auto",
     capturable: bool = False,
 ) -> CombinedOptimizer:
     """Muon on ``model``'s hidden matrices and AdamW on the rest (:func:`muon_split`), as one optimizer.
@@ -291,7 +307,8 @@ def muon_adamw(
     each matrix's step to AdamW's RMS (0.2·√max(A, B); Moonlight), so that AdamW's lr and weight decay
     carry over and ``lr_ratio`` 1 is the start; ``original`` is Keller Jordan's √max(1, A/B), whose lr is
     about 0.02 (``lr_ratio`` = 0.02 / lr). ``ns_dtype``: the dtype of Muon's Newton–Schulz iterations
-    (:class:`Muon`): bfloat16, torch's, or float32 for a CPU that emulates bfloat16 (:func:`emulates_bfloat16`).
+    (:class:`Muon`): bfloat16, torch's; float32, for a CPU that emulates bfloat16 (:func:`emulates_bfloat16`);
+    ``auto``, either as the parameters' device computes it (:func:`ns_dtype_for`).
     ``capturable``: the AdamW part fused and capturable, so that the pair steps inside a CUDA graph
     (:class:`Muon` takes its lr as a device tensor as it is). The AdamW groups come first (a worker
     reports the first group's lr)."""
