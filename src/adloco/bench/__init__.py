@@ -31,8 +31,9 @@ section: ``budget`` (training examples per variant), ``target`` (perplexity), ``
 ``sweep`` (per-method grids).
 
 This module holds the command's entry points (:func:`add_parser`, :func:`run`); what runs is planned in
-:mod:`adloco.bench.grid`, run by :mod:`adloco.bench.runner` and written by :mod:`adloco.bench.writer`,
-whose public names are re-exported here.
+:mod:`adloco.bench.grid`, run by :mod:`adloco.bench.runner` (gone on with, on ``--resume``, as
+:mod:`adloco.bench.resume` allows) and written by :mod:`adloco.bench.writer`, whose public names are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -60,10 +61,10 @@ from adloco.bench.grid import (
     select,
     variants,
 )
+from adloco.bench.resume import check_resumable, optimizers_of
 from adloco.bench.runner import TAIL, Bench, Terminated, eta, train_command
 from adloco.bench.writer import _finish, _plan, read_results, report_only
-from adloco.config import Config, dump_yaml, resolve
-from adloco.config.load import yaml_value
+from adloco.config import dump_yaml, resolve
 from adloco.errors import UserError
 
 __all__ = [
@@ -184,147 +185,6 @@ def prepare_data(cfg: Any) -> None:
         print(f"bench: preparing the data beforehand failed ({exc}); each run tries on its own", flush=True)
 
 
-def _check_resumable(
-    out: Path,
-    given: str | None,
-    raw: dict[str, Any],
-    shared: Config,
-    overrides: list[str],
-    optimizers: set[str],
-) -> None:
-    """--resume: ``out`` must be a bench folder made with the same shared settings. Its shared.yaml must be
-    this command's config, but for keys added since the bench began (:data:`adloco.config.load.ADDED`)
-    written out at the value it ran with (then shared.yaml and resolved.yaml are written again as this
-    command's); and a bench made before such a key is refused under a config that would now run it at
-    another value (its default changed), in one line naming the key. So is one whose resolved.yaml holds
-    any other value this command would run otherwise (a default changed since, or a ``--set`` given then
-    and not now, or now with another value): its runs would start over under settings it did not begin
-    with. An inner key none of the bench's inner ``optimizers`` reads may differ (a run's config is
-    compared without it too)."""
-    if given is None:
-        raise UserError("--resume: needs --out BENCH_DIR, the bench to go on with")
-    if not (out / "shared.yaml").is_file() or not (out / "runs").is_dir():
-        raise UserError(
-            f"--out {given!r}: not a folder adloco bench made (no shared.yaml and runs/), nothing to resume"
-        )
-    shared_yaml = yaml.safe_dump(raw, sort_keys=False)
-    stored_text = (out / "shared.yaml").read_text(encoding="utf-8")
-    ran = _ran_with(out)  # the added keys as the bench ran them, where its resolved.yaml says
-    now = shared.to_dict()
-    for (section, key), was in ran.items():
-        if now[section][key] != was:
-            raise UserError(
-                f"--resume: {given} ran with {section}.{key}: {yaml_value(was)}, whose default has changed since "
-                f"(now {yaml_value(now[section][key])}): add `{key}: {yaml_value(was)}` under `{section}:` to its "
-                f"config, or --set {section}.{key}={yaml_value(was)}, to go on as it began"
-            )
-    if stored_text != shared_yaml:
-        stored = yaml.safe_load(stored_text) or {}
-        written_out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
-        for section, key in ran:
-            if key in (written_out.get(section) or {}) and key not in (stored.get(section) or {}):
-                del written_out[section][key]
-                if not written_out[section]:
-                    del written_out[section]
-        if written_out != stored:
-            raise UserError(
-                f"--resume: {given}/shared.yaml differs from this command's config (a bench goes on with the "
-                "settings it started with: run it with the command that made it, adding --resume)"
-            )
-    # the same config file: a value resolved otherwise comes from a default or a --set
-    _check_same_resolution(out, given, yaml.safe_load(dump_yaml(shared)), overrides, optimizers)
-    if stored_text == shared_yaml:
-        return
-    try:  # the same settings, written out: shared.yaml says them as this command does
-        (out / "shared.yaml").write_text(shared_yaml, encoding="utf-8")
-        (out / "resolved.yaml").write_text(dump_yaml(shared), encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"--out {given!r}: cannot be written ({exc.strerror})") from None
-    print(f"bench: {given}/shared.yaml written again: this command's config, the settings the bench ran with")
-
-
-# what a bench may go on with at another value: where runs log, and how many threads each uses (a run's
-# results do not depend on them; the runner compares runs without them too)
-_FREE_ON_RESUME = ("logging.", "runtime.threads")
-
-
-def _check_same_resolution(
-    out: Path, given: str, now: dict[str, Any], overrides: list[str], optimizers: set[str]
-) -> None:
-    """The bench's resolved.yaml against this command's resolution (``now``), key by key, its config file
-    being the same (keys resolved.yaml lacks are :data:`adloco.config.load.ADDED`'s business): the first
-    key whose value differs is refused in one line, saying how to go on as the bench began."""
-    try:
-        stored = yaml.safe_load((out / "resolved.yaml").read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return
-    if not isinstance(stored, dict):
-        return
-    from adloco.engine.describe import READ_BY
-
-    named = {o.split("=", 1)[0].strip() for o in overrides}
-    for section, values in now.items():
-        was_section = stored.get(section)
-        if not isinstance(values, dict) or not isinstance(was_section, dict):
-            continue
-        for key, value in values.items():
-            name = f"{section}.{key}"
-            if key not in was_section or name.startswith(_FREE_ON_RESUME):
-                continue
-            if section == "inner" and key in READ_BY and not optimizers & set(READ_BY[key]):
-                continue  # read by no run of the bench
-            was = was_section[key]
-            if was == value:
-                continue
-            if name in named:
-                why = (
-                    f"this command sets {yaml_value(value)}: a bench goes on with the settings it began with"
-                )
-            else:
-                why = (
-                    f"this command would run {yaml_value(value)} (its default has changed since, or the command "
-                    "that began the bench set it)"
-                )
-            raise UserError(
-                f"--resume: {given} ran with {name}: {yaml_value(was)}; {why}: --set {name}={yaml_value(was)} "
-                "goes on as it began"
-            )
-
-
-def _optimizers(
-    shared: Config, overrides: list[str], todo: list[tuple[str, list[str]]], settings: dict[str, Any]
-) -> set[str]:
-    """The inner optimizers a bench's runs use: the shared config's and each one a variant, a grid or a
-    derived variant sets."""
-    texts = [*overrides, *(s for _, sets in todo for s in sets)]
-    texts += [s for grid in settings["grids"].values() for point in grid for s in point.sets]
-    texts += [s for d in settings.get("derived", {}).values() for s in d["sets"]]
-    found = {str(shared.inner.optimizer)}
-    for text in texts:
-        key, _, value = text.partition("=")
-        if key.strip() == "inner.optimizer":
-            found.add(value.strip())
-    return found
-
-
-def _ran_with(out: Path) -> dict[tuple[str, str], Any]:
-    """The keys of :data:`adloco.config.load.ADDED` that the bench in ``out`` began before (its
-    resolved.yaml lacks them), each with the value it ran with; none where resolved.yaml does not read."""
-    from adloco.config.load import ADDED
-
-    try:
-        resolved = yaml.safe_load((out / "resolved.yaml").read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return {}
-    if not isinstance(resolved, dict):
-        return {}
-    return {
-        (section, key): value
-        for (section, key), value in ADDED.items()
-        if isinstance(resolved.get(section), dict) and key not in resolved[section]
-    }
-
-
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.seconds_per_example is not None and not args.seconds_per_example > 0:
         raise UserError(f"--seconds-per-example {args.seconds_per_example}: must be > 0")
@@ -348,13 +208,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     out = Path(args.out or Path(shared.logging.out_dir) / f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
     shared_yaml = yaml.safe_dump(settings["raw"], sort_keys=False)
     if args.resume:
-        _check_resumable(
+        check_resumable(
             out,
             args.out,
             settings["raw"],
             shared,
             args.overrides,
-            _optimizers(shared, args.overrides, todo, settings),
+            optimizers_of(shared, args.overrides, todo, settings),
         )
     elif out.exists() and any(out.iterdir()):
         raise UserError(

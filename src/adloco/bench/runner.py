@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -26,6 +25,14 @@ from typing import IO, Any, Literal
 import yaml
 
 from adloco.bench.grid import Setting, Task, _name, select
+from adloco.bench.resume import (
+    comparable,
+    config_as_resumed,
+    finished_dirs,
+    newest_checkpoint,
+    run_dir,
+    stopped_dirs,
+)
 from adloco.errors import UserError
 
 TAIL = 20  # lines of a failed run's stderr kept in bench-failure.txt
@@ -92,66 +99,6 @@ class _Child:
             th.join(timeout=10)
         for f in self.files:
             f.close()
-
-
-def _run_dirs(runs: Path, name: str) -> list[Path]:
-    """The run directories of task ``name`` (``<name>-<timestamp>``), newest first."""
-    pattern = re.compile(re.escape(name) + r"-\d{8}-\d{6}(-\d+)?")
-    return sorted((d for d in runs.iterdir() if d.is_dir() and pattern.fullmatch(d.name)), reverse=True)
-
-
-def _run_dir(runs: Path, name: str) -> Path | None:
-    found = _run_dirs(runs, name)
-    return found[0] if found else None
-
-
-def _finished_dirs(runs: Path, name: str) -> list[Path]:
-    """The run directories of task ``name`` that finished (they have summary.json), newest first."""
-    return [d for d in _run_dirs(runs, name) if (d / "summary.json").is_file()]
-
-
-def _stopped_dirs(runs: Path, name: str) -> list[Path]:
-    """The run directories of task ``name`` that did not finish but hold a config, newest first."""
-    return [
-        d
-        for d in _run_dirs(runs, name)
-        if not (d / "summary.json").is_file() and (d / "config.yaml").is_file()
-    ]
-
-
-def _newest_checkpoint(folder: Path) -> str | None:
-    """The name of the run directory's newest complete checkpoint, None when it has none."""
-    from adloco.engine.checkpoint import locate
-
-    try:
-        return locate(folder)[1].name
-    except UserError:
-        return None
-
-
-def _comparable(config: dict[str, Any]) -> dict[str, Any]:
-    """A run's config without what does not change its results: where it logs, its thread count, and the
-    inner keys its inner optimizer does not read (Muon's with AdamW: a default of theirs changed since
-    leaves an AdamW run as it was)."""
-    from adloco.engine.describe import READ_BY
-
-    c = {k: v for k, v in config.items() if k != "logging"}
-    c["runtime"] = {k: v for k, v in dict(c.get("runtime") or {}).items() if k != "threads"}
-    inner = dict(c.get("inner") or {})
-    c["inner"] = {k: v for k, v in inner.items() if k not in READ_BY or inner.get("optimizer") in READ_BY[k]}
-    return c
-
-
-def _config_as_resumed(folder: Path) -> dict[str, Any] | None:
-    """A run directory's config as ``adloco train --resume`` reads it (keys added since at the values it
-    ran with, :data:`adloco.config.load.ADDED`), as :func:`_comparable` compares it; None where it does not
-    read."""
-    from adloco.config import dump_yaml, resolve
-
-    try:
-        return _comparable(yaml.safe_load(dump_yaml(resolve(folder / "config.yaml", resuming=True))))
-    except (OSError, yaml.YAMLError, UserError):
-        return None
 
 
 def _tail(path: Path, n: int = TAIL) -> list[str]:
@@ -260,12 +207,12 @@ class Bench:
         from adloco.report import results
 
         expected = self.expected(t)
-        for folder in _finished_dirs(self.out / "runs", t.name):
+        for folder in finished_dirs(self.out / "runs", t.name):
             try:
                 run = results.load(folder)
             except UserError:
                 continue
-            if _config_as_resumed(folder) != expected:
+            if config_as_resumed(folder) != expected:
                 continue
             self.started += 1
             t.number, t.status, t.folder, t.run = self.started, "ok", folder, run
@@ -275,10 +222,10 @@ class Bench:
         return False
 
     def expected(self, t: Task) -> dict[str, Any]:
-        """The config ``t`` runs, as :func:`_comparable` compares run directories' configs with it."""
+        """The config ``t`` runs, as :func:`comparable` compares run directories' configs with it."""
         from adloco.config import dump_yaml, resolve
 
-        return _comparable(yaml.safe_load(dump_yaml(resolve(self.out / "shared.yaml", self.sets(t)))))
+        return comparable(yaml.safe_load(dump_yaml(resolve(self.out / "shared.yaml", self.sets(t)))))
 
     def stopped(self, t: Task) -> tuple[Path, str] | None:
         """--resume: the newest run of ``t`` left unfinished in an earlier go (stopped by SIGTERM, or by a
@@ -288,12 +235,12 @@ class Bench:
         if not getattr(self.args, "resume", False):
             return None
         expected = None
-        for folder in _stopped_dirs(self.out / "runs", t.name):
-            config = _config_as_resumed(folder)
+        for folder in stopped_dirs(self.out / "runs", t.name):
+            config = config_as_resumed(folder)
             expected = self.expected(t) if expected is None else expected
             if config is None or config != expected:
                 continue
-            at = _newest_checkpoint(folder)
+            at = newest_checkpoint(folder)
             if at is not None:
                 return folder, at
         return None
@@ -327,7 +274,7 @@ class Bench:
         t.seconds = time.monotonic() - t.started
         t.wall = (t.wall[0], time.time())
         t.exit_code = c.proc.returncode
-        t.folder = c.folder or _run_dir(self.out / "runs", t.name)
+        t.folder = c.folder or run_dir(self.out / "runs", t.name)
         why = ""
         if t.exit_code == 0:
             if t.folder is None:
@@ -343,7 +290,7 @@ class Bench:
             return
         t.status = "failed"
         t.lines = _tail(c.err_path) + ([f"bench: {why}"] if why else [])
-        if t.folder is not None and _newest_checkpoint(t.folder) is not None:
+        if t.folder is not None and newest_checkpoint(t.folder) is not None:
             t.lines.append(
                 "bench: it wrote a checkpoint: the command that started this bench, with --resume, continues it"
             )

@@ -50,6 +50,13 @@ READ_BY = {
 }
 
 
+def inner_as_read(inner: dict[str, Any]) -> dict[str, Any]:
+    """An inner section (as a config file says it) without the keys its ``optimizer`` does not read: what
+    two runs' inner optimizers have to agree on (Muon's keys with AdamW do not part them, so a default of
+    theirs changed since leaves an AdamW run as it was)."""
+    return {k: v for k, v in inner.items() if k not in READ_BY or inner.get("optimizer") in READ_BY[k]}
+
+
 def unread_note(cfg: Config) -> str | None:
     """One line naming the inner keys set away from their defaults that the inner optimizer in effect does
     not read (``inner.muon_ns_dtype`` with AdamW, ``inner.momentum`` with Muon): kept as set, said, not
