@@ -34,9 +34,9 @@ run diloco-h24 --config $D --set algorithm.inner_steps=24
 run schedule-d1024 --config $D $SCHED --set batch.schedule_examples=1024
 run schedule-d4096 --config $D $SCHED --set batch.schedule_examples=4096
 run adloco-lr2e-3 --config $A --set inner.lr=0.002
-run schedule-muon --config $D $SCHED --set batch.schedule_examples=2048 --set inner.optimizer=muon
+run schedule-muon --config $D $SCHED --set batch.schedule_examples=2048 --set inner.optimizer=muon --set inner.muon_ns_dtype=bfloat16
 run adloco-bmax32 --config $A --set switch.b_max=32
 run adloco-bmax16-s1 --config $A1 --set switch.b_max=16
-run schedule-muon-s1 --config $D1 $SCHED --set batch.schedule_examples=2048 --set inner.optimizer=muon
+run schedule-muon-s1 --config $D1 $SCHED --set batch.schedule_examples=2048 --set inner.optimizer=muon --set inner.muon_ns_dtype=bfloat16
 run adloco-bmax32-probe32 --config $A --set switch.b_max=32 --set batch.probe_chunks=32
 LIST

@@ -735,6 +735,7 @@ def test_a_bench_resumed_where_a_value_would_resolve_otherwise_is_refused_naming
     assert "adloco seed 0 finished before" in printed.out and "diloco seed 0 started" in printed.out
 
 
+@pytest.mark.parametrize("before", ["the-key", "auto"])
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_a_changed_default_of_a_key_no_run_reads_leaves_a_bench_to_go_on(
     fake: Path,
@@ -742,10 +743,12 @@ def test_a_changed_default_of_a_key_no_run_reads_leaves_a_bench_to_go_on(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     optimizer: str,
+    before: str,
 ) -> None:
-    """A bench begun when ``inner.muon_ns_dtype``'s default was bfloat16 (its resolved.yaml and its runs'
-    configs say so; now auto) goes on with its finished runs where none of its runs reads the key (AdamW),
-    and is refused in one line naming it where they do (Muon), until the --set named goes on."""
+    """A bench begun when Muon ran bfloat16 by default (before ``inner.muon_ns_dtype`` existed: its
+    resolved.yaml and its runs' configs lack the key; or before ``auto``: they say bfloat16) goes on with
+    its finished runs where none of its runs reads the key (AdamW), and is refused in one line naming it
+    where they do (Muon), until the --set named goes on."""
     monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True, "fail": ["diloco-s0"]}))
     args = ("--methods", "adloco,diloco", "--seeds", "0", "--set", f"inner.optimizer={optimizer}")
     code, out = fake_bench(tmp_path, *args)
@@ -753,7 +756,10 @@ def test_a_changed_default_of_a_key_no_run_reads_leaves_a_bench_to_go_on(
     for saved in [out / "resolved.yaml", *(out / "runs").glob("*/config.yaml")]:
         config = yaml.safe_load(saved.read_text())
         assert config["inner"]["muon_ns_dtype"] == "auto"
-        config["inner"]["muon_ns_dtype"] = "bfloat16"  # as the code before auto wrote it
+        if before == "the-key":
+            del config["inner"]["muon_ns_dtype"]
+        else:
+            config["inner"]["muon_ns_dtype"] = "bfloat16"
         saved.write_text(yaml.safe_dump(config))
     capsys.readouterr()
     monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True}))
@@ -761,11 +767,38 @@ def test_a_changed_default_of_a_key_no_run_reads_leaves_a_bench_to_go_on(
     printed = capsys.readouterr()
     if optimizer == "muon":
         assert code == 2
-        assert "ran with inner.muon_ns_dtype: bfloat16; this command would run auto" in printed.err
+        assert (
+            "ran with inner.muon_ns_dtype: bfloat16, whose default has changed since (now auto)"
+            if before == "the-key"
+            else "ran with inner.muon_ns_dtype: bfloat16; this command would run auto"
+        ) in printed.err
         code, _ = fake_bench(tmp_path, *args, "--set", "inner.muon_ns_dtype=bfloat16", "--resume")
         printed = capsys.readouterr()
     assert code == 0, printed.err
     assert "adloco seed 0 finished before" in printed.out and "diloco seed 0 started" in printed.out
+
+
+def test_a_resumed_bench_compares_the_keys_its_methods_presets_read(
+    fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LocalSGD's preset steps SGD, which reads ``inner.momentum``: a bench of it begun with a --set of the
+    key and resumed without is refused naming it, though the shared config's optimizer (AdamW) does not
+    read it; the keys the bench sets for every run (algorithm.rounds...) are not compared."""
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True, "fail": ["localsgd-s0"]}))
+    args = ("--methods", "localsgd,adloco", "--seeds", "0")
+    code, out = fake_bench(tmp_path, *args, "--set", "inner.momentum=0.5")
+    assert code == 1
+    capsys.readouterr()
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True}))
+    assert fake_bench(tmp_path, *args, "--resume")[0] == 2
+    assert "ran with inner.momentum: 0.5; this command would run 0" in capsys.readouterr().err
+    resolved = yaml.safe_load((out / "resolved.yaml").read_text())
+    resolved["algorithm"]["rounds"] += 7  # a key the bench sets for each run: the shared one is not run
+    (out / "resolved.yaml").write_text(yaml.safe_dump(resolved))
+    code, _ = fake_bench(tmp_path, *args, "--set", "inner.momentum=0.5", "--resume")
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "adloco seed 0 finished before" in printed.out
 
 
 def test_a_resumed_bench_whose_grid_finished_runs_the_seeds_its_selection_frees(

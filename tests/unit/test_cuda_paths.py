@@ -59,8 +59,8 @@ def test_on_cuda_the_default_run_captures_its_workers_and_says_so(tmp_path: Path
 @needs_cuda
 def test_cuda_muon_steps_as_on_the_cpu() -> None:
     """DiLoCo with Muon on two workers, on CUDA and on the CPU from the same start and batches: θ ends
-    where the CPU's does, up to the bfloat16 arithmetic of Newton–Schulz (a small share of how far it
-    moved), and Muon's state lives on the GPU (its step counters are 0-dim tensors on the host, as
+    where the CPU's does, up to the arithmetic of Newton–Schulz (bfloat16 on the GPU; ``auto`` on a CPU
+    that emulates bfloat16, float32: a small share of how far it moved), and Muon's state lives on the GPU (its step counters are 0-dim tensors on the host, as
     torch's optimizers keep them unless capturable)."""
     from tests.toy_lm import muon_diloco, run, tiny
 

@@ -136,3 +136,25 @@ def test_a_run_says_which_inner_keys_its_optimizer_does_not_read(
     )
     assert unread_note(resolve(None, ["inner.optimizer=muon", "inner.muon_ns_dtype=float32"])) is None
     assert unread_note(resolve(None, [])) is None
+
+
+def test_a_muon_run_says_what_its_auto_dtype_became(
+    tmp_path: Path, text_corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``inner.muon_ns_dtype: auto`` (the default) is said at the start as the dtype the run chose, and why
+    where it is float32; config.yaml keeps auto, as the user left it."""
+    import yaml
+
+    from adloco.library.optim import ns_dtype_for
+
+    sets = S(
+        f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", *TINY_QUIET, "logging.progress=plain"
+    )
+    assert main(["train", *sets, *S("inner.optimizer=muon", "algorithm.rounds=1")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    line = out[next(i for i, x in enumerate(out) if x.startswith("adloco: llama-micro")) + 1]
+    chosen = ns_dtype_for("auto", "cpu")
+    why = ", a CPU without native bfloat16 matmuls" if chosen == "float32" else ""
+    assert f"Newton–Schulz in {chosen} (auto{why});" in line
+    (config,) = tmp_path.glob("*/config.yaml")
+    assert yaml.safe_load(config.read_text())["inner"]["muon_ns_dtype"] == "auto"

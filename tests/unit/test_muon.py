@@ -148,6 +148,7 @@ def test_muon_orthogonalizes_in_bfloat16_as_torch_and_in_float32_the_same_step(
 
 def test_inner_muon_ns_dtype_reaches_every_workers_muon_and_the_first_lines() -> None:
     from adloco.engine.describe import describe_run
+    from adloco.library.optim import ns_dtype_for as optim_ns_dtype_for
     from tests.helpers import driver, run_round, tiny_config
 
     cfg = tiny_config(inner={"optimizer": "muon", "muon_ns_dtype": "float32"}, algorithm={"rounds": 1})
@@ -161,7 +162,39 @@ def test_inner_muon_ns_dtype_reaches_every_workers_muon_and_the_first_lines() ->
     assert len(calls) == cfg.algorithm.workers * cfg.algorithm.inner_steps  # the hooks run once a step
     assert "Muon lr ×1, Newton–Schulz in float32" in describe_run(cfg, 1, "data", "cpu")[1]
     default = driver(tiny_config(inner={"optimizer": "muon"}, algorithm={"rounds": 1}))
-    assert all(r.optimizer.optimizers[1].ns_dtype == "auto" for r in default.algo.replicas.values())  # type: ignore[attr-defined]
+    chosen = optim_ns_dtype_for("auto", "cpu")  # auto, chosen once for the run by the engine
+    assert all(r.optimizer.optimizers[1].ns_dtype == chosen for r in default.algo.replicas.values())  # type: ignore[attr-defined]
+    assert default.inner.muon_ns_dtype == chosen
+
+
+def test_the_runs_processes_agree_on_autos_dtype_float32_where_any_emulates_bfloat16() -> None:
+    """``inner.muon_ns_dtype: auto`` is chosen once for a run, through a gather of every process's own
+    choice: float32 where any process's CPU emulates bfloat16 (replicas that must agree never round apart),
+    else bfloat16; a setting, or another optimizer, is left as it is and gathers nothing."""
+    from adloco.config import resolve
+    from adloco.engine.inner import agreed_inner
+
+    class Gather:
+        def __init__(self, others: list[str]) -> None:
+            self.others, self.calls = others, 0
+
+        def all_gather_json(self, mine: object) -> list[object]:
+            self.calls += 1
+            return [mine, *self.others]
+
+    auto = resolve(None, ["inner.optimizer=muon"]).inner
+    for others, device, want in (
+        (["float32"], "cuda", "float32"),
+        (["bfloat16"], "cuda", "bfloat16"),
+        ([], "cuda", "bfloat16"),
+    ):
+        assert agreed_inner(auto, Gather(others), device).muon_ns_dtype == want  # type: ignore[arg-type]
+    for inner in (
+        resolve(None, ["inner.optimizer=muon", "inner.muon_ns_dtype=bfloat16"]).inner,
+        resolve(None, []).inner,
+    ):
+        comm = Gather(["float32"])
+        assert agreed_inner(inner, comm, "cpu") is inner and comm.calls == 0  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("emulates", [True, False])
@@ -188,10 +221,11 @@ def test_muon_auto_orthogonalizes_in_float32_on_a_cpu_that_emulates_bfloat16_els
     assert optim.ns_dtype_for("bfloat16", "cpu") == "bfloat16"  # a setting is itself
     cfg = resolve(None, ["inner.optimizer=muon"])
     said = "float32 (auto, a CPU without native bfloat16 matmuls)" if emulates else "bfloat16 (auto)"
-    assert describe_run(cfg, 1, "data", "cpu", device_type="cpu")[1].endswith(
+    assert describe_run(cfg, 1, "data", "cpu", ns_dtype=same)[1].endswith(
         f"Newton–Schulz in {said}; outer average (θ ← the workers' mean)"
     )
-    assert "Newton–Schulz in bfloat16 (auto);" in describe_run(cfg, 1, "data", "cuda", device_type="cuda")[1]
+    assert "Newton–Schulz in bfloat16 (auto);" in describe_run(cfg, 1, "data", "cuda", ns_dtype="bfloat16")[1]
+    assert "Newton–Schulz in auto;" in describe_run(cfg, 1, "data", "cpu")[1]  # not chosen yet: said as set
     assert muon_note(cfg, "cpu") is None  # auto chose; nothing to warn of
 
 

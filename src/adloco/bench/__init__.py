@@ -61,7 +61,7 @@ from adloco.bench.grid import (
     select,
     variants,
 )
-from adloco.bench.resume import check_resumable, optimizers_of
+from adloco.bench.resume import check_resumable
 from adloco.bench.runner import TAIL, Bench, Terminated, eta, train_command
 from adloco.bench.writer import _finish, _plan, read_results, report_only
 from adloco.config import dump_yaml, resolve
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             settings["raw"],
             shared,
             args.overrides,
-            optimizers_of(shared, args.overrides, todo, settings),
+            settings["optimizers"],
         )
     elif out.exists() and any(out.iterdir()):
         raise UserError(

@@ -235,6 +235,7 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, 
     # Every variant runs until the budget: enough rounds for the slowest consumer (a constant batch of
     # batch.initial on every worker), the same for all, so learning-rate schedules match.
     needed = 1
+    optimizers: set[str] = set()  # the inner optimizers of every variant at every setting, presets' included
     for name, s in out:
         base = "adloco" if name.startswith("adloco-") else name
         if name in derived:  # each of its parent's settings, its own sets, each setting of its own grid
@@ -256,6 +257,7 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, 
                 pins = derived[name]["sets"] if name in derived else list(per_method.get(name) or {})
                 shown = [k.partition("=")[0] for k in g.sets] or [str(k).partition("=")[0] for k in pins]
                 g.values = {k: _get(c, k) for k in shown}
+            optimizers.add(str(c.inner.optimizer))
             per_round = c.algorithm.workers * c.algorithm.inner_steps * c.batch.initial
             needed = max(needed, c.algorithm.rounds, -(-int(budget) // per_round))
     out = [(name, [*s, f"algorithm.rounds={needed}"]) for name, s in out]
@@ -273,6 +275,7 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, 
         "seeds": seeds,
         "grids": grids,
         "rounds": needed,
+        "optimizers": optimizers,
         "derived": {k: v for k, v in derived.items() if k in methods},
         "rules": _rules(bench, where, names, getattr(args, "select", "ppl")),
     }

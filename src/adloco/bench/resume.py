@@ -6,12 +6,14 @@ added since, the values this command would resolve otherwise)."""
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from adloco.config import Config, dump_yaml
+from adloco.bench.grid import RESERVED
+from adloco.config import Config, dump_yaml, resolve
 from adloco.config.load import yaml_value
 from adloco.errors import UserError
 
@@ -66,8 +68,6 @@ def config_as_resumed(folder: Path) -> dict[str, Any] | None:
     """A run directory's config as ``adloco train --resume`` reads it (keys added since at the values it
     ran with, :data:`adloco.config.load.ADDED`), as :func:`comparable` compares it; None where it does not
     read."""
-    from adloco.config import dump_yaml, resolve
-
     try:
         return comparable(yaml.safe_load(dump_yaml(resolve(folder / "config.yaml", resuming=True))))
     except (OSError, yaml.YAMLError, UserError):
@@ -102,11 +102,11 @@ def check_resumable(
     ran = ran_with(out)  # the added keys as the bench ran them, where its resolved.yaml says
     now = shared.to_dict()
     for (section, key), was in ran.items():
-        if now[section][key] != was:
+        if now[section][key] != was and not unread(section, key, optimizers):
             raise UserError(
                 f"--resume: {given} ran with {section}.{key}: {yaml_value(was)}, whose default has changed since "
                 f"(now {yaml_value(now[section][key])}): add `{key}: {yaml_value(was)}` under `{section}:` to its "
-                f"config, or --set {section}.{key}={yaml_value(was)}, to go on as it began"
+                f"config, or --set {shlex.quote(f'{section}.{key}={yaml_value(was)}')}, to go on as it began"
             )
     if stored_text != shared_yaml:
         stored = yaml.safe_load(stored_text) or {}
@@ -134,7 +134,8 @@ def check_resumable(
 
 
 # what a bench may go on with at another value: where runs log, and how many threads each uses (a run's
-# results do not depend on them; the runner compares runs without them too)
+# results do not depend on them; the runner compares runs without them too); the keys the bench sets for
+# every run (grid.RESERVED) are not the shared config's to compare either
 FREE_ON_RESUME = ("logging.", "runtime.threads")
 
 
@@ -150,8 +151,6 @@ def check_same_resolution(
         return
     if not isinstance(stored, dict):
         return
-    from adloco.engine.describe import READ_BY
-
     named = {o.split("=", 1)[0].strip() for o in overrides}
     for section, values in now.items():
         was_section = stored.get(section)
@@ -159,10 +158,10 @@ def check_same_resolution(
             continue
         for key, value in values.items():
             name = f"{section}.{key}"
-            if key not in was_section or name.startswith(FREE_ON_RESUME):
+            if key not in was_section or name.startswith(FREE_ON_RESUME) or name in RESERVED:
                 continue
-            if section == "inner" and key in READ_BY and not optimizers & set(READ_BY[key]):
-                continue  # read by no run of the bench
+            if unread(section, key, optimizers):
+                continue
             was = was_section[key]
             if was == value:
                 continue
@@ -176,25 +175,16 @@ def check_same_resolution(
                     "that began the bench set it)"
                 )
             raise UserError(
-                f"--resume: {given} ran with {name}: {yaml_value(was)}; {why}: --set {name}={yaml_value(was)} "
-                "goes on as it began"
+                f"--resume: {given} ran with {name}: {yaml_value(was)}; {why}: "
+                f"--set {shlex.quote(f'{name}={yaml_value(was)}')} goes on as it began"
             )
 
 
-def optimizers_of(
-    shared: Config, overrides: list[str], todo: list[tuple[str, list[str]]], settings: dict[str, Any]
-) -> set[str]:
-    """The inner optimizers a bench's runs use: the shared config's and each one a variant, a grid or a
-    derived variant sets."""
-    texts = [*overrides, *(s for _, sets in todo for s in sets)]
-    texts += [s for grid in settings["grids"].values() for point in grid for s in point.sets]
-    texts += [s for d in settings.get("derived", {}).values() for s in d["sets"]]
-    found = {str(shared.inner.optimizer)}
-    for text in texts:
-        key, _, value = text.partition("=")
-        if key.strip() == "inner.optimizer":
-            found.add(value.strip())
-    return found
+def unread(section: str, key: str, optimizers: set[str]) -> bool:
+    """Whether ``section.key`` is an inner key none of a bench's inner ``optimizers`` reads."""
+    from adloco.engine.describe import READ_BY
+
+    return section == "inner" and key in READ_BY and not optimizers & set(READ_BY[key])
 
 
 def ran_with(out: Path) -> dict[tuple[str, str], Any]:

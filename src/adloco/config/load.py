@@ -102,6 +102,7 @@ REPLACED.update(
 # before a key existed resumes with the value it ran with.
 ADDED: dict[tuple[str, str], Any] = {
     ("batch", "noise_rows"): "probed",  # the default became null (requested for the norm test)
+    ("inner", "muon_ns_dtype"): "bfloat16",  # torch's Muon before the key; the default became auto
 }
 
 

@@ -15,25 +15,20 @@ def _name(x: Any) -> str:
     return str(getattr(x, "name", None) or getattr(x, "__name__", None) or x)
 
 
-def ns_text(setting: str, device_type: str | None) -> str:
-    """The dtype of Muon's Newton–Schulz iterations as a run says it: ``auto`` with what it resolves to on
-    ``device_type`` (and why, where it is float32), when the device is known."""
-    if setting != "auto" or device_type is None:
+def ns_text(setting: str, chosen: str | None) -> str:
+    """The dtype of Muon's Newton–Schulz iterations as a run says it: ``auto`` with what the run chose
+    (:func:`adloco.engine.inner.agreed_inner`; and why, where float32), when it is known."""
+    if setting != "auto" or chosen is None:
         return setting
-    from adloco.library.optim import ns_dtype_for
-
-    dtype = ns_dtype_for(setting, device_type)
-    why = ", a CPU without native bfloat16 matmuls" if dtype == "float32" else ""
-    return f"{dtype} (auto{why})"
+    why = ", a CPU without native bfloat16 matmuls" if chosen == "float32" else ""
+    return f"{chosen} (auto{why})"
 
 
-def inner_text(cfg: Config, device_type: str | None = None) -> str:
+def inner_text(cfg: Config, ns_dtype: str | None = None) -> str:
     i = cfg.inner
     words = [f"{_name(i.optimizer)} lr {i.lr:g}", f"{i.schedule} schedule"]
     if i.optimizer == "muon":
-        words.append(
-            f"Muon lr ×{i.muon_lr_ratio:g}, Newton–Schulz in {ns_text(i.muon_ns_dtype, device_type)}"
-        )
+        words.append(f"Muon lr ×{i.muon_lr_ratio:g}, Newton–Schulz in {ns_text(i.muon_ns_dtype, ns_dtype)}")
     if i.state != "keep":
         words.append(f"state {i.state}")
     return ", ".join(words)
@@ -132,13 +127,13 @@ def describe_run(
     data: str,
     device: str,
     processes: str = "",
-    device_type: str | None = None,
+    ns_dtype: str | None = None,
 ) -> list[str]:
     """The lines a run prints first (rank 0): the method, the model and its parameters, the workers and
     trainers, the data, the device; the inner and outer optimizer; the wire of Δ and of θ, error feedback
     when set, and the overlap in effect. ``data`` and ``device`` are said as the caller knows them,
-    ``processes`` (``", 2 processes x 1 thread(s)"``) under torch.distributed; ``device_type`` (``cpu``,
-    ``cuda``) resolves what depends on it (Muon's ``auto``). A line is a string: add one for a new dial
+    ``processes`` (``", 2 processes x 1 thread(s)"``) under torch.distributed; ``ns_dtype`` is what Muon's
+    ``auto`` became (:func:`adloco.engine.inner.agreed_inner`). A line is a string: add one for a new dial
     here."""
     a, c = cfg.algorithm, cfg.comm
 
@@ -159,6 +154,6 @@ def describe_run(
     return [
         f"{a.method}: {cfg.model.name}, {n_params / 1e6:.2f}M parameters, {count(a.workers, 'worker')}, "
         f"{count(a.trainers, 'trainer')}{processes}, {data}, device {device}",
-        f"optimizers: inner {inner_text(cfg, device_type)}; outer {outer_text(cfg)}",
+        f"optimizers: inner {inner_text(cfg, ns_dtype)}; outer {outer_text(cfg)}",
         f"wire: {delta}{feedback}, θ {theta} (merges, moves); overlap {overlap}",
     ]

@@ -26,7 +26,7 @@ from adloco.data.sampling import ShardStream, trainer_subset
 from adloco.data.tokens import Data
 from adloco.engine.build import build_algorithm, fixed_rows
 from adloco.engine.evaluation import evaluate, perplexity, spread
-from adloco.engine.inner import lr_at
+from adloco.engine.inner import agreed_inner, lr_at
 from adloco.errors import UserError
 from adloco.library.comm.base import Comm
 from adloco.library.method import RoundAborted
@@ -69,7 +69,10 @@ class Driver:
                 f"switch.b_max lowered to {smallest_shard}: with every worker on one trainer, a worker's shard "
                 "holds no more blocks"
             )
-        self.algo = build_algorithm(cfg, comm, factory, device, min(configured, smallest_shard), log)
+        # the inner optimizer as every process builds it (Muon's auto dtype agreed: the first lines say it)
+        self.inner = agreed_inner(cfg.inner, comm, device.type)
+        built = dataclasses.replace(cfg, inner=self.inner)
+        self.algo = build_algorithm(built, comm, factory, device, min(configured, smallest_shard), log)
         if device.type == "cuda" and cfg.switch.b_max is None:
             self._search_b_max(min(smallest_shard, cfg.batch.max))
         # the whole model's parameters (sharded: the worker's, not this rank's P/k)

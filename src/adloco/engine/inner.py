@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
 from adloco.config import InnerConfig
+from adloco.library.comm.base import Comm
 from adloco.library.flat import FlatModule
-from adloco.library.optim import muon_adamw
+from adloco.library.optim import muon_adamw, ns_dtype_for
+
+
+def agreed_inner(cfg: InnerConfig, comm: Comm, device_type: str) -> InnerConfig:
+    """``cfg`` with ``muon_ns_dtype: auto`` resolved once for the whole run, agreed by every process:
+    float32 where any process's device emulates bfloat16 (that process's steps would be several times
+    slower, and replicas that must agree would round apart), else bfloat16. Any other ``cfg`` as it is."""
+    if cfg.optimizer != "muon" or cfg.muon_ns_dtype != "auto":
+        return cfg
+    every = comm.all_gather_json(ns_dtype_for("auto", device_type))
+    return dataclasses.replace(cfg, muon_ns_dtype="float32" if "float32" in every else "bfloat16")
 
 
 def make_optimizer(flat: FlatModule, cfg: InnerConfig, capturable: bool = False) -> torch.optim.Optimizer:

@@ -208,7 +208,7 @@ class Run:
             f"{data.n_train} train / {data.n_val} validation {unit}",
             where,
             procs,
-            device_type=device.type,
+            ns_dtype=driver.inner.muon_ns_dtype,
         ):
             self.say(line)
         if (note := outer_note(a.method, cfg.outer, cfg.comm)) is not None:

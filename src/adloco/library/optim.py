@@ -83,8 +83,9 @@ class Muon(torch.optim.Muon):
     torch's step (momentum, Nesterov, coefficients, lr adjustment, decoupled weight decay), with the
     iterations in bfloat16 equal to torch's bit for bit, or in float32, which a CPU without native bfloat16
     matmuls runs many times faster; ``auto`` (the default) is bfloat16 but on such a CPU, where it is
-    float32 (:func:`ns_dtype_for`, read from the parameters' device at each step). The step is written out here rather than delegated, so that torch's
-    step hooks run once. The state and the param groups are torch's: a checkpoint loads into either. On a
+    float32 (:func:`ns_dtype_for`, read from the parameters' device at each step: processes that must
+    agree on it pass the dtype itself, as ``adloco train`` does). The step is written out here rather than
+    delegated, so that torch's step hooks run once. The state and the param groups are torch's: a checkpoint loads into either. On a
     worker sharded with ``fully_shard`` its matrices are DTensors, whose products gather each matrix, so
     every shard orthogonalizes the whole of it and keeps its rows (as torch's Muon does there).
 
