@@ -674,6 +674,23 @@ def test_a_bench_made_before_a_key_goes_on_under_a_config_that_writes_out_the_va
     assert yaml.safe_load((out / "resolved.yaml").read_text())["batch"]["noise_rows"] == "probed"
 
 
+def begun_with_a_failed_run(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    failed: str,
+    *args: str,
+) -> Path:
+    """A fake bench run with ``args`` whose run ``failed`` failed (exit 1), so that --resume has a run to
+    keep and one to run; the fake runs succeed from here on."""
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True, "fail": [failed]}))
+    code, out = fake_bench(tmp_path, *args)
+    assert code == 1
+    capsys.readouterr()
+    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True}))
+    return out
+
+
 def test_a_bench_resumed_where_a_value_would_resolve_otherwise_is_refused_naming_it(
     fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -681,12 +698,10 @@ def test_a_bench_resumed_where_a_value_would_resolve_otherwise_is_refused_naming
     otherwise (a default changed since the bench began, a --set dropped or changed) is refused in one line
     naming the key, before anything is written or run; the --set it names goes on, keeping the finished
     runs; where runs log and their thread count may differ."""
-    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True, "fail": ["diloco-s0"]}))
     args = ("--methods", "adloco,diloco", "--seeds", "0")
-    code, out = fake_bench(tmp_path, *args, "--set", "inner.optimizer=muon")
-    assert code == 1
-    capsys.readouterr()
-    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True}))
+    out = begun_with_a_failed_run(
+        tmp_path, monkeypatch, capsys, "diloco-s0", *args, "--set", "inner.optimizer=muon"
+    )
     before = {p: p.read_bytes() for p in [out / "shared.yaml", out / "resolved.yaml"]}
     runs_before = sorted(p.name for p in (out / "runs").iterdir())
 
@@ -749,10 +764,8 @@ def test_a_changed_default_of_a_key_no_run_reads_leaves_a_bench_to_go_on(
     resolved.yaml and its runs' configs lack the key; or before ``auto``: they say bfloat16) goes on with
     its finished runs where none of its runs reads the key (AdamW), and is refused in one line naming it
     where they do (Muon), until the --set named goes on."""
-    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True, "fail": ["diloco-s0"]}))
     args = ("--methods", "adloco,diloco", "--seeds", "0", "--set", f"inner.optimizer={optimizer}")
-    code, out = fake_bench(tmp_path, *args)
-    assert code == 1
+    out = begun_with_a_failed_run(tmp_path, monkeypatch, capsys, "diloco-s0", *args)
     for saved in [out / "resolved.yaml", *(out / "runs").glob("*/config.yaml")]:
         config = yaml.safe_load(saved.read_text())
         assert config["inner"]["muon_ns_dtype"] == "auto"
@@ -761,8 +774,6 @@ def test_a_changed_default_of_a_key_no_run_reads_leaves_a_bench_to_go_on(
         else:
             config["inner"]["muon_ns_dtype"] = "bfloat16"
         saved.write_text(yaml.safe_dump(config))
-    capsys.readouterr()
-    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True}))
     code, _ = fake_bench(tmp_path, *args, "--resume")
     printed = capsys.readouterr()
     if optimizer == "muon":
@@ -784,12 +795,10 @@ def test_a_resumed_bench_compares_the_keys_its_methods_presets_read(
     """LocalSGD's preset steps SGD, which reads ``inner.momentum``: a bench of it begun with a --set of the
     key and resumed without is refused naming it, though the shared config's optimizer (AdamW) does not
     read it; the keys the bench sets for every run (algorithm.rounds...) are not compared."""
-    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True, "fail": ["localsgd-s0"]}))
     args = ("--methods", "localsgd,adloco", "--seeds", "0")
-    code, out = fake_bench(tmp_path, *args, "--set", "inner.momentum=0.5")
-    assert code == 1
-    capsys.readouterr()
-    monkeypatch.setenv("FAKE_BENCH", json.dumps({"resolved": True}))
+    out = begun_with_a_failed_run(
+        tmp_path, monkeypatch, capsys, "localsgd-s0", *args, "--set", "inner.momentum=0.5"
+    )
     assert fake_bench(tmp_path, *args, "--resume")[0] == 2
     assert "ran with inner.momentum: 0.5; this command would run 0" in capsys.readouterr().err
     resolved = yaml.safe_load((out / "resolved.yaml").read_text())
