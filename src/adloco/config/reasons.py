@@ -59,8 +59,8 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "outer.momentum": ("the DiLoCo paper's Nesterov momentum, read by outer.optimizer nesterov only", ()),
     "batch.eta": (
         "lets the demo's requests grow past kappa x b_max, so it shows the switch to accumulation; the tuned "
-        "benches chose 0.8-0.9 (the paper's 0.8), and 8x longer 0.9 ended 5% below 0.8 and level with 0.85-0.95 "
-        "(2 seeds), reaching its target sooner than 0.95 with 0.64x the bytes",
+        "benches chose 0.8-0.9 (the paper's 0.8), and 8x longer 0.9 ended 5% below 0.8, level with 0.95 on "
+        "2 seeds but reaching its target sooner with 0.64x the bytes, 0.85 higher on the second",
         (DEFAULT_RUN, COMPARED, SCALING, KNOBS_LONG),
     ),
     "switch.b_max": (
