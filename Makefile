@@ -5,7 +5,7 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 
-.PHONY: train test test-integration test-slow test-e2e test-all lint docs bench bench-cpu bench-cpu-10m clean
+.PHONY: train test test-long test-integration test-slow test-e2e test-all lint docs bench bench-cpu bench-cpu-10m clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,10 @@ train: $(BIN)/.installed  ## AdLoCo on the embedded default (this Python's stand
 	$(BIN)/adloco train
 
 test: $(BIN)/.installed  ## the default tier: unit and in-process tests (no network; under 3 minutes on 2 cores)
-	$(BIN)/python -m pytest -q -n 2 tests/unit --durations=10
+	$(BIN)/python -m pytest -q -n 2 tests/unit -m "not long" --durations=10
+
+test-long: $(BIN)/.installed  ## the unit tests marked long: whole runs trained again and again, in this process
+	$(BIN)/python -m pytest -q -n 2 tests/unit -m long --durations=10
 
 test-integration: $(BIN)/.installed  ## real torch.distributed processes on gloo, faults, elastic agents
 	$(BIN)/python -m pytest -q -n 2 tests/integration -m "not slow" --durations=10
@@ -33,7 +36,7 @@ test-e2e: $(BIN)/.installed  ## the command line, the examples and the demo, in 
 	$(BIN)/python -m pytest -q -n 2 tests/e2e --durations=10
 
 test-all: test lint  ## every tier and lint, as CI runs them
-	$(BIN)/python -m pytest -q -n 2 tests/integration tests/e2e -m "not slow" --durations=15
+	$(BIN)/python -m pytest -q -n 2 tests/unit tests/integration tests/e2e -m "long or ((integration or e2e) and not slow)" --durations=15
 
 lint: $(BIN)/.installed  ## ruff and mypy
 	$(BIN)/ruff check src tests benchmarks examples

@@ -62,6 +62,7 @@ def analyzed(run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
     return out, json.loads((out / "gradients.json").read_text()), stdout
 
 
+@pytest.mark.long
 def test_writes_every_output_and_prints_the_table(analyzed: tuple[Path, dict[str, Any], str]) -> None:
     out, doc, stdout = analyzed
     for name in ("gradients.json", "report.md", "deviations.png", "variance_vs_batch.png"):
@@ -73,6 +74,7 @@ def test_writes_every_output_and_prints_the_table(analyzed: tuple[Path, dict[str
     assert "| b |" in (out / "report.md").read_text()
 
 
+@pytest.mark.long
 def test_minibatch_deviations_follow_the_finite_population_theory(
     analyzed: tuple[Path, dict[str, Any], str],
 ) -> None:
@@ -90,6 +92,7 @@ def test_minibatch_deviations_follow_the_finite_population_theory(
         assert 0.67 < est / sigma2 < 1.5, name
 
 
+@pytest.mark.long
 def test_checkpoint_folder_other_trainer_and_default_output(run_dir: Path) -> None:
     folder = run_dir / "checkpoints" / "round-000001"
     stdout = run(
@@ -102,6 +105,7 @@ def test_checkpoint_folder_other_trainer_and_default_output(run_dir: Path) -> No
     assert doc["trainer"] == 2 and doc["sizes"][1]["layout"] == [3, 1, False]
 
 
+@pytest.mark.long
 def test_loads_the_trainers_theta(run_dir: Path) -> None:
     """The rebuilt model at θ scores the validation loss the run recorded for that trainer."""
     _, ck = analysis.open_checkpoint(run_dir)
@@ -111,6 +115,7 @@ def test_loads_the_trainers_theta(run_dir: Path) -> None:
     assert res.loss == pytest.approx(ck.meta["driver"]["last_eval"]["1"], rel=1e-5)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     ("argv", "names"),
     [

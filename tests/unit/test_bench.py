@@ -260,6 +260,7 @@ def test_eta_spreads_the_remaining_runs_over_the_jobs() -> None:
 # -- the bench, with the stand-in for `adloco train` --------------------------------------------------
 
 
+@pytest.mark.long
 def test_seeds_and_a_grid_end_to_end(
     fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1155,6 +1156,7 @@ def test_sparse_tables_a_partial_bench_at_equal_bytes(tmp_path: Path) -> None:
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no finished run" in bad.stderr
 
 
+@pytest.mark.long
 def test_scaling_tables_and_plots_adloco_over_its_rivals_by_model_size(
     fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

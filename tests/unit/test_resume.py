@@ -139,6 +139,7 @@ def test_a_constant_lr_run_extended_says_nothing_of_its_schedule(
     assert "resuming" in out and "inner lr:" not in out
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     "sets",
     [
@@ -262,6 +263,7 @@ def test_out_of_memory_halves_b_max_and_repeats_the_step(
     assert {e["examples"] for e in workers if e["round"] == 1} == {6}
 
 
+@pytest.mark.long
 def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(
     tmp_path: Path, text_corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -341,6 +343,7 @@ def test_a_checkpoint_written_behind_training_resumes_bit_for_bit(
     assert weights(run) == weights(reference)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("scheme", ["file", "memory"])
 def test_checkpoints_under_an_fsspec_url_resume_bit_for_bit(
     tmp_path: Path, text_corpus: Path, reference: Path, scheme: str

@@ -86,6 +86,7 @@ def trackers_here(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
 
 
+@pytest.mark.long
 def test_wandb_and_mlflow_get_the_scalars_and_the_config(
     tmp_path: Path, text_corpus: Path, trackers_here: None
 ) -> None:

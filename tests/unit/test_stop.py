@@ -34,6 +34,7 @@ def stop_at(monkeypatch: pytest.MonkeyPatch, round_: int, step: int) -> None:
     monkeypatch.setattr(threads.AutoThreads, "check", check)
 
 
+@pytest.mark.long
 def test_ctrl_c_says_at_once_what_happens_and_leaves_a_summary_and_plots(
     tmp_path: Path, text_corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
