@@ -34,7 +34,7 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
         "8x longer runs at 1.4M at 0.54-0.92x (both corpora, both methods and the batch schedule), 16x at 0.55-0.91x "
         "and the compute-optimal budget at 0.85x (the schedule), AdLoCo at 11M and 8x at 0.31-0.36x (2 seeds; "
         "its target in 0.30-0.36x AdamW's examples, 0.51-0.57x its time on a CPU, its step's cost counted) "
-        "and the schedule at 0.37x, the demo at 0.46x in the same wall clock, the batch schedule with Muon "
+        "and the schedule at 0.37x, the demo at 0.46x in 0.99-1.13x the wall clock, the batch schedule with Muon "
         "lowest of all at 1.4M; but its wins are measured on a CPU only; its capture in the CUDA graphs that "
         "run a GPU's workers side by side (its lr a device tensor) is tested on a CPU, not yet run or timed "
         "on a GPU; models past 11M parameters are not measured; choose it with inner.optimizer muon",
