@@ -744,7 +744,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "inner-optimizer-unknown",
         ["train", *S("logging.out_dir={tmp}/runs", "inner.optimizer=lion")],
-        "config: inner.optimizer = 'lion': must be one of 'adamw', 'sgd', 'muon'",
+        "config: inner.optimizer = 'lion': must be one of 'auto', 'adamw', 'sgd', 'muon'",
     ),
     (
         "muon-lr-ratio-zero",
@@ -940,7 +940,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "set-a-section-without-value",
         ["train", *S("logging.out_dir={tmp}/runs"), "--set", "inner"],
-        "--set 'inner': 'inner' is a section; set one of its keys, e.g. --set inner.optimizer=adamw",
+        "--set 'inner': 'inner' is a section; set one of its keys, e.g. --set inner.optimizer=auto",
     ),
     (
         "set-too-deep",
@@ -955,12 +955,12 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "workers-absurd",
         ["train", *S("logging.out_dir={tmp}/runs", "algorithm.workers=1000000")],
-        "config: algorithm.workers = 1000000: 1,000,000 replicas of llama-tiny (1.4M parameters) need ~20,830 GiB of parameters, gradients and optimizer state; this machine has 16.0 GiB of memory",
+        "config: algorithm.workers = 1000000: 1,000,000 replicas of llama-tiny (1.4M parameters) need ~15,699 GiB of parameters, gradients and optimizer state; this machine has 16.0 GiB of memory",
     ),
     (
         "replicas-over-memory",
         ["train", *S("logging.out_dir={tmp}/runs", "model.name=microllama-300m", "data.tokenizer=bpe:32000")],
-        "config: algorithm.workers = 4: 4 replicas of microllama-300m (305M parameters) need ~22.7 GiB of parameters, gradients and optimizer state; this machine has 16.0 GiB of memory",
+        "config: algorithm.workers = 4: 4 replicas of microllama-300m (305M parameters) need ~18.2 GiB of parameters, gradients and optimizer state; this machine has 16.0 GiB of memory",
     ),
     (
         "seq-len-absurd",

@@ -713,7 +713,7 @@ def test_a_bench_resumed_where_a_value_would_resolve_otherwise_is_refused_naming
         return capsys.readouterr().err.strip()
 
     assert refused() == (  # the --set that began it, left out (as a default changed since would be)
-        f"adloco: error: --resume: {out} ran with inner.optimizer: muon; this command would run adamw (its "
+        f"adloco: error: --resume: {out} ran with inner.optimizer: muon; this command would run auto (its "
         "default has changed since, or the command that began the bench set it): --set inner.optimizer=muon "
         "goes on as it began"
     )
@@ -746,6 +746,39 @@ def test_a_bench_resumed_where_a_value_would_resolve_otherwise_is_refused_naming
         "--set",
         "runtime.threads=1",
     )
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "adloco seed 0 finished before" in printed.out and "diloco seed 0 started" in printed.out
+
+
+def test_a_config_that_now_names_the_value_a_bench_ran_with_lets_it_go_on(
+    fake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A default changed and the published configs pin its old value (``inner.optimizer: adamw``): a bench
+    begun when its file left the key unset goes on where the file's value reaches no run differently, at
+    the value the bench resolved it to (a key no preset of a method it runs fills), or under this command's
+    --set of the key; at another value, or a key such a preset fills (DiLoCo's outer step) without a --set,
+    it is refused as before, nothing written."""
+    args = ("--methods", "adloco,diloco", "--seeds", "0")
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    out = begun_with_a_failed_run(a, monkeypatch, capsys, "diloco-s0", *args)
+    stored = (out / "shared.yaml").read_bytes()
+    assert fake_bench(a, *args, "--resume", config={"inner": {"clip": 0.5}})[0] == 2
+    assert "shared.yaml differs from this command's config" in capsys.readouterr().err
+    # DiLoCo's preset fills outer.optimizer: named at the shared value (AdLoCo's), it would change DiLoCo's runs
+    assert fake_bench(a, *args, "--resume", config={"outer": {"optimizer": "average"}})[0] == 2
+    assert "shared.yaml differs from this command's config" in capsys.readouterr().err
+    assert (out / "shared.yaml").read_bytes() == stored
+    # LocalSGD's preset fills inner.optimizer, but the bench runs no LocalSGD
+    code, _ = fake_bench(a, *args, "--resume", config={"inner": {"clip": 1.0, "optimizer": "auto"}})
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "adloco seed 0 finished before" in printed.out and "diloco seed 0 started" in printed.out
+    # begun with --set inner.optimizer=muon; the file now pins adamw, which the --set overrides
+    muon = ("--set", "inner.optimizer=muon")
+    out = begun_with_a_failed_run(b, monkeypatch, capsys, "diloco-s0", *args, *muon)
+    code, _ = fake_bench(b, *args, *muon, "--resume", config={"inner": {"optimizer": "adamw"}})
     printed = capsys.readouterr()
     assert code == 0, printed.err
     assert "adloco seed 0 finished before" in printed.out and "diloco seed 0 started" in printed.out

@@ -90,8 +90,10 @@ def test_the_larger_model_comparison_differs_from_the_tuned_one_in_the_model_alo
     pins = large_bench["methods"]
     assert set(pins) == set(small_bench["sweep"])
     for method, grid in small_bench["sweep"].items():
+        both = small_bench["methods"].get(method, {})  # the inner optimizer both pin (AdamW, as measured)
+        assert all(pins[method][k] == v for k, v in both.items()), method
         for key, value in pins[method].items():
-            assert key in grid and value in grid[key], (method, key, value)
+            assert key in both or (key in grid and value in grid[key]), (method, key, value)
 
 
 def test_default_yaml_is_the_embedded_default() -> None:
@@ -336,3 +338,41 @@ def test_the_compression_bench_varies_the_wire_and_the_inner_optimizer_alone(cor
             assert (c.outer.optimizer, c.outer.lr, c.outer.momentum) == ("nesterov", 0.5, 0.0)
         else:
             assert c.outer.optimizer == "average"
+
+
+BENCH_CONFIGS = sorted(
+    p.name for p in CONFIGS.glob("*.yaml") if p.name not in ("default.yaml", "diloco.yaml", "localsgd.yaml")
+)
+
+
+@pytest.mark.parametrize("name", BENCH_CONFIGS)
+def test_every_published_config_runs_the_inner_optimizer_it_was_measured_with(name: str) -> None:
+    """``inner.optimizer``'s default became auto (Muon on a CPU): every config whose runs RESULTS.md
+    publishes pins AdamW where it left the key unset, so its command still gives its numbers; LocalSGD
+    keeps its preset's SGD (a pin at the top of a file would have taken it), and a variant that asks for
+    Muon still gets it."""
+    from adloco.bench import plan, variants
+    from adloco.config import load_yaml
+
+    raw = load_yaml(CONFIGS / name)
+    if "bench" not in raw:  # a single run's config (the paper's setting)
+        assert resolve(str(CONFIGS / name), []).inner.optimizer == "adamw"
+        return
+    named = {
+        *raw["bench"].get("methods", {}),
+        *raw["bench"].get("sweep", {}),
+        *raw["bench"].get("variants", {}),
+    }
+    settings, todo = variants(_bench_args(name, ",".join(sorted(named))))
+    for r in plan(settings, todo):
+        c = resolve(None, [*r.base, *r.extra], base=settings["raw"])
+        wanted = "sgd" if c.algorithm.method == "localsgd" else "muon" if "muon" in r.variant else "adamw"
+        assert c.inner.optimizer == wanted, (name, r.variant)
+
+
+def test_the_embedded_default_and_the_example_configs_follow_the_inner_default() -> None:
+    """The demo and configs/diloco.yaml run the default (auto); LocalSGD its preset's SGD."""
+    assert resolve(None, []).inner.optimizer == "auto"
+    assert resolve(str(CONFIGS / "default.yaml"), []).inner.optimizer == "auto"
+    assert resolve(str(CONFIGS / "diloco.yaml"), []).inner.optimizer == "auto"
+    assert resolve(str(CONFIGS / "localsgd.yaml"), []).inner.optimizer == "sgd"

@@ -21,9 +21,21 @@ def lines(*sets: str) -> list[str]:
 def test_the_defaults_say_what_they_are() -> None:
     assert lines() == [
         "adloco: llama-tiny, 1.38M parameters, 4 workers, 4 trainers, D, device cpu",
-        "optimizers: inner adamw lr 0.004, cosine schedule; outer average (θ ← the workers' mean)",
+        "optimizers: inner auto lr 0.004, cosine schedule; outer average (θ ← the workers' mean)",
         "wire: Δ float32, θ float32 (merges, moves); overlap none (each round waits for its Δ)",
-    ]
+    ]  # inner.optimizer auto before a run chose: said as set
+    cfg = resolve(None, [])
+    assert describe_run(cfg, 1, "D", "cpu", ns_dtype="float32", optimizer="muon")[1] == (
+        "optimizers: inner muon (auto: every process on a CPU) lr 0.004, cosine schedule, Muon lr ×1, "
+        "Newton–Schulz in float32 (auto, a CPU without native bfloat16 matmuls); outer average (θ ← the workers' mean)"
+    )
+    assert describe_run(cfg, 1, "D", "cuda", optimizer="adamw")[1].startswith(
+        "optimizers: inner adamw (auto: a GPU, where Muon is not yet timed) lr 0.004, cosine schedule; outer"
+    )
+    set_ = resolve(None, ["inner.optimizer=adamw"])  # a setting is itself, whatever the run would choose
+    assert describe_run(set_, 1, "D", "cpu", optimizer="adamw")[1].startswith(
+        "optimizers: inner adamw lr 0.004"
+    )
 
 
 @pytest.mark.parametrize(
@@ -80,7 +92,7 @@ def test_a_run_prints_them_first(
     out = capsys.readouterr().out.splitlines()
     start = next(i for i, x in enumerate(out) if x.startswith("adloco: llama-micro"))
     assert "4 workers, 4 trainers" in out[start] and "device cpu, 1 thread(s)" in out[start]
-    assert out[start + 1].startswith("optimizers: inner adamw lr ")
+    assert out[start + 1].startswith("optimizers: inner muon (auto: every process on a CPU) lr ")
     assert out[start + 2].startswith(
         "wire: Δ int8 (blocks of 256), error feedback off, θ int8 (blocks of 256), following Δ (merges, moves); "
         "overlap delayed"
@@ -99,7 +111,7 @@ def test_a_run_says_which_outer_step_the_codec_brought(
     assert main(["train", *sets, *S("algorithm.method=diloco", "comm.dtype=topk", "algorithm.rounds=1")]) == 0
     out = capsys.readouterr().out.splitlines()
     start = next(i for i, x in enumerate(out) if x.startswith("diloco: llama-micro"))
-    assert out[start + 1].startswith("optimizers: inner adamw lr ") and "outer sgd lr 1" in out[start + 1]
+    assert out[start + 1].startswith("optimizers: inner muon (auto: ") and "outer sgd lr 1" in out[start + 1]
     assert out[start + 3].startswith(
         "outer step: sgd at lr 1, no momentum, in place of diloco's sgd at lr 0.5: comm.dtype topk brings "
         "SparseLoCo's"
@@ -119,7 +131,12 @@ def test_a_run_says_which_inner_keys_its_optimizer_does_not_read(
     sets = S(
         f"data.source={text_corpus}", f"logging.out_dir={tmp_path}", *TINY_QUIET, "logging.progress=plain"
     )
-    assert main(["train", *sets, *S("inner.muon_ns_dtype=float32", "algorithm.rounds=1")]) == 0
+    assert (
+        main(
+            ["train", *sets, *S("inner.optimizer=adamw", "inner.muon_ns_dtype=float32", "algorithm.rounds=1")]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     start = next(i for i, x in enumerate(out) if x.startswith("adloco: llama-micro"))
     assert out[start + 3] == (
@@ -136,6 +153,8 @@ def test_a_run_says_which_inner_keys_its_optimizer_does_not_read(
     )
     assert unread_note(resolve(None, ["inner.optimizer=muon", "inner.muon_ns_dtype=float32"])) is None
     assert unread_note(resolve(None, [])) is None
+    # auto reads what either choice reads (a config compared before its device decides)
+    assert unread_note(resolve(None, ["inner.muon_ns_dtype=float32", "inner.betas=[0.8,0.9]"])) is None
 
 
 def test_a_muon_run_says_what_its_auto_dtype_became(

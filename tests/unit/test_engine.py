@@ -247,7 +247,8 @@ def test_paper_estimator_needs_two_workers() -> None:
 
 def test_inner_state_persists_across_rounds_unless_reset() -> None:
     cfg = tiny_config(
-        **{"algorithm": {"rounds": 2, "trainers": 1, "workers": 1}, "merge": {"policy": "none"}}
+        "inner.optimizer=adamw",  # AdamW's step counts tell the rounds apart
+        **{"algorithm": {"rounds": 2, "trainers": 1, "workers": 1}, "merge": {"policy": "none"}},
     )
     c = driver(cfg)
     run_round(c)
@@ -259,7 +260,7 @@ def test_inner_state_persists_across_rounds_unless_reset() -> None:
         **{
             "algorithm": {"rounds": 2, "trainers": 1, "workers": 1},
             "merge": {"policy": "none"},
-            "inner": {"state": "reset"},
+            "inner": {"state": "reset", "optimizer": "adamw"},
         }
     )
     c = driver(cfg)

@@ -20,7 +20,7 @@ def test_presets_fill_only_what_the_user_left_unset() -> None:
         1,
         False,
     )
-    assert d.inner.optimizer == "adamw"
+    assert d.inner.optimizer == "auto"  # the default's: DiLoCo's preset leaves the inner optimizer alone
     ls = resolve(overrides=["algorithm.method=localsgd"])
     assert (ls.inner.optimizer, ls.outer.optimizer, ls.batch.test, ls.merge.policy) == (
         "sgd",

@@ -191,7 +191,7 @@ def test_the_runs_processes_agree_on_autos_dtype_float32_where_any_emulates_bflo
         assert agreed_inner(auto, Gather(others), device).muon_ns_dtype == want  # type: ignore[arg-type]
     for inner in (
         resolve(None, ["inner.optimizer=muon", "inner.muon_ns_dtype=bfloat16"]).inner,
-        resolve(None, []).inner,
+        resolve(None, ["inner.optimizer=adamw"]).inner,
     ):
         comm = Gather(["float32"])
         assert agreed_inner(inner, comm, "cpu") is inner and comm.calls == 0  # type: ignore[arg-type]
@@ -488,3 +488,68 @@ def test_the_newton_schulz_benchmark_times_the_three_steps_and_refuses_bad_input
             assert said in capsys.readouterr().err
     finally:
         torch.set_num_threads(threads)
+
+
+def test_inner_optimizer_auto_is_muon_where_every_process_is_on_a_cpu_and_a_resume_keeps_its_choice() -> None:
+    """``inner.optimizer: auto`` (the default) is chosen once for a run through a gather of every process's
+    device: Muon where all are CPUs (where it was measured ahead per second), AdamW where any is a GPU (Muon
+    inside the CUDA graphs is not yet timed); a resumed run goes on with the optimizer its checkpoint
+    says it chose, whatever its devices now, since that is the state it holds; Muon's dtype is then agreed
+    as ever. A process alone (``adloco profile``, :func:`make_optimizer` given auto) chooses by its own device."""
+    from adloco.config import InnerConfig, resolve
+    from adloco.engine.inner import agreed_inner, auto_optimizer, local_inner, make_optimizer
+    from adloco.library.flat import flatten
+
+    class Gather:
+        def __init__(self, others: list[object]) -> None:
+            self.others = others
+
+        def all_gather_json(self, mine: object) -> list[object]:
+            return [mine, *self.others] if isinstance(mine, list) else [mine]
+
+    auto = resolve(None, []).inner
+    assert auto.optimizer == "auto"
+    for others, device, resumed, want in (
+        ([], "cpu", None, "muon"),
+        ([["cpu", None], ["cpu", None]], "cpu", None, "muon"),
+        ([["cuda", None]], "cpu", None, "adamw"),
+        ([], "cuda", None, "adamw"),
+        ([], "cuda", "muon", "muon"),  # a CPU run resumed on a GPU keeps Muon
+        ([["cpu", None]], "cpu", "adamw", "adamw"),  # rank 0 found the checkpoint, the others did not
+    ):
+        chosen = agreed_inner(auto, Gather(others), device, resumed)  # type: ignore[arg-type]
+        assert chosen.optimizer == want, (others, device, resumed)
+        assert chosen.muon_ns_dtype in (("auto",) if want == "adamw" else ("float32", "bfloat16"))
+    assert auto_optimizer([]) == "adamw" and auto_optimizer(["cpu", "cuda"]) == "adamw"
+    assert local_inner(auto, "cpu").optimizer == "muon" and local_inner(auto, "cuda").optimizer == "adamw"
+    assert is_muon(make_optimizer(flatten(TinyLM()), InnerConfig()))  # auto on this CPU
+    assert isinstance(make_optimizer(flatten(TinyLM()), InnerConfig(optimizer="adamw")), torch.optim.AdamW)
+
+
+def test_a_run_of_the_default_trains_muon_on_a_cpu_and_resumes_with_it_wherever_it_resumes(
+    tmp_path: Any, text_corpus: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``adloco train`` with ``inner.optimizer`` left at auto: every worker steps Muon on this CPU, the
+    first lines say so and why, the checkpoint records the choice; resumed where auto would now choose
+    AdamW (a GPU; here a patched choice), the run goes on with Muon, says why, and ends with the
+    uninterrupted run's model bit for bit."""
+    import json
+    import shutil
+
+    from adloco.cli import main
+    from adloco.engine import inner
+    from tests.helpers import TINY_QUIET, S, only_run, weights
+
+    ref = tmp_path / "ref"
+    sets = S(*TINY_QUIET, f"data.source={text_corpus}", "logging.progress=plain", "logging.save_model=true")
+    assert main(["train", *sets, *S("checkpoint.every=1", f"logging.out_dir={ref}")]) == 0
+    assert "optimizers: inner muon (auto: every process on a CPU) lr" in capsys.readouterr().out
+    ref = only_run(ref)
+    state = json.loads((ref / "checkpoints" / "round-000001" / "state.json").read_text())
+    assert state["driver"]["inner_optimizer"] == "muon"
+    run = tmp_path / "run"
+    shutil.copytree(ref, run)
+    monkeypatch.setattr(inner, "auto_optimizer", lambda devices: "adamw")  # as a GPU would choose
+    assert main(["train", "--resume", str(run / "checkpoints" / "round-000001")]) == 0
+    assert "optimizers: inner muon (auto: kept from the run's checkpoint) lr" in capsys.readouterr().out
+    assert weights(run) == weights(ref)

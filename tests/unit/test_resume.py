@@ -55,11 +55,24 @@ def test_checkpoints_hold_the_full_state(reference: Path) -> None:
     from adloco.engine.checkpoint import storage
 
     saved = storage.tensors(storage.metadata(ck.url))
-    # θ of the trainers alive (this outer optimizer keeps no state), each worker's AdamW state, the generators
+    # θ of the trainers alive (this outer optimizer keeps no state), each worker's inner state (the default,
+    # auto, chose Muon on this CPU: its momentum on the hidden matrices, AdamW's moments on the rest; held
+    # at the round's start too), the generators
     assert {k for k in saved if k.startswith("trainer/")} == {f"trainer/{t}/theta" for t in algo["requests"]}
-    assert {k.split("/")[2] for k in saved if k.startswith("worker/0/")} == {"exp_avg", "exp_avg_sq", "step"}
+    assert meta["driver"]["inner_optimizer"] == "muon"  # what auto chose, which a resume keeps
+    moments = {"exp_avg", "exp_avg_sq", "step", "momentum_buffer"}
+    assert {k.split("/")[2] for k in saved if k.startswith("worker/0/")} == {
+        *moments,
+        *(f"{k}.held" for k in moments),
+    }
     assert saved["worker/0/exp_avg"][0] == (algo["parameters"],) and "rng/rank-0" in saved
-    assert ck.tensor("worker/0/step").tolist() == [15.0, 15.0]  # 5 rounds x H = 3, in each parameter group
+    steps, held = ck.tensor("worker/0/step").tolist(), ck.tensor("worker/0/step.held").tolist()
+    assert [s for s, h in zip(steps, held, strict=True) if h] == [15.0] * int(sum(held))  # 5 rounds x H = 3
+    # AdamW's tensors count steps; Muon's matrices, the rest, hold its momentum instead
+    assert (
+        0 < sum(held) < len(held)
+        and [1 - h for h in held] == ck.tensor("worker/0/momentum_buffer.held").tolist()
+    )
     assert ck.verify() is None
     assert not list((reference / "checkpoints").glob(".tmp-*"))
 

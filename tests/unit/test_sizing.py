@@ -64,7 +64,7 @@ def test_defaults_fit_and_checkpoints_are_judged_once_loaded(monkeypatch: pytest
 def test_a_gpu_larger_than_the_machine_counts_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sizing, "physical_memory", lambda: 16 * GIB)
     monkeypatch.setattr(sizing, "cuda_memory", lambda: 80 * GIB)
-    big = ["model.name=microllama-300m", "data.tokenizer=bpe:32000"]
+    big = ["model.name=microllama-300m", "data.tokenizer=bpe:32000", "inner.optimizer=adamw"]
     resolve(None, big)  # device auto: the replicas may live on the 80 GiB GPU
     with pytest.raises(UserError, match=r"this machine has 16\.0 GiB of memory$"):
         resolve(None, [*big, "runtime.device=cpu"])

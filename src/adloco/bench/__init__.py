@@ -215,6 +215,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             shared,
             args.overrides,
             settings["optimizers"],
+            settings["methods"],
         )
     elif out.exists() and any(out.iterdir()):
         raise UserError(

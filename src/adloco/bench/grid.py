@@ -236,6 +236,7 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, 
     # batch.initial on every worker), the same for all, so learning-rate schedules match.
     needed = 1
     optimizers: set[str] = set()  # the inner optimizers of every variant at every setting, presets' included
+    run_methods: set[str] = set()  # the methods (algorithm.method) its variants run
     for name, s in out:
         base = "adloco" if name.startswith("adloco-") else name
         if name in derived:  # each of its parent's settings, its own sets, each setting of its own grid
@@ -258,6 +259,7 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, 
                 shown = [k.partition("=")[0] for k in g.sets] or [str(k).partition("=")[0] for k in pins]
                 g.values = {k: _get(c, k) for k in shown}
             optimizers.add(str(c.inner.optimizer))
+            run_methods.add(c.algorithm.method)
             per_round = c.algorithm.workers * c.algorithm.inner_steps * c.batch.initial
             needed = max(needed, c.algorithm.rounds, -(-int(budget) // per_round))
     out = [(name, [*s, f"algorithm.rounds={needed}"]) for name, s in out]
@@ -276,6 +278,7 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, 
         "grids": grids,
         "rounds": needed,
         "optimizers": optimizers,
+        "methods": run_methods,
         "derived": {k: v for k, v in derived.items() if k in methods},
         "rules": _rules(bench, where, names, getattr(args, "select", "ppl")),
     }

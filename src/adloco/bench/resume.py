@@ -81,6 +81,7 @@ def check_resumable(
     shared: Config,
     overrides: list[str],
     optimizers: set[str],
+    methods: set[str] | None = None,
 ) -> None:
     """--resume: ``out`` must be a bench folder made with the same shared settings. Its shared.yaml must be
     this command's config, but for keys added since the bench began (:data:`adloco.config.load.ADDED`)
@@ -89,7 +90,9 @@ def check_resumable(
     another value (its default changed), in one line naming the key. So is one whose resolved.yaml holds
     any other value this command would run otherwise (a default changed since, or a ``--set`` given then
     and not now, or now with another value): its runs would start over under settings it did not begin
-    with. An inner key none of the bench's inner ``optimizers`` reads may differ (a run's config is
+    with. A key the file names now and did not then, where no run can change (:func:`_newly_named`; the
+    presets of the ``methods`` the bench runs, all where None), goes on. An inner key none of the bench's
+    inner ``optimizers`` reads may differ (a run's config is
     compared without it too)."""
     if given is None:
         raise UserError("--resume: needs --out BENCH_DIR, the bench to go on with")
@@ -111,7 +114,8 @@ def check_resumable(
     if stored_text != shared_yaml:
         stored = yaml.safe_load(stored_text) or {}
         written_out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
-        for section, key in ran:
+        named_now = {o.split("=", 1)[0].strip() for o in overrides}
+        for section, key in [*ran, *_newly_named(written_out, stored, out, named_now, methods)]:
             if key in (written_out.get(section) or {}) and key not in (stored.get(section) or {}):
                 del written_out[section][key]
                 if not written_out[section]:
@@ -137,6 +141,40 @@ def check_resumable(
 # results do not depend on them; the runner compares runs without them too); the keys the bench sets for
 # every run (grid.RESERVED) are not the shared config's to compare either
 FREE_ON_RESUME = ("logging.", "runtime.threads")
+
+
+def _newly_named(
+    written_out: dict[str, Any],
+    stored: dict[str, Any],
+    out: Path,
+    overrides: set[str],
+    methods: set[str] | None = None,
+) -> list[tuple[str, str]]:
+    """The keys the config file names now and did not when the bench began that leave every run as it
+    was: each set by this command's ``--set`` too (the file's value reaches no run), or at the value the
+    bench resolved it to where no preset of a method the bench runs (``methods``; every method's where
+    None) fills it (a preset fills only keys a file leaves unset, so naming one can change a method's runs). What a file gains when a default changes and it pins the old
+    value (``inner.optimizer: adamw``); the resolution is then compared key by key as ever."""
+    from adloco.config import PRESETS
+
+    try:
+        resolved = yaml.safe_load((out / "resolved.yaml").read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        resolved = {}
+    presets = [p for m, p in PRESETS.items() if methods is None or m in methods]
+    filled = {(sec, k) for preset in presets for sec, values in preset.items() for k in values}
+    found = []
+    for section, values in written_out.items():
+        if section == "bench" or not isinstance(values, dict):
+            continue
+        had: dict[str, Any] = stored[section] if isinstance(stored.get(section), dict) else {}
+        for key, value in values.items():
+            if key in had:
+                continue
+            was = (resolved.get(section) or {}).get(key, object()) if isinstance(resolved, dict) else object()
+            if f"{section}.{key}" in overrides or (was == value and (section, key) not in filled):
+                found.append((section, key))
+    return found
 
 
 def check_same_resolution(

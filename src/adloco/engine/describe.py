@@ -24,10 +24,25 @@ def ns_text(setting: str, chosen: str | None) -> str:
     return f"{chosen} (auto{why})"
 
 
-def inner_text(cfg: Config, ns_dtype: str | None = None) -> str:
+def optimizer_text(setting: str, chosen: str | None, kept: bool = False) -> str:
+    """The inner optimizer as a run says it: ``auto`` with what the run chose and why, when it is known
+    (``kept``: the choice of the run's checkpoint, which a resumed run goes on with)."""
+    if setting != "auto" or chosen is None:
+        return setting
+    if kept:
+        why = "kept from the run's checkpoint"
+    else:
+        why = "every process on a CPU" if chosen == "muon" else "a GPU, where Muon is not yet timed"
+    return f"{chosen} (auto: {why})"
+
+
+def inner_text(
+    cfg: Config, ns_dtype: str | None = None, optimizer: str | None = None, kept: bool = False
+) -> str:
     i = cfg.inner
-    words = [f"{_name(i.optimizer)} lr {i.lr:g}", f"{i.schedule} schedule"]
-    if i.optimizer == "muon":
+    runs = optimizer if i.optimizer == "auto" and optimizer is not None else i.optimizer
+    words = [f"{optimizer_text(i.optimizer, optimizer, kept)} lr {i.lr:g}", f"{i.schedule} schedule"]
+    if runs == "muon":
         words.append(f"Muon lr ×{i.muon_lr_ratio:g}, Newton–Schulz in {ns_text(i.muon_ns_dtype, ns_dtype)}")
     if i.state != "keep":
         words.append(f"state {i.state}")
@@ -35,13 +50,14 @@ def inner_text(cfg: Config, ns_dtype: str | None = None) -> str:
 
 
 # The inner keys one optimizer reads and another does not: which inner.optimizer values read each.
+# ``auto`` reads what either of its choices reads (a config is compared before the device decides).
 READ_BY = {
     "momentum": ("sgd",),
-    "betas": ("adamw", "muon"),
-    "muon_lr_ratio": ("muon",),
-    "muon_momentum": ("muon",),
-    "muon_adjust_lr": ("muon",),
-    "muon_ns_dtype": ("muon",),
+    "betas": ("adamw", "muon", "auto"),
+    "muon_lr_ratio": ("muon", "auto"),
+    "muon_momentum": ("muon", "auto"),
+    "muon_adjust_lr": ("muon", "auto"),
+    "muon_ns_dtype": ("muon", "auto"),
 }
 
 
@@ -58,7 +74,7 @@ def unread_note(cfg: Config) -> str | None:
     refused, so that a bench's shared ``--set`` can reach the variants that read it; else None."""
     i, default = cfg.inner, type(cfg.inner)()
     unread = [
-        f"inner.{key} {getattr(i, key)} (read by {' or '.join(readers)})"
+        f"inner.{key} {getattr(i, key)} (read by {' or '.join(r for r in readers if r != 'auto')})"
         for key, readers in READ_BY.items()
         if i.optimizer not in readers and getattr(i, key) != getattr(default, key)
     ]
@@ -128,12 +144,15 @@ def describe_run(
     device: str,
     processes: str = "",
     ns_dtype: str | None = None,
+    optimizer: str | None = None,
+    kept: bool = False,
 ) -> list[str]:
     """The lines a run prints first (rank 0): the method, the model and its parameters, the workers and
     trainers, the data, the device; the inner and outer optimizer; the wire of Δ and of θ, error feedback
     when set, and the overlap in effect. ``data`` and ``device`` are said as the caller knows them,
     ``processes`` (``", 2 processes x 1 thread(s)"``) under torch.distributed; ``ns_dtype`` is what Muon's
-    ``auto`` became (:func:`adloco.engine.inner.agreed_inner`). A line is a string: add one for a new dial
+    ``auto`` became, ``optimizer`` what ``inner.optimizer: auto`` became (both
+    :func:`adloco.engine.inner.agreed_inner`; ``kept``: the checkpoint's choice). A line is a string: add one for a new dial
     here."""
     a, c = cfg.algorithm, cfg.comm
 
@@ -154,6 +173,6 @@ def describe_run(
     return [
         f"{a.method}: {cfg.model.name}, {n_params / 1e6:.2f}M parameters, {count(a.workers, 'worker')}, "
         f"{count(a.trainers, 'trainer')}{processes}, {data}, device {device}",
-        f"optimizers: inner {inner_text(cfg, ns_dtype)}; outer {outer_text(cfg)}",
+        f"optimizers: inner {inner_text(cfg, ns_dtype, optimizer, kept)}; outer {outer_text(cfg)}",
         f"wire: {delta}{feedback}, θ {theta} (merges, moves); overlap {overlap}",
     ]

@@ -52,6 +52,7 @@ class Driver:
         factory: ModelFactory,
         device: torch.device,
         log: Callable[[str], None] = print,
+        resumed_optimizer: str | None = None,
     ) -> None:
         self.cfg, self.comm, self.data, self.device, self.log = cfg, comm, data, device, log
         a, net = cfg.algorithm, cfg.network
@@ -69,10 +70,19 @@ class Driver:
                 f"switch.b_max lowered to {smallest_shard}: with every worker on one trainer, a worker's shard "
                 "holds no more blocks"
             )
-        # the inner optimizer as every process builds it (Muon's auto dtype agreed: the first lines say it)
-        self.inner = agreed_inner(cfg.inner, comm, device.type)
+        # the inner optimizer as every process builds it (its auto choices agreed: the first lines say them;
+        # resumed_optimizer: what the checkpoint's run chose for inner.optimizer auto, which it goes on with)
+        self.inner = agreed_inner(cfg.inner, comm, device.type, resumed_optimizer)
         built = dataclasses.replace(cfg, inner=self.inner)
-        self.algo = build_algorithm(built, comm, factory, device, min(configured, smallest_shard), log)
+        try:
+            self.algo = build_algorithm(built, comm, factory, device, min(configured, smallest_shard), log)
+        except ValueError as exc:
+            if cfg.inner.optimizer != "auto" or "no hidden 2-D matrices" not in str(exc):
+                raise
+            raise UserError(
+                "config: inner.optimizer = 'auto' chose muon (every process on a CPU), but the model has no "
+                "hidden 2-D matrices for Muon to step: set inner.optimizer adamw"
+            ) from None
         if device.type == "cuda" and cfg.switch.b_max is None:
             self._search_b_max(min(smallest_shard, cfg.batch.max))
         # the whole model's parameters (sharded: the worker's, not this rank's P/k)
@@ -134,7 +144,7 @@ class Driver:
         rep = view.replica(w0)
         free, _ = torch.cuda.mem_get_info(self.device)
         i, b, P = cfg.inner, cfg.batch, view.first.flat.numel
-        buffers = sizing.optimizer_buffers(i.optimizer, i.momentum)
+        buffers = sizing.optimizer_buffers(self.inner.optimizer, i.momentum)
         probe = view.plans[w0].probe
         kept = (
             0
@@ -525,6 +535,7 @@ class Driver:
             "auto_profile": self.auto_sums.to_dict(),
             "model": self.fingerprint(),
             "processes": self.comm.world,
+            "inner_optimizer": self.inner.optimizer,  # what inner.optimizer auto chose, which a resume keeps
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Literal, cast
 
 import torch
 
@@ -12,15 +13,41 @@ from adloco.library.comm.base import Comm
 from adloco.library.flat import FlatModule
 from adloco.library.optim import muon_adamw, ns_dtype_for
 
+Chosen = Literal["adamw", "muon"]  # what inner.optimizer auto becomes
 
-def agreed_inner(cfg: InnerConfig, comm: Comm, device_type: str) -> InnerConfig:
-    """``cfg`` with ``muon_ns_dtype: auto`` resolved once for the whole run, agreed by every process:
-    float32 where any process's device emulates bfloat16 (that process's steps would be several times
-    slower, and replicas that must agree would round apart), else bfloat16. Any other ``cfg`` as it is."""
+
+def auto_optimizer(device_types: list[str]) -> Chosen:
+    """What ``inner.optimizer: auto`` runs where processes compute on ``device_types``: Muon where every
+    one is a CPU, where it was measured ahead of AdamW per second (benchmarks/RESULTS.md, "Muon on the demo,
+    per second", and the 11M runs priced by their step profiles); AdamW where any is a GPU, where Muon's
+    step inside the CUDA graphs is not yet timed (RESULTS.md states the test that would change it)."""
+    return "muon" if device_types and all(t == "cpu" for t in device_types) else "adamw"
+
+
+def agreed_inner(cfg: InnerConfig, comm: Comm, device_type: str, resumed: str | None = None) -> InnerConfig:
+    """``cfg`` with its ``auto`` choices resolved once for the whole run, agreed by every process.
+    ``optimizer: auto``: the optimizer the checkpoint's run chose (``resumed``, where a process has one: a
+    run goes on with the optimizer whose state it holds, on whatever device), else :func:`auto_optimizer` of
+    every process's device. ``muon_ns_dtype: auto``: float32 where any process's device emulates bfloat16
+    (that process's steps would be several times slower, and replicas that must agree would round apart),
+    else bfloat16. Any other ``cfg`` as it is."""
+    if cfg.optimizer == "auto":
+        every = [cast("list[str | None]", x) for x in comm.all_gather_json([device_type, resumed])]
+        kept = [cast("Chosen", r) for _, r in every if r]
+        chosen = kept[0] if kept else auto_optimizer([str(t) for t, _ in every])
+        cfg = dataclasses.replace(cfg, optimizer=chosen)
     if cfg.optimizer != "muon" or cfg.muon_ns_dtype != "auto":
         return cfg
-    every = comm.all_gather_json(ns_dtype_for("auto", device_type))
-    return dataclasses.replace(cfg, muon_ns_dtype="float32" if "float32" in every else "bfloat16")
+    every_dtype = comm.all_gather_json(ns_dtype_for("auto", device_type))
+    return dataclasses.replace(cfg, muon_ns_dtype="float32" if "float32" in every_dtype else "bfloat16")
+
+
+def local_inner(cfg: InnerConfig, device_type: str) -> InnerConfig:
+    """``cfg`` with ``optimizer: auto`` resolved for one process on ``device_type`` (``adloco profile``, which
+    times a worker's step as a run here would take it; :func:`make_optimizer` given ``auto``)."""
+    if cfg.optimizer != "auto":
+        return cfg
+    return dataclasses.replace(cfg, optimizer=auto_optimizer([device_type]))
 
 
 def make_optimizer(flat: FlatModule, cfg: InnerConfig, capturable: bool = False) -> torch.optim.Optimizer:
@@ -32,6 +59,8 @@ def make_optimizer(flat: FlatModule, cfg: InnerConfig, capturable: bool = False)
     AdamW on the rest, as one optimizer (:func:`adloco.library.optim.muon_adamw`; captured with the AdamW
     part as above, Muon taking its lr as a device tensor). On a sharded worker the matrices are the
     module's DTensors (:class:`adloco.library.optim.Muon`)."""
+    if cfg.optimizer == "auto":  # one process's own choice, by its parameters' device (a run agrees first)
+        cfg = local_inner(cfg, flat.param.device.type)
     if cfg.optimizer == "muon":
         return muon_adamw(
             flat.module,

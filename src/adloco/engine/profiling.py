@@ -53,7 +53,7 @@ def command(args: Any) -> int:
 
     from adloco.config import resolve
     from adloco.data.tokens import prepare
-    from adloco.engine.inner import make_optimizer
+    from adloco.engine.inner import local_inner, make_optimizer
     from adloco.engine.placement import resolve_device
     from adloco.library.flat import flatten
     from adloco.library.replica import Replica, rows, to_device
@@ -77,7 +77,10 @@ def command(args: Any) -> int:
     model = factory_for(cfg.model, cfg.data.seq_len, data).build(cfg.algorithm.seed).to(device)
     model.train()
     rep = Replica(
-        model, make_optimizer(flatten(model), cfg.inner), clip=cfg.inner.clip, precision=cfg.model.precision
+        model,
+        make_optimizer(flatten(model), local_inner(cfg.inner, device.type)),
+        clip=cfg.inner.clip,
+        precision=cfg.model.precision,
     )
     full = data.train_batch(np.arange(sizes[-1]))
 

@@ -11,6 +11,7 @@ state :mod:`adloco.engine.checkpoint`; signals :mod:`adloco.engine.signals`; the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import signal
 import sys
@@ -185,7 +186,9 @@ class Run:
 
         cfg, a, comm, device = self.cfg, self.cfg.algorithm, self.comm, self.where.device
         factory = models.factory_for(cfg.model, cfg.data.seq_len, data)
-        driver = Driver(cfg, comm, data, factory, device, log=self.say)
+        ck = start.ck if start is not None else None
+        chosen = (ck.meta.get("driver") or {}).get("inner_optimizer") if ck is not None else None
+        driver = Driver(cfg, comm, data, factory, device, log=self.say, resumed_optimizer=chosen)
         if self.where.threads is not None:  # runtime.threads 0 in one process: follow the free cores
             self.where.threads.log = self.say
             driver.between_steps = self.where.threads.check
@@ -209,11 +212,14 @@ class Run:
             where,
             procs,
             ns_dtype=driver.inner.muon_ns_dtype,
+            optimizer=driver.inner.optimizer,
+            kept=chosen is not None,
         ):
             self.say(line)
         if (note := outer_note(a.method, cfg.outer, cfg.comm)) is not None:
             self.say(note)
-        for note in (muon_note(cfg, device.type), unread_note(cfg)):
+        running = dataclasses.replace(cfg, inner=driver.inner)  # the inner optimizer as it runs
+        for note in (muon_note(running, device.type), unread_note(running)):
             if note is not None:
                 self.say(note)
         return driver

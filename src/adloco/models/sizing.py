@@ -75,10 +75,11 @@ def activation_bytes_per_token(shape: Mapping[str, Any], vocab_size: int) -> int
 def optimizer_buffers(optimizer: str, momentum: float = 0.0) -> int:
     """Per-parameter state buffers of the inner optimizer: AdamW two, SGD one with momentum (``momentum``),
     Muon one (its momentum on the hidden matrices; the AdamW beside it keeps two on the embeddings, head,
-    norms and biases, not counted: a lower bound)."""
+    norms and biases, not counted: a lower bound); ``auto``, before its device decides, the lower of its
+    two choices, Muon's."""
     if optimizer == "adamw":
         return 2
-    if optimizer == "muon":
+    if optimizer in ("muon", "auto"):
         return 1
     return 1 if momentum > 0 else 0
 
