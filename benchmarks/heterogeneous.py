@@ -45,6 +45,8 @@ def main() -> None:
             profile = [f"runtime.profile={where}"] if balance == "speed+profile" else []
             sets = [
                 f"algorithm.method={method}",
+                # as RESULTS.md measured it: the default became auto (Muon on a CPU); LocalSGD keeps its SGD
+                *([] if method == "localsgd" else ["inner.optimizer=adamw"]),
                 f"runtime.balance={balance.split('+')[0]}",
                 *profile,
                 "runtime.emulate_speed=[1,1,0.5,0.25]",
