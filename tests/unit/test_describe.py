@@ -32,6 +32,10 @@ def test_the_defaults_say_what_they_are() -> None:
     assert describe_run(cfg, 1, "D", "cuda", optimizer="adamw")[1].startswith(
         "optimizers: inner adamw (auto: a GPU, where Muon is not yet timed) lr 0.004, cosine schedule; outer"
     )
+    classifier = resolve(None, ["model.task=classification", "model.name=llama-micro"])
+    assert describe_run(classifier, 1, "D", "cpu", optimizer="adamw")[1].startswith(
+        "optimizers: inner adamw (auto: a classification model, where Muon is not measured) lr"
+    )
     set_ = resolve(None, ["inner.optimizer=adamw"])  # a setting is itself, whatever the run would choose
     assert describe_run(set_, 1, "D", "cpu", optimizer="adamw")[1].startswith(
         "optimizers: inner adamw lr 0.004"

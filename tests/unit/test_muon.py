@@ -50,6 +50,26 @@ def test_the_split_gives_muon_the_hidden_matrices_and_adamw_the_rest() -> None:
         muon_split(m, adamw=("nowhere",))
 
 
+def test_the_split_leaves_a_hugging_face_classifiers_head_to_adamw() -> None:
+    """A task head (the parameters outside ``base_model``: BERT's classifier) maps the last hidden state to
+    the outputs, as an LM head does: AdamW's, not Muon's; the backbone's matrices (the pooler's too) Muon's."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    model = BertForSequenceClassification(cfg)
+    matrices, rest = muon_split(model)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert {names[id(p)] for p in rest} >= {"classifier.weight", "classifier.bias"}
+    assert {names[id(p)] for p in matrices} == {
+        n
+        for n, p in model.named_parameters()
+        if p.ndim == 2 and "embeddings" not in n and "classifier" not in n
+    }
+    assert "bert.pooler.dense.weight" in {names[id(p)] for p in matrices}
+
+
 def test_the_split_of_a_hugging_face_llama() -> None:
     from adloco.config import ModelConfig
     from adloco.models.factory import ModelFactory
@@ -492,8 +512,8 @@ def test_the_newton_schulz_benchmark_times_the_three_steps_and_refuses_bad_input
 
 def test_inner_optimizer_auto_is_muon_where_every_process_is_on_a_cpu_and_a_resume_keeps_its_choice() -> None:
     """``inner.optimizer: auto`` (the default) is chosen once for a run through a gather of every process's
-    device: Muon where all are CPUs (where it was measured ahead per second), AdamW where any is a GPU (Muon
-    inside the CUDA graphs is not yet timed); a resumed run goes on with the optimizer its checkpoint
+    device: Muon for a language model where all are CPUs (where it was measured ahead per second), AdamW
+    where any is a GPU (Muon inside the CUDA graphs is not yet timed) and for a classifier; a resumed run goes on with the optimizer its checkpoint
     says it chose, whatever its devices now, since that is the state it holds; Muon's dtype is then agreed
     as ever. A process alone (``adloco profile``, :func:`make_optimizer` given auto) chooses by its own device."""
     from adloco.config import InnerConfig, resolve
@@ -521,6 +541,10 @@ def test_inner_optimizer_auto_is_muon_where_every_process_is_on_a_cpu_and_a_resu
         assert chosen.optimizer == want, (others, device, resumed)
         assert chosen.muon_ns_dtype in (("auto",) if want == "adamw" else ("float32", "bfloat16"))
     assert auto_optimizer([]) == "adamw" and auto_optimizer(["cpu", "cuda"]) == "adamw"
+    # a classifier: AdamW on CPUs too (Muon is not measured there, and left a small BERT at chance)
+    assert auto_optimizer(["cpu"], "classification") == "adamw"
+    assert agreed_inner(auto, Gather([]), "cpu", None, "classification").optimizer == "adamw"  # type: ignore[arg-type]
+    assert local_inner(auto, "cpu", "classification").optimizer == "adamw"
     assert local_inner(auto, "cpu").optimizer == "muon" and local_inner(auto, "cuda").optimizer == "adamw"
     assert is_muon(make_optimizer(flatten(TinyLM()), InnerConfig()))  # auto on this CPU
     assert isinstance(make_optimizer(flatten(TinyLM()), InnerConfig(optimizer="adamw")), torch.optim.AdamW)
@@ -549,7 +573,7 @@ def test_a_run_of_the_default_trains_muon_on_a_cpu_and_resumes_with_it_wherever_
     assert state["driver"]["inner_optimizer"] == "muon"
     run = tmp_path / "run"
     shutil.copytree(ref, run)
-    monkeypatch.setattr(inner, "auto_optimizer", lambda devices: "adamw")  # as a GPU would choose
+    monkeypatch.setattr(inner, "auto_optimizer", lambda devices, task: "adamw")  # as a GPU would choose
     assert main(["train", "--resume", str(run / "checkpoints" / "round-000001")]) == 0
     assert "optimizers: inner muon (auto: kept from the run's checkpoint) lr" in capsys.readouterr().out
     assert weights(run) == weights(ref)

@@ -45,7 +45,7 @@ def test_config_says_why_while_the_value_is_the_default_or_the_preset(
 ) -> None:
     assert main(["config", "inner"]) == 0
     assert (_why(capsys.readouterr().out, "optimizer") or "").startswith(
-        "auto: Muon where every process runs on a CPU, AdamW on a GPU"
+        "auto: Muon for a language model where every process runs on a CPU, else AdamW"
     )
     assert main(["config", "inner", "--set", "inner.optimizer=muon"]) == 0
     assert _why(capsys.readouterr().out, "optimizer") is None  # the user's choice: nothing to explain

@@ -31,14 +31,17 @@ REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
         (COMPARED, SCALING, KNOBS_LONG),
     ),
     "inner.optimizer": (
-        "auto: Muon where every process runs on a CPU, AdamW on a GPU. Muon ended every run measured below "
+        "auto: Muon for a language model where every process runs on a CPU, else AdamW. Muon ended every "
+        "language-model run measured below "
         "AdamW: 6-round runs at 0.47-0.69x (1.4M and 11M parameters), 8x longer at 1.4M at 0.54-0.92x (both "
         "corpora, both methods and the batch schedule), 16x at 0.55-0.91x, the compute-optimal budget at "
         "0.85x (the schedule), AdLoCo at 11M and 8x at 0.31-0.36x (2 seeds) and the schedule at 0.37x; on a "
         "CPU per second too, its step's cost counted (AdLoCo at 11M reached its target in 0.51-0.57x AdamW's "
         "time; the demo ended at 0.46x in 0.99-1.13x the wall clock, 1 seed). On a GPU its step inside the "
         "CUDA graphs that run workers side by side is not yet timed, so AdamW stays there until it is (the "
-        "test is written in RESULTS); models past 11M parameters are not measured. A resumed run keeps the "
+        "test is written in RESULTS); models past 11M parameters are not measured; a classifier (model.task "
+        "classification) is not measured with Muon, which left a small BERT at chance where AdamW learned its "
+        "task (tests/e2e/test_classification.py). A resumed run keeps the "
         "choice it began with; set adamw or muon to choose",
         (MUON_DEFAULT, MUON, LONG, KNOBS_LONG, MUON_NS),
     ),

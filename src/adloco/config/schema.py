@@ -133,8 +133,9 @@ class InnerConfig(Dial):
     optimizer: Literal["auto", "adamw", "sgd", "muon"] = setting(
         "auto",
         "inner optimizer of every worker; muon: torch.optim.Muon on the hidden 2-D matrices, AdamW (lr, betas, "
-        "weight_decay) on embeddings, output head, norms and biases (ALGORITHM.md §1); auto: muon where every "
-        "process runs on a CPU, adamw on a GPU (the run's first lines say which; a resumed run keeps its own)",
+        "weight_decay) on embeddings, output head, norms and biases (ALGORITHM.md §1); auto: muon for a language "
+        "model where every process runs on a CPU, else adamw (the run's first lines say which; a resumed run "
+        "keeps its own)",
     )
     lr: float = setting(4e-3, "peak inner learning rate", above=0)
     weight_decay: float = setting(

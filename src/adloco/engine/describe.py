@@ -24,15 +24,19 @@ def ns_text(setting: str, chosen: str | None) -> str:
     return f"{chosen} (auto{why})"
 
 
-def optimizer_text(setting: str, chosen: str | None, kept: bool = False) -> str:
+def optimizer_text(setting: str, chosen: str | None, kept: bool = False, task: str = "causal_lm") -> str:
     """The inner optimizer as a run says it: ``auto`` with what the run chose and why, when it is known
-    (``kept``: the choice of the run's checkpoint, which a resumed run goes on with)."""
+    (``kept``: the choice of the run's checkpoint, which a resumed run goes on with; ``task``: the model's)."""
     if setting != "auto" or chosen is None:
         return setting
     if kept:
         why = "kept from the run's checkpoint"
+    elif chosen == "muon":
+        why = "every process on a CPU"
+    elif task != "causal_lm":
+        why = f"a {task} model, where Muon is not measured"
     else:
-        why = "every process on a CPU" if chosen == "muon" else "a GPU, where Muon is not yet timed"
+        why = "a GPU, where Muon is not yet timed"
     return f"{chosen} (auto: {why})"
 
 
@@ -41,7 +45,8 @@ def inner_text(
 ) -> str:
     i = cfg.inner
     runs = optimizer if i.optimizer == "auto" and optimizer is not None else i.optimizer
-    words = [f"{optimizer_text(i.optimizer, optimizer, kept)} lr {i.lr:g}", f"{i.schedule} schedule"]
+    said = optimizer_text(i.optimizer, optimizer, kept, cfg.model.task)
+    words = [f"{said} lr {i.lr:g}", f"{i.schedule} schedule"]
     if runs == "muon":
         words.append(f"Muon lr ×{i.muon_lr_ratio:g}, Newton–Schulz in {ns_text(i.muon_ns_dtype, ns_dtype)}")
     if i.state != "keep":

@@ -72,7 +72,7 @@ class Driver:
             )
         # the inner optimizer as every process builds it (its auto choices agreed: the first lines say them;
         # resumed_optimizer: what the checkpoint's run chose for inner.optimizer auto, which it goes on with)
-        self.inner = agreed_inner(cfg.inner, comm, device.type, resumed_optimizer)
+        self.inner = agreed_inner(cfg.inner, comm, device.type, resumed_optimizer, cfg.model.task)
         built = dataclasses.replace(cfg, inner=self.inner)
         try:
             self.algo = build_algorithm(built, comm, factory, device, min(configured, smallest_shard), log)

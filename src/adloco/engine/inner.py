@@ -16,25 +16,30 @@ from adloco.library.optim import muon_adamw, ns_dtype_for
 Chosen = Literal["adamw", "muon"]  # what inner.optimizer auto becomes
 
 
-def auto_optimizer(device_types: list[str]) -> Chosen:
-    """What ``inner.optimizer: auto`` runs where processes compute on ``device_types``: Muon where every
-    one is a CPU, where it was measured ahead of AdamW per second (benchmarks/RESULTS.md, "Muon on the demo,
-    per second", and the 11M runs priced by their step profiles); AdamW where any is a GPU, where Muon's
-    step inside the CUDA graphs is not yet timed (RESULTS.md states the test that would change it)."""
-    return "muon" if device_types and all(t == "cpu" for t in device_types) else "adamw"
+def auto_optimizer(device_types: list[str], task: str = "causal_lm") -> Chosen:
+    """What ``inner.optimizer: auto`` runs for a model of ``task`` where processes compute on
+    ``device_types``: Muon for a language model where every one is a CPU, where it was measured ahead of
+    AdamW per second (benchmarks/RESULTS.md, "Muon on the demo, per second", and the 11M runs priced by
+    their step profiles); AdamW where any is a GPU, where Muon's step inside the CUDA graphs is not yet timed
+    (RESULTS.md states the test that would change it), and for a classifier, where Muon is not measured
+    (and left a small BERT at chance where AdamW learned the task, tests/e2e/test_classification.py)."""
+    cpus = bool(device_types) and all(t == "cpu" for t in device_types)
+    return "muon" if cpus and task == "causal_lm" else "adamw"
 
 
-def agreed_inner(cfg: InnerConfig, comm: Comm, device_type: str, resumed: str | None = None) -> InnerConfig:
+def agreed_inner(
+    cfg: InnerConfig, comm: Comm, device_type: str, resumed: str | None = None, task: str = "causal_lm"
+) -> InnerConfig:
     """``cfg`` with its ``auto`` choices resolved once for the whole run, agreed by every process.
     ``optimizer: auto``: the optimizer the checkpoint's run chose (``resumed``, where a process has one: a
     run goes on with the optimizer whose state it holds, on whatever device), else :func:`auto_optimizer` of
-    every process's device. ``muon_ns_dtype: auto``: float32 where any process's device emulates bfloat16
+    every process's device for a model of ``task``. ``muon_ns_dtype: auto``: float32 where any process's device emulates bfloat16
     (that process's steps would be several times slower, and replicas that must agree would round apart),
     else bfloat16. Any other ``cfg`` as it is."""
     if cfg.optimizer == "auto":
         every = [cast("list[str | None]", x) for x in comm.all_gather_json([device_type, resumed])]
         kept = [cast("Chosen", r) for _, r in every if r]
-        chosen = kept[0] if kept else auto_optimizer([str(t) for t, _ in every])
+        chosen = kept[0] if kept else auto_optimizer([str(t) for t, _ in every], task)
         cfg = dataclasses.replace(cfg, optimizer=chosen)
     if cfg.optimizer != "muon" or cfg.muon_ns_dtype != "auto":
         return cfg
@@ -42,12 +47,12 @@ def agreed_inner(cfg: InnerConfig, comm: Comm, device_type: str, resumed: str | 
     return dataclasses.replace(cfg, muon_ns_dtype="float32" if "float32" in every_dtype else "bfloat16")
 
 
-def local_inner(cfg: InnerConfig, device_type: str) -> InnerConfig:
-    """``cfg`` with ``optimizer: auto`` resolved for one process on ``device_type`` (``adloco profile``, which
+def local_inner(cfg: InnerConfig, device_type: str, task: str = "causal_lm") -> InnerConfig:
+    """``cfg`` with ``optimizer: auto`` resolved for one process on ``device_type`` and a model of ``task`` (``adloco profile``, which
     times a worker's step as a run here would take it; :func:`make_optimizer` given ``auto``)."""
     if cfg.optimizer != "auto":
         return cfg
-    return dataclasses.replace(cfg, optimizer=auto_optimizer([device_type]))
+    return dataclasses.replace(cfg, optimizer=auto_optimizer([device_type], task))
 
 
 def make_optimizer(flat: FlatModule, cfg: InnerConfig, capturable: bool = False) -> torch.optim.Optimizer:

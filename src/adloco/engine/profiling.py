@@ -78,7 +78,7 @@ def command(args: Any) -> int:
     model.train()
     rep = Replica(
         model,
-        make_optimizer(flatten(model), local_inner(cfg.inner, device.type)),
+        make_optimizer(flatten(model), local_inner(cfg.inner, device.type, cfg.model.task)),
         clip=cfg.inner.clip,
         precision=cfg.model.precision,
     )

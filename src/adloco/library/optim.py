@@ -262,7 +262,9 @@ def muon_split(model: nn.Module, adamw: Sequence[str] = ()) -> tuple[list[nn.Par
     Muon takes every 2-D weight of the hidden layers; the rest goes to AdamW: every parameter that is not
     2-D (norms, biases), the input embeddings and the output head (a Hugging Face model's
     ``get_input_embeddings()`` / ``get_output_embeddings()``, every ``nn.Embedding``; tied, they are one
-    parameter), and the parameters named in ``adamw`` (a name, or the name of a module holding them)."""
+    parameter; a task head, every parameter outside the model's ``base_model``: a classifier, which Muon
+    left at chance on a small BERT, tests/e2e/test_classification.py), and the parameters named in
+    ``adamw`` (a name, or the name of a module holding them)."""
     keep: set[int] = set()
     for getter in ("get_input_embeddings", "get_output_embeddings"):
         fn = getattr(model, getter, None)
@@ -275,6 +277,12 @@ def muon_split(model: nn.Module, adamw: Sequence[str] = ()) -> tuple[list[nn.Par
     for mod in model.modules():
         if isinstance(mod, nn.Embedding):
             keep.update(id(p) for p in mod.parameters())
+    # a Hugging Face model's task head (a classifier, a score or QA layer: the parameters outside its
+    # base_model, the backbone) maps the last hidden state to the outputs, as the LM head does
+    base = getattr(model, "base_model", None)
+    if isinstance(base, nn.Module) and base is not model:
+        inside = {id(p) for p in base.parameters()}
+        keep.update(id(p) for p in model.parameters() if id(p) not in inside)
     names = dict(model.named_parameters())
     for name in adamw:
         hits = [p for n, p in names.items() if n == name or n.startswith(name + ".")]
