@@ -182,6 +182,7 @@ def test_cache_is_reused_and_keyed_by_content(
     assert len(third.train) + len(third.val) != len(first.train) + len(first.val)
 
 
+@pytest.mark.long
 def test_runs_that_start_together_tokenize_a_corpus_once(tmp_path: Path, folder: Path) -> None:
     """A run that finds its cache entry being built by another process waits for it, saying so in one line,
     and reads what that process wrote: a bench's jobs (or a test session's workers) tokenize a corpus once."""

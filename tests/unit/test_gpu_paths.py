@@ -245,6 +245,7 @@ def _summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
+@pytest.mark.long
 def test_compile_trains_as_eager_with_the_probe(
     tmp_path: Path, text_corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -309,6 +310,7 @@ def _loss_and_grads(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, 
     return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("scope", ["blocks", "model"])
 def test_compile_by_block_or_whole_gives_the_eager_loss_and_gradients(scope: str) -> None:
     """runtime.compile_scope: blocks compiles each decoder layer on its own, and one graph serves all four;
@@ -379,6 +381,7 @@ def test_the_compile_caches_go_where_the_config_or_the_environment_says(
     assert os.environ[ENV] == str(tmp_path / "set")
 
 
+@pytest.mark.long
 def test_a_traced_round_says_where_its_steps_time_went(tmp_path: Path, text_corpus: Path) -> None:
     run = train_once(
         tmp_path,

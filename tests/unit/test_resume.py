@@ -260,6 +260,7 @@ def test_persistent_faults_stop_the_run_with_a_usable_checkpoint(
     assert rounds_logged(run) == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.long
 def test_out_of_memory_halves_b_max_and_repeats_the_step(
     tmp_path: Path, text_corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -329,6 +330,7 @@ def test_loading_a_checkpoint_runs_no_code_from_it(
     assert not ran.exists()
 
 
+@pytest.mark.long
 def test_a_checkpoint_written_behind_training_resumes_bit_for_bit(
     tmp_path: Path, text_corpus: Path, reference: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

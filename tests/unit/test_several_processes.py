@@ -111,6 +111,7 @@ def test_compressed_wire_dtypes_give_the_same_bits_in_threads_and_in_process(dty
         assert all(fb.error is not None for fb in (c.feedback or {}).values())
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8", "int4"])
 def test_merges_and_moves_travel_compressed_and_every_copy_agrees(dtype: str) -> None:
     """comm.theta_dtype: θ and the outer momentum cross processes on merges and moves through the
