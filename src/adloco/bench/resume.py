@@ -81,7 +81,7 @@ def check_resumable(
     shared: Config,
     overrides: list[str],
     optimizers: set[str],
-    methods: set[str] | None = None,
+    methods: set[str],
 ) -> None:
     """--resume: ``out`` must be a bench folder made with the same shared settings. Its shared.yaml must be
     this command's config, but for keys added since the bench began (:data:`adloco.config.load.ADDED`)
@@ -90,8 +90,8 @@ def check_resumable(
     another value (its default changed), in one line naming the key. So is one whose resolved.yaml holds
     any other value this command would run otherwise (a default changed since, or a ``--set`` given then
     and not now, or now with another value): its runs would start over under settings it did not begin
-    with. A key the file names now and did not then, where no run can change (:func:`_newly_named`; the
-    presets of the ``methods`` the bench runs, all where None), goes on. An inner key none of the bench's
+    with. A key the file names now and did not then, where no run can change (:func:`_newly_named`, by the
+    presets of the ``methods`` the bench runs), goes on. An inner key none of the bench's
     inner ``optimizers`` reads may differ (a run's config is
     compared without it too)."""
     if given is None:
@@ -148,20 +148,21 @@ def _newly_named(
     stored: dict[str, Any],
     out: Path,
     overrides: set[str],
-    methods: set[str] | None = None,
+    methods: set[str],
 ) -> list[tuple[str, str]]:
     """The keys the config file names now and did not when the bench began that leave every run as it
     was: each set by this command's ``--set`` too (the file's value reaches no run), or at the value the
-    bench resolved it to where no preset of a method the bench runs (``methods``; every method's where
-    None) fills it (a preset fills only keys a file leaves unset, so naming one can change a method's runs). What a file gains when a default changes and it pins the old
-    value (``inner.optimizer: adamw``); the resolution is then compared key by key as ever."""
+    bench resolved it to where no preset of a method the bench runs (``methods``) fills it (a preset fills
+    only keys a file leaves unset, so naming one can change a method's runs). What a file gains when a
+    default changes and it pins the old value (``inner.optimizer: adamw``); the resolution is then
+    compared key by key as ever."""
     from adloco.config import PRESETS
 
     try:
         resolved = yaml.safe_load((out / "resolved.yaml").read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError):
         resolved = {}
-    presets = [p for m, p in PRESETS.items() if methods is None or m in methods]
+    presets = [p for m, p in PRESETS.items() if m in methods]
     filled = {(sec, k) for preset in presets for sec, values in preset.items() for k in values}
     found = []
     for section, values in written_out.items():

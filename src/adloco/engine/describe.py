@@ -157,8 +157,8 @@ def describe_run(
     when set, and the overlap in effect. ``data`` and ``device`` are said as the caller knows them,
     ``processes`` (``", 2 processes x 1 thread(s)"``) under torch.distributed; ``ns_dtype`` is what Muon's
     ``auto`` became, ``optimizer`` what ``inner.optimizer: auto`` became (both
-    :func:`adloco.engine.inner.agreed_inner`; ``kept``: the checkpoint's choice). A line is a string: add one for a new dial
-    here."""
+    :func:`adloco.engine.inner.agreed_inner`; ``kept``: the checkpoint's choice). A line is a string: add
+    one for a new dial here."""
     a, c = cfg.algorithm, cfg.comm
 
     def count(n: int, what: str) -> str:

@@ -74,15 +74,7 @@ class Driver:
         # resumed_optimizer: what the checkpoint's run chose for inner.optimizer auto, which it goes on with)
         self.inner = agreed_inner(cfg.inner, comm, device.type, resumed_optimizer, cfg.model.task)
         built = dataclasses.replace(cfg, inner=self.inner)
-        try:
-            self.algo = build_algorithm(built, comm, factory, device, min(configured, smallest_shard), log)
-        except ValueError as exc:
-            if cfg.inner.optimizer != "auto" or "no hidden 2-D matrices" not in str(exc):
-                raise
-            raise UserError(
-                "config: inner.optimizer = 'auto' chose muon (every process on a CPU), but the model has no "
-                "hidden 2-D matrices for Muon to step: set inner.optimizer adamw"
-            ) from None
+        self.algo = build_algorithm(built, comm, factory, device, min(configured, smallest_shard), log)
         if device.type == "cuda" and cfg.switch.b_max is None:
             self._search_b_max(min(smallest_shard, cfg.batch.max))
         # the whole model's parameters (sharded: the worker's, not this rank's P/k)

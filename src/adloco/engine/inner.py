@@ -33,9 +33,9 @@ def agreed_inner(
     """``cfg`` with its ``auto`` choices resolved once for the whole run, agreed by every process.
     ``optimizer: auto``: the optimizer the checkpoint's run chose (``resumed``, where a process has one: a
     run goes on with the optimizer whose state it holds, on whatever device), else :func:`auto_optimizer` of
-    every process's device for a model of ``task``. ``muon_ns_dtype: auto``: float32 where any process's device emulates bfloat16
-    (that process's steps would be several times slower, and replicas that must agree would round apart),
-    else bfloat16. Any other ``cfg`` as it is."""
+    every process's device for a model of ``task``. ``muon_ns_dtype: auto``: float32 where any process's
+    device emulates bfloat16 (that process's steps would be several times slower, and replicas that must
+    agree would round apart), else bfloat16. Any other ``cfg`` as it is."""
     if cfg.optimizer == "auto":
         every = [cast("list[str | None]", x) for x in comm.all_gather_json([device_type, resumed])]
         kept = [cast("Chosen", r) for _, r in every if r]
@@ -48,8 +48,9 @@ def agreed_inner(
 
 
 def local_inner(cfg: InnerConfig, device_type: str, task: str = "causal_lm") -> InnerConfig:
-    """``cfg`` with ``optimizer: auto`` resolved for one process on ``device_type`` and a model of ``task`` (``adloco profile``, which
-    times a worker's step as a run here would take it; :func:`make_optimizer` given ``auto``)."""
+    """``cfg`` with ``optimizer: auto`` resolved for one process on ``device_type`` and a model of ``task``
+    (``adloco profile``, which times a worker's step as a run here would take it; :func:`make_optimizer`
+    given ``auto``)."""
     if cfg.optimizer != "auto":
         return cfg
     return dataclasses.replace(cfg, optimizer=auto_optimizer([device_type], task))
